@@ -1,0 +1,314 @@
+//! CSI Controller: volume lifecycle, run on the node that owns the data (see design.md §1).
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::csi::controller_server::Controller;
+use crate::csi::controller_service_capability::{Rpc, rpc};
+use crate::csi::{self, list_volumes_response as list};
+use crate::driver::{CONTEXT_ACCESS_TYPE, CONTEXT_HOST_PATH, CONTEXT_NODE, Driver, blocking};
+use crate::error::Error;
+use crate::request;
+use crate::volume::id::VolumeId;
+use crate::volume::record::VolumeRecord;
+use crate::volume::{Condition, CreateRequest, Volumes};
+
+pub struct ControllerService {
+    driver: Arc<Driver>,
+}
+
+impl ControllerService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        ControllerService { driver }
+    }
+
+    fn volumes(&self) -> Result<Arc<Volumes>, Status> {
+        self.driver.volumes().map_err(Status::from)
+    }
+
+    fn to_csi_volume(&self, volumes: &Volumes, record: &VolumeRecord) -> csi::Volume {
+        let path = volumes.layout().data_path(&record.id, record.kind);
+        csi::Volume {
+            capacity_bytes: record.capacity_bytes,
+            volume_id: record.id.to_string(),
+            volume_context: [
+                (CONTEXT_HOST_PATH.to_string(), path.display().to_string()),
+                (CONTEXT_NODE.to_string(), self.driver.config.node_id.clone()),
+                (
+                    CONTEXT_ACCESS_TYPE.to_string(),
+                    record.kind.as_str().to_string(),
+                ),
+            ]
+            .into(),
+            content_source: None,
+            accessible_topology: vec![self.driver.topology()],
+        }
+    }
+
+    /// On this node if published anywhere: the node id is what published_node_ids lists.
+    fn published_nodes(&self, volumes: &Volumes, record: &VolumeRecord) -> Vec<String> {
+        let published = volumes.has_live_publication(record);
+        if published {
+            vec![self.driver.config.node_id.clone()]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+fn to_csi_condition(condition: Condition) -> csi::VolumeCondition {
+    csi::VolumeCondition {
+        abnormal: condition.abnormal,
+        message: condition.message,
+    }
+}
+
+/// Builds the CreateRequest from a CSI request, or the error that answers it.
+fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<CreateRequest, Error> {
+    let name = request::required("name", &req.name)?.to_string();
+    let caps = request::capabilities(&req.volume_capabilities)?;
+    if let Some(reason) = caps.iter().find_map(request::unsupported_reason) {
+        return Err(Error::InvalidArgument(reason));
+    }
+    let parameters = request::parameters(&req.parameters)?;
+    if !req.mutable_parameters.is_empty() {
+        return Err(Error::InvalidArgument(
+            "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
+        ));
+    }
+    if req.volume_content_source.is_some() {
+        return Err(Error::InvalidArgument(
+            "volume_content_source is not supported: stickyvol creates empty volumes".into(),
+        ));
+    }
+    let requisite = req
+        .accessibility_requirements
+        .as_ref()
+        .map_or(&[][..], |t| &t.requisite[..]);
+    let config = &driver.config;
+    if !request::topology_allows(requisite, &config.topology_key(), &config.node_id) {
+        return Err(Error::ResourceExhausted(format!(
+            "volume {name:?} must be reachable from topologies that exclude this node ({}={}); volumes live only where they are created",
+            config.topology_key(),
+            config.node_id
+        )));
+    }
+    let range = req.capacity_range.unwrap_or_default();
+    let mut access_modes: Vec<_> = caps.iter().map(|c| c.access_mode).collect();
+    access_modes.sort();
+    access_modes.dedup();
+    let mut mount_flags: Vec<_> = caps.iter().flat_map(|c| c.mount_flags.clone()).collect();
+    mount_flags.sort();
+    mount_flags.dedup();
+    Ok(CreateRequest {
+        name,
+        required_bytes: range.required_bytes,
+        limit_bytes: range.limit_bytes,
+        kind: caps[0].kind,
+        access_modes,
+        mount_flags,
+        parameters,
+    })
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        request: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let create = create_request(&self.driver, request.into_inner())?;
+        let volumes = self.volumes()?;
+        let worker = volumes.clone();
+        let record = blocking(move || worker.create(create)).await?;
+        Ok(Response::new(csi::CreateVolumeResponse {
+            volume: Some(self.to_csi_volume(&volumes, &record)),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let req = request.into_inner();
+        request::required("volume_id", &req.volume_id)?;
+        let volumes = self.volumes()?;
+        // Not one of our ids: it cannot exist here, and deleting what does not exist succeeds.
+        if let Some(id) = VolumeId::parse(&req.volume_id) {
+            blocking(move || volumes.delete(&id)).await?;
+        }
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        let id = request::volume_id(&req.volume_id)?;
+        let caps = request::capabilities(&req.volume_capabilities)?;
+        let record = self.volumes()?.get(&id)?;
+        let refusal = caps
+            .iter()
+            .find_map(|cap| {
+                if cap.kind != record.kind {
+                    Some(format!(
+                        "volume {id} is a {} volume, not {}",
+                        record.kind.as_str(),
+                        cap.kind.as_str()
+                    ))
+                } else {
+                    request::unsupported_reason(cap)
+                }
+            })
+            .or_else(|| {
+                request::parameters(&req.parameters)
+                    .err()
+                    .map(|e| e.to_string())
+            })
+            .or_else(|| {
+                (!req.mutable_parameters.is_empty())
+                    .then(|| "mutable_parameters are not supported".to_string())
+            });
+        let response = match refusal {
+            Some(message) => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message,
+            },
+            None => csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                    volume_context: req.volume_context,
+                    volume_capabilities: req.volume_capabilities,
+                    parameters: req.parameters,
+                    mutable_parameters: req.mutable_parameters,
+                }),
+                message: String::new(),
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        if req.max_entries < 0 {
+            return Err(Status::invalid_argument("max_entries must not be negative"));
+        }
+        let after = match req.starting_token.as_str() {
+            "" => None,
+            token => Some(VolumeId::parse(token).ok_or_else(|| {
+                Status::aborted(format!(
+                    "starting_token {token:?} was not issued by this driver"
+                ))
+            })?),
+        };
+        let max = if req.max_entries == 0 {
+            usize::MAX
+        } else {
+            req.max_entries as usize
+        };
+        let volumes = self.volumes()?;
+        let worker = volumes.clone();
+        let (page, next) = blocking(move || Ok(worker.list(after.as_ref(), max))).await?;
+        let entries = page
+            .iter()
+            .map(|record| list::Entry {
+                volume: Some(self.to_csi_volume(&volumes, record)),
+                status: Some(list::VolumeStatus {
+                    published_node_ids: self.published_nodes(&volumes, record),
+                    volume_condition: Some(to_csi_condition(volumes.condition(record))),
+                }),
+            })
+            .collect();
+        Ok(Response::new(csi::ListVolumesResponse {
+            entries,
+            next_token: next.map(|id| id.to_string()).unwrap_or_default(),
+        }))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        let id = request::volume_id(&request.into_inner().volume_id)?;
+        let volumes = self.volumes()?;
+        let record = volumes.get(&id)?;
+        Ok(Response::new(csi::ControllerGetVolumeResponse {
+            volume: Some(self.to_csi_volume(&volumes, &record)),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: self.published_nodes(&volumes, &record),
+                volume_condition: Some(to_csi_condition(volumes.condition(&record))),
+            }),
+        }))
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        let req = request.into_inner();
+        request::parameters(&req.parameters)?;
+        let caps = req
+            .volume_capabilities
+            .iter()
+            .map(|cap| request::capability(Some(cap)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = &self.driver.config;
+        let here = req.accessible_topology.as_ref().is_none_or(|t| {
+            request::topology_allows(
+                std::slice::from_ref(t),
+                &config.topology_key(),
+                &config.node_id,
+            )
+        });
+        let servable = caps
+            .iter()
+            .all(|cap| request::unsupported_reason(cap).is_none());
+        let volumes = self.volumes()?;
+        let available = if here && servable {
+            let space = blocking(move || volumes.space()).await?;
+            i64::try_from(space.available_bytes).unwrap_or(i64::MAX)
+        } else {
+            0
+        };
+        Ok(Response::new(csi::GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size: Some(available),
+            minimum_volume_size: None,
+        }))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        // Controller mode (beside csi-resizer) does no volume work and so claims none.
+        let types: &[rpc::Type] = if self.driver.volumes().is_ok() {
+            &[
+                rpc::Type::CreateDeleteVolume,
+                rpc::Type::ListVolumes,
+                rpc::Type::GetCapacity,
+                rpc::Type::GetVolume,
+                rpc::Type::VolumeCondition,
+                rpc::Type::ListVolumesPublishedNodes,
+                rpc::Type::SingleNodeMultiWriter,
+            ]
+        } else {
+            &[]
+        };
+        let capabilities = types
+            .iter()
+            .map(|t| csi::ControllerServiceCapability {
+                r#type: Some(csi::controller_service_capability::Type::Rpc(Rpc {
+                    r#type: *t as i32,
+                })),
+            })
+            .collect();
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+}

@@ -1,0 +1,72 @@
+//! What every service shares: the configuration and, when this instance works on the host, the volumes.
+
+use std::sync::Arc;
+
+use tonic::Status;
+
+use crate::config::{Config, Mode};
+use crate::csi;
+use crate::error::{Error, Result};
+use crate::volume::Volumes;
+
+/// Keys of the volume_context we return: where an admin finds a volume's data.
+pub const CONTEXT_HOST_PATH: &str = "stickyvol.csi.io/host-path";
+pub const CONTEXT_NODE: &str = "stickyvol.csi.io/node";
+pub const CONTEXT_ACCESS_TYPE: &str = "stickyvol.csi.io/access-type";
+
+#[derive(Debug)]
+pub struct Driver {
+    pub config: Config,
+    volumes: Option<Arc<Volumes>>,
+}
+
+impl Driver {
+    /// Opens the data directory unless this instance runs in controller mode.
+    pub fn new(config: Config) -> Result<Driver> {
+        let volumes = if config.mode.works_on_host() {
+            Some(Arc::new(Volumes::open(
+                &config.data_dir,
+                &config.kubelet_dir,
+            )?))
+        } else {
+            None
+        };
+        Ok(Driver { config, volumes })
+    }
+
+    /// The node's volumes, or UNIMPLEMENTED when this instance does no host work.
+    pub fn volumes(&self) -> Result<Arc<Volumes>> {
+        self.volumes.clone().ok_or_else(|| {
+            Error::Unimplemented(format!(
+                "this instance runs in {:?} mode and does no volume work; the node DaemonSet does",
+                self.config.mode
+            ))
+        })
+    }
+
+    pub fn serves_controller(&self) -> bool {
+        self.config.mode != Mode::Node
+    }
+
+    /// The topology that pins a volume to this node.
+    pub fn topology(&self) -> csi::Topology {
+        csi::Topology {
+            segments: [(self.config.topology_key(), self.config.node_id.clone())].into(),
+        }
+    }
+}
+
+/// Runs host work off the async runtime. tonic drops the request future when a deadline
+/// expires; the blocking work still finishes, and every operation is idempotent for the retry.
+pub async fn blocking<T, F>(work: F) -> Result<T, Status>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(Status::from),
+        Err(join) => Err(Status::internal(format!(
+            "operation failed unexpectedly: {join}"
+        ))),
+    }
+}

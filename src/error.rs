@@ -1,0 +1,95 @@
+//! The driver's error type and its one deliberate mapping to gRPC codes.
+//!
+//! Every failure is built with a message that names the volume (or path) and the reason, and each
+//! variant picks its code on purpose: kubelet and the sidecars retry or give up based on it.
+
+use std::io;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request itself is wrong; retrying it unchanged cannot succeed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The volume (or the path given for it) is unknown.
+    #[error("{0}")]
+    NotFound(String),
+    /// A different object already holds the name or target.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The request is valid, but the volume is not in a state that allows it.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The requested capacity cannot be satisfied by any volume we could make.
+    #[error("{0}")]
+    OutOfRange(String),
+    /// Not enough room (or too many volumes) on this node.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// Another operation on the same volume or name is running.
+    #[error("an operation is already in progress for {0}; retry later")]
+    Pending(String),
+    /// This instance does not do the requested kind of work (e.g. controller mode).
+    #[error("{0}")]
+    Unimplemented(String),
+    /// The host refused a system call.
+    #[error("{context}: {source}")]
+    Host {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an io::Error with what we were doing, e.g. "mounting volume X at /path".
+    pub fn host(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Host {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            Error::InvalidArgument(_) => Code::InvalidArgument,
+            Error::NotFound(_) => Code::NotFound,
+            Error::AlreadyExists(_) => Code::AlreadyExists,
+            Error::FailedPrecondition(_) => Code::FailedPrecondition,
+            Error::OutOfRange(_) => Code::OutOfRange,
+            Error::ResourceExhausted(_) => Code::ResourceExhausted,
+            Error::Pending(_) => Code::Aborted,
+            Error::Unimplemented(_) => Code::Unimplemented,
+            Error::Host { source, .. } => host_code(source),
+        }
+    }
+}
+
+/// Host failures: a full disk is the caller's capacity problem, a busy resource is worth a retry
+/// (kubelet retries UNAVAILABLE as "uncertain"), anything else is our fault.
+fn host_code(err: &io::Error) -> Code {
+    match err.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
+        Some(libc::EBUSY) | Some(libc::EAGAIN) | Some(libc::EINTR) => Code::Unavailable,
+        _ => Code::Internal,
+    }
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Status {
+        Status::new(err.code(), err.to_string())
+    }
+}
+
+/// Adds context to io results in one call: `fs::create_dir(p).context(|| format!(...))?`.
+pub trait IoContext<T> {
+    fn context<C: Into<String>>(self, context: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn context<C: Into<String>>(self, context: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|source| Error::host(context(), source))
+    }
+}

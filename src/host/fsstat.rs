@@ -1,0 +1,153 @@
+//! File identity and filesystem space, straight from statx(2) and statvfs(3).
+//!
+//! statx's mount-root attribute answers "is this path a mount point?" in O(1), without reading
+//! /proc/self/mountinfo, and also for bind mounts within one filesystem (where comparing st_dev
+//! with the parent's would say "no").
+
+use std::ffi::CStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::sys::statvfs::{FsFlags, statvfs};
+
+/// The subset of statx we use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub dev: (u32, u32),
+    pub ino: u64,
+    pub mode: u32,
+    pub size: u64,
+    /// Bytes allocated on disk (st_blocks × 512).
+    pub allocated: u64,
+    pub is_mount_root: bool,
+}
+
+impl Stat {
+    pub fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+    pub fn is_symlink(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFLNK
+    }
+    pub fn is_regular_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+    /// Same inode on the same device: a bind mount of a directory shows its source's identity.
+    pub fn same_file(&self, other: &Stat) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+}
+
+/// statx of `path` itself (a symlink is not followed).
+pub fn lstat(path: &Path) -> io::Result<Stat> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    statx_raw(libc::AT_FDCWD, &c_path)
+}
+
+/// statx of `name` inside the directory `dir` (a symlink is not followed).
+pub fn lstat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    statx_raw(dir.as_raw_fd(), name)
+}
+
+/// Like `lstat`, but a missing path is `Ok(None)`.
+pub fn lstat_if_exists(path: &Path) -> io::Result<Option<Stat>> {
+    match lstat(path) {
+        Ok(stat) => Ok(Some(stat)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+fn statx_raw(dirfd: libc::c_int, name: &CStr) -> io::Result<Stat> {
+    let mut buf = MaybeUninit::<libc::statx>::zeroed();
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_AS_STAT;
+    let mask = libc::STATX_TYPE
+        | libc::STATX_MODE
+        | libc::STATX_INO
+        | libc::STATX_SIZE
+        | libc::STATX_BLOCKS;
+    // SAFETY: name is a valid C string and buf is a properly sized, writable statx buffer.
+    let rc = unsafe { libc::statx(dirfd, name.as_ptr(), flags, mask, buf.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx succeeded and filled the buffer.
+    let st = unsafe { buf.assume_init() };
+    let mount_root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if st.stx_attributes_mask & mount_root == 0 {
+        // Kernels before 5.8 cannot tell; we require one that can rather than guess.
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "kernel does not report STATX_ATTR_MOUNT_ROOT (needs Linux 5.8+)",
+        ));
+    }
+    Ok(Stat {
+        dev: (st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
+        mode: u32::from(st.stx_mode),
+        size: st.stx_size,
+        allocated: st.stx_blocks.saturating_mul(512),
+        is_mount_root: st.stx_attributes & mount_root != 0,
+    })
+}
+
+/// Space and inodes of the filesystem holding `path`, as an unprivileged writer would see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    pub total_bytes: u64,
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub available_inodes: u64,
+    pub read_only: bool,
+}
+
+pub fn space(path: &Path) -> io::Result<Space> {
+    let st = statvfs(path)?;
+    let fragment = st.fragment_size();
+    Ok(Space {
+        total_bytes: st.blocks().saturating_mul(fragment),
+        available_bytes: st.blocks_available().saturating_mul(fragment),
+        total_inodes: st.files(),
+        available_inodes: st.files_available(),
+        read_only: st.flags().contains(FsFlags::ST_RDONLY),
+    })
+}
+
+/// The per-mount flags currently in effect at `path` (ST_RDONLY, ST_NOSUID, ...).
+pub fn mount_flags(path: &Path) -> io::Result<FsFlags> {
+    Ok(statvfs(path)?.flags())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_is_a_mount_root_and_its_subdirectories_are_not() {
+        assert!(lstat(Path::new("/")).unwrap().is_mount_root);
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let stat = lstat(dir.path()).unwrap();
+        assert!(stat.is_dir());
+        assert!(!stat.is_mount_root);
+    }
+
+    #[test]
+    fn symlinks_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/", &link).unwrap();
+        assert!(lstat(&link).unwrap().is_symlink());
+        assert_eq!(lstat_if_exists(&dir.path().join("missing")).unwrap(), None);
+    }
+
+    #[test]
+    fn space_reports_something_plausible() {
+        let space = space(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
+        assert!(space.total_bytes >= space.available_bytes);
+        assert!(space.total_bytes > 0);
+    }
+}

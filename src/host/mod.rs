@@ -1,0 +1,9 @@
+//! Host mechanics with no knowledge of gRPC or CSI: each module does one thing to the kernel.
+
+pub mod fsstat;
+pub mod loopdev;
+pub mod mount;
+pub mod mountinfo;
+pub mod safe_delete;
+pub mod tree;
+pub mod usage;

@@ -1,0 +1,26 @@
+//! stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
+//!
+//! The crate is split by concern: `identity`, `controller` and `node` are the thin gRPC faces
+//! (validate → call the domain → map errors); `volume` holds the domain (ids, records, the
+//! crash-safe store, per-volume operation guards, create/publish/delete); `host` holds the
+//! mechanics that know nothing about gRPC (mounts, loop devices, safe deletion, usage).
+
+pub mod config;
+pub mod controller;
+pub mod driver;
+pub mod error;
+pub mod host;
+pub mod identity;
+pub mod node;
+pub mod request;
+pub mod server;
+pub mod volume;
+
+/// The CSI v1 types and service stubs generated from `proto/csi.proto`.
+pub mod csi {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("csi.v1");
+
+    /// Encoded descriptors of the CSI schema, served through gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("csi_descriptor");
+}

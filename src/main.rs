@@ -1,0 +1,85 @@
+//! The `stickyvol` command line.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use stickyvol::config::{Config, ServeArgs};
+use tracing::error;
+use tracing_subscriber::EnvFilter;
+
+/// stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
+///
+/// A claim gets a directory (or a raw block device) on the node where its first pod runs; the
+/// volume stays on that node, survives pod and node restarts, and is removed with its PV.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the CSI Identity, Controller and Node services on a unix socket.
+    ///
+    /// Log verbosity follows RUST_LOG (e.g. RUST_LOG=debug logs every RPC; default: info).
+    Serve(ServeArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => {
+            let config = match Config::from_args(args) {
+                Ok(config) => config,
+                Err(err) => {
+                    error!("{err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("building the tokio runtime");
+            match runtime.block_on(stickyvol::server::serve(config, shutdown_signal())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    error!("{err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

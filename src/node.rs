@@ -1,0 +1,141 @@
+//! CSI Node: what kubelet calls to make a volume appear in (and leave) a pod.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::csi::node_server::Node;
+use crate::csi::node_service_capability::{Rpc, rpc};
+use crate::csi::{self, volume_usage::Unit};
+use crate::driver::{Driver, blocking};
+use crate::error::Error;
+use crate::request;
+use crate::volume::id::VolumeId;
+use crate::volume::stats::Amounts;
+use crate::volume::{PublishRequest, Volumes};
+
+pub struct NodeService {
+    driver: Arc<Driver>,
+}
+
+impl NodeService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        NodeService { driver }
+    }
+
+    fn volumes(&self) -> Result<Arc<Volumes>, Status> {
+        self.driver.volumes().map_err(Status::from)
+    }
+
+    fn kubelet_dir(&self) -> &Path {
+        &self.driver.config.kubelet_dir
+    }
+}
+
+fn usage(amounts: Amounts, unit: Unit) -> csi::VolumeUsage {
+    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    csi::VolumeUsage {
+        available: clamp(amounts.available),
+        total: clamp(amounts.total),
+        used: clamp(amounts.used),
+        unit: unit as i32,
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_publish_volume(
+        &self,
+        request: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        // Every argument is checked before the id is looked up: a bad request is INVALID_ARGUMENT
+        // even for an unknown volume.
+        request::required("volume_id", &req.volume_id)?;
+        let target = request::path_beneath(self.kubelet_dir(), "target_path", &req.target_path)?;
+        let capability = request::capability(req.volume_capability.as_ref())?;
+        if let Some(reason) = request::unsupported_reason(&capability) {
+            return Err(Error::InvalidArgument(reason).into());
+        }
+        let id = request::volume_id(&req.volume_id)?;
+        let volumes = self.volumes()?;
+        let publish = PublishRequest {
+            target,
+            capability,
+            readonly: req.readonly,
+        };
+        blocking(move || volumes.publish(&id, publish)).await?;
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        request::required("volume_id", &req.volume_id)?;
+        let target = request::path_beneath(self.kubelet_dir(), "target_path", &req.target_path)?;
+        // An id that is not ours still gets its target tidied: kubelet must never hang on it.
+        let id = VolumeId::parse(&req.volume_id);
+        let volumes = self.volumes()?;
+        blocking(move || volumes.unpublish(id.as_ref(), &target)).await?;
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        request::required("volume_id", &req.volume_id)?;
+        request::required("volume_path", &req.volume_path)?;
+        let id = request::volume_id(&req.volume_id)?;
+        let volumes = self.volumes()?;
+        // The path is only compared with recorded targets, never used to touch the host itself.
+        let path = std::path::PathBuf::from(req.volume_path);
+        let stats = blocking(move || volumes.stats(&id, &path)).await?;
+        let mut usage_list = vec![usage(stats.bytes, Unit::Bytes)];
+        usage_list.extend(stats.inodes.map(|inodes| usage(inodes, Unit::Inodes)));
+        Ok(Response::new(csi::NodeGetVolumeStatsResponse {
+            usage: usage_list,
+            volume_condition: Some(csi::VolumeCondition {
+                abnormal: stats.condition.abnormal,
+                message: stats.condition.message,
+            }),
+        }))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        let capabilities = [
+            rpc::Type::GetVolumeStats,
+            rpc::Type::VolumeCondition,
+            rpc::Type::SingleNodeMultiWriter,
+        ]
+        .into_iter()
+        .map(|t| csi::NodeServiceCapability {
+            r#type: Some(csi::node_service_capability::Type::Rpc(Rpc {
+                r#type: t as i32,
+            })),
+        })
+        .collect();
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities,
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let config = &self.driver.config;
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: config.node_id.clone(),
+            max_volumes_per_node: config.max_volumes_per_node,
+            accessible_topology: Some(self.driver.topology()),
+        }))
+    }
+}

@@ -1,0 +1,349 @@
+//! Turning CSI request fields into typed, validated values, before anything touches the host.
+//!
+//! Rules: a required field that is empty is INVALID_ARGUMENT; a volume id that is not ours is
+//! NOT_FOUND (it never becomes part of a path); host paths must be absolute, normalized and
+//! strictly beneath the kubelet directory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+
+use sys_mount::MountFlags;
+
+use crate::csi;
+use crate::csi::volume_capability::AccessType;
+use crate::csi::volume_capability::access_mode::Mode as CsiMode;
+use crate::error::{Error, Result};
+use crate::host::mount;
+use crate::volume::id::VolumeId;
+use crate::volume::record::{AccessMode, VolumeKind};
+
+/// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
+/// secret references, fstype); accepted and ignored.
+pub const PROVISIONER_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// StorageClass parameters stickyvol itself understands. None yet: the set grows with features
+/// (pools, size enforcement); anything else is refused so a typo never goes unnoticed.
+pub const KNOWN_PARAMETERS: &[&str] = &[];
+
+/// One requested way of using a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capability {
+    pub kind: VolumeKind,
+    pub access_mode: AccessMode,
+    /// Sorted, deduplicated mount options (filesystem only), each one a bind mount can honour.
+    pub mount_flags: Vec<String>,
+}
+
+impl Capability {
+    /// The per-mount flags to apply for this capability.
+    pub fn bind_flags(&self, readonly: bool) -> MountFlags {
+        let mut flags = self
+            .mount_flags
+            .iter()
+            .filter_map(|option| mount::bind_flag(option))
+            .fold(MountFlags::empty(), |acc, flag| acc | flag);
+        if readonly {
+            flags |= MountFlags::RDONLY;
+        }
+        flags
+    }
+}
+
+pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
+    if value.is_empty() {
+        Err(Error::InvalidArgument(format!("{field} is required")))
+    } else {
+        Ok(value)
+    }
+}
+
+/// A volume id from a request: empty is INVALID_ARGUMENT, anything not ours NOT_FOUND.
+pub fn volume_id(value: &str) -> Result<VolumeId> {
+    required("volume_id", value)?;
+    VolumeId::parse(value)
+        .ok_or_else(|| Error::NotFound(format!("volume {value:?} does not exist")))
+}
+
+/// Access modes that can be honoured by data that lives on one node.
+fn access_mode(mode: i32) -> Result<AccessMode> {
+    let mode = CsiMode::try_from(mode)
+        .map_err(|_| Error::InvalidArgument(format!("unknown access mode {mode}")))?;
+    Ok(match mode {
+        CsiMode::SingleNodeWriter => AccessMode::SingleNodeWriter,
+        CsiMode::SingleNodeReaderOnly => AccessMode::SingleNodeReaderOnly,
+        CsiMode::SingleNodeSingleWriter => AccessMode::SingleNodeSingleWriter,
+        CsiMode::SingleNodeMultiWriter => AccessMode::SingleNodeMultiWriter,
+        CsiMode::MultiNodeReaderOnly => AccessMode::MultiNodeReaderOnly,
+        CsiMode::MultiNodeSingleWriter => AccessMode::MultiNodeSingleWriter,
+        CsiMode::MultiNodeMultiWriter => AccessMode::MultiNodeMultiWriter,
+        CsiMode::Unknown => {
+            return Err(Error::InvalidArgument("access_mode is required".into()));
+        }
+    })
+}
+
+/// Why a capability cannot be served, or None when it can.
+pub fn unsupported_reason(cap: &Capability) -> Option<String> {
+    match cap.access_mode {
+        AccessMode::MultiNodeReaderOnly
+        | AccessMode::MultiNodeSingleWriter
+        | AccessMode::MultiNodeMultiWriter => Some(format!(
+            "access mode {:?} is not supported: stickyvol volumes live on a single node",
+            cap.access_mode
+        )),
+        _ => None,
+    }
+}
+
+/// Parses one capability. Unsupported modes are reported by `unsupported_reason`, not here,
+/// because ValidateVolumeCapabilities must answer them with a message rather than an error.
+pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<Capability> {
+    let cap = cap.ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
+    let mode = cap.access_mode.as_ref().ok_or_else(|| {
+        Error::InvalidArgument("volume_capability.access_mode is required".into())
+    })?;
+    let access_mode = access_mode(mode.mode)?;
+    match &cap.access_type {
+        Some(AccessType::Block(_)) => Ok(Capability {
+            kind: VolumeKind::Block,
+            access_mode,
+            mount_flags: Vec::new(),
+        }),
+        Some(AccessType::Mount(mount)) => {
+            if !mount.fs_type.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "fs_type {:?} cannot be honoured: filesystem volumes are directories on the node's \
+                     data filesystem; leave fsType unset",
+                    mount.fs_type
+                )));
+            }
+            Ok(Capability {
+                kind: VolumeKind::Filesystem,
+                access_mode,
+                mount_flags: mount_flags(&mount.mount_flags)?,
+            })
+        }
+        None => Err(Error::InvalidArgument(
+            "volume_capability.access_type (block or mount) is required".into(),
+        )),
+    }
+}
+
+/// Parses a non-empty list of capabilities that must all ask for the same access type.
+pub fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
+    if caps.is_empty() {
+        return Err(Error::InvalidArgument(
+            "volume_capabilities is required".into(),
+        ));
+    }
+    let parsed = caps
+        .iter()
+        .map(|cap| capability(Some(cap)))
+        .collect::<Result<Vec<_>>>()?;
+    if parsed.iter().any(|cap| cap.kind != parsed[0].kind) {
+        return Err(Error::InvalidArgument(
+            "volume_capabilities mix block and mount access types".into(),
+        ));
+    }
+    Ok(parsed)
+}
+
+/// Mount options that a bind mount can honour, sorted and deduplicated; others are refused.
+pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
+    let mut accepted = Vec::with_capacity(options.len());
+    for option in options {
+        // Kubernetes passes mountOptions through unchanged; "a,b" is one entry in some setups.
+        for option in option.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            if mount::bind_flag(option).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "mount option {option:?} cannot be applied to a bind mount; accepted: {}",
+                    mount::accepted_options().join(", ")
+                )));
+            }
+            accepted.push(option.to_string());
+        }
+    }
+    accepted.sort();
+    accepted.dedup();
+    Ok(accepted)
+}
+
+/// Validates StorageClass parameters: provisioner-added keys pass, ours are checked, others refused.
+pub fn parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut keys: Vec<_> = params.keys().collect();
+    keys.sort();
+    for key in keys {
+        if !key.starts_with(PROVISIONER_PARAMETER_PREFIX)
+            && !KNOWN_PARAMETERS.contains(&key.as_str())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "unknown StorageClass parameter {key:?} (stickyvol accepts {} and {PROVISIONER_PARAMETER_PREFIX}* keys)",
+                if KNOWN_PARAMETERS.is_empty() {
+                    "no other parameters".to_string()
+                } else {
+                    KNOWN_PARAMETERS.join(", ")
+                }
+            )));
+        }
+    }
+    Ok(params.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+/// A target or staging path: absolute, normalized, strictly beneath `root` (the kubelet dir).
+pub fn path_beneath(root: &Path, field: &str, value: &str) -> Result<PathBuf> {
+    required(field, value)?;
+    let path = Path::new(value);
+    let invalid = |why: &str| Err(Error::InvalidArgument(format!("{field} {value:?} {why}")));
+    if !path.is_absolute() {
+        return invalid("must be an absolute path");
+    }
+    if value.contains('\0') {
+        return invalid("contains a NUL byte");
+    }
+    let normalized: PathBuf = path.components().collect();
+    let has_dots = path
+        .components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir));
+    if has_dots || normalized.as_os_str() != path.as_os_str() {
+        return invalid("must be normalized (no '.', '..', '//' or trailing '/')");
+    }
+    if !path.starts_with(root) || path == root {
+        return invalid(&format!(
+            "must lie beneath the kubelet directory {}",
+            root.display()
+        ));
+    }
+    Ok(normalized)
+}
+
+/// Whether `requisite` topologies allow a volume on this node (empty means anywhere).
+pub fn topology_allows(requisite: &[csi::Topology], key: &str, node_id: &str) -> bool {
+    requisite.is_empty()
+        || requisite
+            .iter()
+            .any(|t| t.segments.get(key).is_some_and(|v| v == node_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn mount_cap(mode: CsiMode, flags: &[&str], fs_type: &str) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(csi::volume_capability::MountVolume {
+                fs_type: fs_type.into(),
+                mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+                volume_mount_group: String::new(),
+            })),
+            access_mode: Some(csi::volume_capability::AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    #[test]
+    fn paths_must_be_normalized_and_beneath_the_kubelet_dir() {
+        let root = Path::new("/var/lib/kubelet");
+        let ok = path_beneath(root, "target_path", "/var/lib/kubelet/pods/x/mount").unwrap();
+        assert_eq!(ok, PathBuf::from("/var/lib/kubelet/pods/x/mount"));
+        for bad in [
+            "",
+            "relative/path",
+            "/var/lib/kubelet",
+            "/var/lib/kubelet/",
+            "/var/lib/kubeletx/pods",
+            "/var/lib/kubelet/../../etc",
+            "/var/lib/kubelet/./pods",
+            "/var/lib/kubelet//pods",
+            "/var/lib/kubelet/pods/",
+            "/etc/passwd",
+        ] {
+            let err = path_beneath(root, "target_path", bad).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn accepted_paths_never_escape(value in "(/|[a-z.]{1,3}){1,12}") {
+            let root = Path::new("/k");
+            if let Ok(path) = path_beneath(root, "target_path", &value) {
+                prop_assert!(path.starts_with(root));
+                prop_assert!(!path.components().any(|c| c == Component::ParentDir));
+            }
+        }
+    }
+
+    #[test]
+    fn volume_ids_empty_is_invalid_and_foreign_is_not_found() {
+        assert_eq!(
+            volume_id("").unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        assert_eq!(
+            volume_id("../../x").unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        let id = VolumeId::generate();
+        assert_eq!(volume_id(id.as_str()).unwrap(), id);
+    }
+
+    #[test]
+    fn mount_capabilities_accept_bind_options_only() {
+        let cap = capability(Some(&mount_cap(
+            CsiMode::SingleNodeWriter,
+            &["noexec", "ro,nosuid", "noexec"],
+            "",
+        )))
+        .unwrap();
+        assert_eq!(cap.mount_flags, vec!["noexec", "nosuid", "ro"]);
+        assert!(
+            cap.bind_flags(false)
+                .contains(MountFlags::RDONLY | MountFlags::NOEXEC)
+        );
+        let err = capability(Some(&mount_cap(
+            CsiMode::SingleNodeWriter,
+            &["size=1G"],
+            "",
+        )))
+        .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("size=1G"));
+        let err = capability(Some(&mount_cap(CsiMode::SingleNodeWriter, &[], "ext4"))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        let err = capability(Some(&mount_cap(CsiMode::Unknown, &[], ""))).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn multi_node_modes_are_unsupported() {
+        let cap = capability(Some(&mount_cap(CsiMode::MultiNodeMultiWriter, &[], ""))).unwrap();
+        assert!(unsupported_reason(&cap).is_some());
+        let cap = capability(Some(&mount_cap(CsiMode::SingleNodeMultiWriter, &[], ""))).unwrap();
+        assert!(unsupported_reason(&cap).is_none());
+    }
+
+    #[test]
+    fn parameters_refuse_unknown_keys_and_pass_provisioner_keys() {
+        let mut params = HashMap::new();
+        params.insert(
+            "csi.storage.k8s.io/pvc/name".to_string(),
+            "data".to_string(),
+        );
+        assert!(parameters(&params).is_ok());
+        params.insert("sizeLimit".to_string(), "1".to_string());
+        let err = parameters(&params).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("sizeLimit"));
+    }
+
+    #[test]
+    fn topology_requisites_must_name_this_node() {
+        let key = "topology.stickyvol.csi.io/node";
+        let topo = |node: &str| csi::Topology {
+            segments: [(key.to_string(), node.to_string())].into(),
+        };
+        assert!(topology_allows(&[], key, "a"));
+        assert!(topology_allows(&[topo("b"), topo("a")], key, "a"));
+        assert!(!topology_allows(&[topo("b")], key, "a"));
+    }
+}

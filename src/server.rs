@@ -1,0 +1,177 @@
+//! The gRPC server: unix socket, services for the configured mode, reflection, per-RPC logs,
+//! graceful shutdown.
+
+use std::fs;
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::codegen::http;
+use tonic::transport::Server;
+use tower::{Layer, Service};
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, Mode};
+use crate::controller::ControllerService;
+use crate::csi;
+use crate::driver::Driver;
+use crate::identity::IdentityService;
+use crate::node::NodeService;
+
+/// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
+const SOCKET_MODE: u32 = 0o660;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot start: {0}")]
+    Driver(#[from] crate::error::Error),
+    #[error("socket {path}: {source}")]
+    Socket { path: String, source: io::Error },
+    #[error("another process is already serving on {0}")]
+    SocketInUse(String),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves until `shutdown` completes, then finishes in-flight calls and removes the socket.
+pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let mode = config.mode;
+    let socket_path = config.socket_path.clone();
+    let driver = Arc::new(
+        tokio::task::spawn_blocking(move || Driver::new(config))
+            .await
+            .expect("startup task")?,
+    );
+    let listener = bind(&socket_path)?;
+    info!(
+        socket = %socket_path.display(),
+        mode = ?mode,
+        node = %driver.config.node_id,
+        driver = %driver.config.driver_name,
+        "serving CSI"
+    );
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(csi::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let mut router = Server::builder()
+        .layer(RpcLogLayer)
+        .add_service(reflection)
+        .add_service(csi::identity_server::IdentityServer::new(
+            IdentityService::new(driver.clone()),
+        ));
+    if mode != Mode::Node {
+        router = router.add_service(csi::controller_server::ControllerServer::new(
+            ControllerService::new(driver.clone()),
+        ));
+    }
+    // Controller mode serves Node too, for NodeGetCapabilities: csi-resizer reads it on this socket.
+    router = router.add_service(csi::node_server::NodeServer::new(NodeService::new(
+        driver.clone(),
+    )));
+
+    let result = router
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    let _ = fs::remove_file(&socket_path);
+    info!("stopped");
+    Ok(result?)
+}
+
+/// Binds the socket, replacing a stale one but never a live one or a non-socket file.
+fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    let err = |source| ServeError::Socket {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(err)?;
+    }
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(ServeError::SocketInUse(path.display().to_string()));
+            }
+            fs::remove_file(path).map_err(err)?;
+            info!(socket = %path.display(), "removed stale socket");
+        }
+        Ok(_) => {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "exists and is not a socket; refusing to replace it",
+            )));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(SOCKET_MODE)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Logs every RPC once: method, gRPC code, duration, and the error message if any.
+/// Request bodies are never logged (they may carry secrets).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RpcLogLayer;
+
+impl<S> Layer<S> for RpcLogLayer {
+    type Service = RpcLog<S>;
+    fn layer(&self, inner: S) -> RpcLog<S> {
+        RpcLog { inner }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RpcLog<S> {
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for RpcLog<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: std::fmt::Display,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let method = request
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let started = Instant::now();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let result = response.await;
+            let micros = started.elapsed().as_micros() as u64;
+            match &result {
+                Ok(response) => match tonic::Status::from_header_map(response.headers()) {
+                    Some(status) if status.code() != tonic::Code::Ok => {
+                        warn!(rpc = %method, code = ?status.code(), micros, error = status.message(), "rpc failed")
+                    }
+                    _ => debug!(rpc = %method, micros, "rpc ok"),
+                },
+                Err(err) => warn!(rpc = %method, micros, error = %err, "rpc transport error"),
+            }
+            result
+        })
+    }
+}

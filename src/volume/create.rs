@@ -1,0 +1,209 @@
+//! CreateVolume and DeleteVolume.
+//!
+//! Crash safety: the data (directory or sparse file) is made first, the record is written last
+//! and is the commit point. A crash in between leaves data without a record, which `recover`
+//! removes at the next start, so a volume is either absent or complete. Deletion runs the other
+//! way: data first, record last, so a retried DeleteVolume finishes the job.
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tracing::{info, warn};
+
+use super::capacity;
+use super::id::VolumeId;
+use super::record::{AccessMode, VolumeKind, VolumeRecord};
+use super::store::sync_dir;
+use super::{Volumes, set_mode};
+use crate::error::{Error, IoContext, Result};
+use crate::host::{loopdev, safe_delete, tree::WalkError};
+
+/// A validated CreateVolume request.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub name: String,
+    pub required_bytes: i64,
+    pub limit_bytes: i64,
+    pub kind: VolumeKind,
+    /// Sorted and deduplicated.
+    pub access_modes: Vec<AccessMode>,
+    /// Sorted and deduplicated.
+    pub mount_flags: Vec<String>,
+    pub parameters: BTreeMap<String, String>,
+}
+
+impl Volumes {
+    /// Creates the volume named `req.name`, or returns the existing one if it is compatible.
+    pub fn create(&self, req: CreateRequest) -> Result<Arc<VolumeRecord>> {
+        let _guard = self.guards.acquire(
+            format!("name:{}", req.name),
+            &format!("volume name {:?}", req.name),
+        )?;
+        let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
+        if let Some(existing) = self.store.find_by_name(&req.name) {
+            check_compatible(&existing, &req)?;
+            return Ok(existing);
+        }
+        let available = self.space()?.available_bytes;
+        if capacity as u64 > available {
+            return Err(Error::ResourceExhausted(format!(
+                "volume {:?} needs {capacity} bytes but the data directory has {available} bytes free",
+                req.name
+            )));
+        }
+
+        let id = VolumeId::generate();
+        let path = self.layout.data_path(&id, req.kind);
+        let made = make_data(&path, req.kind, capacity).and_then(|()| {
+            sync_dir(&self.layout.volumes)
+                .context(|| format!("syncing {}", self.layout.volumes.display()))
+        });
+        let record = made.and_then(|()| {
+            let record = VolumeRecord {
+                id: id.clone(),
+                name: req.name.clone(),
+                kind: req.kind,
+                capacity_bytes: capacity,
+                access_modes: req.access_modes,
+                mount_flags: req.mount_flags,
+                parameters: req.parameters,
+                created_unix_ms: now_ms(),
+                publications: Vec::new(),
+            };
+            self.store
+                .put(record)
+                .context(|| format!("writing the record of volume {id}"))
+        });
+        match record {
+            Ok(record) => {
+                info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, path = %path.display(), "created volume");
+                Ok(record)
+            }
+            Err(err) => {
+                if let Err(cleanup) = safe_delete::remove_all(&path) {
+                    warn!(volume = %id, error = %cleanup, "could not remove the data of a failed create; it is removed at next start");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Deletes a volume and its data. Unknown ids succeed (deletion is idempotent).
+    pub fn delete(&self, id: &VolumeId) -> Result<()> {
+        let _guard = self.claim(id)?;
+        let Some(record) = self.store.get(id) else {
+            if self.store.has_record_file(id) {
+                return Err(Error::FailedPrecondition(format!(
+                    "the record of volume {id} is unreadable; refusing to delete its data (see the log at startup)"
+                )));
+            }
+            // Data without a record is what an interrupted create or delete leaves: finish the job.
+            for kind in [VolumeKind::Filesystem, VolumeKind::Block] {
+                self.remove_data(id, kind)?;
+            }
+            return Ok(());
+        };
+        let live = self.live_targets(&record)?;
+        if !live.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is still published at {}; unpublish it first",
+                live.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        self.remove_data(id, record.kind)?;
+        self.store
+            .remove(id)
+            .context(|| format!("removing the record of volume {id}"))?;
+        info!(volume = %id, name = %record.name, "deleted volume");
+        Ok(())
+    }
+
+    fn remove_data(&self, id: &VolumeId, kind: VolumeKind) -> Result<()> {
+        let path = self.layout.data_path(id, kind);
+        if kind == VolumeKind::Block {
+            // A device left attached by a crash would keep the file's blocks alive.
+            for device in loopdev::find_by_backing_file(&path).unwrap_or_default() {
+                loopdev::detach(&device).context(|| {
+                    format!("detaching {} from volume {id}", device.path().display())
+                })?;
+            }
+        }
+        safe_delete::remove_all(&path).map_err(|err| match err {
+            WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
+                "volume {id} contains a mount point at {}; refusing to delete across it",
+                at.display()
+            )),
+            WalkError::Io { path, source } => Error::host(
+                format!("deleting {} of volume {id}", path.display()),
+                source,
+            ),
+        })
+    }
+}
+
+/// Same name asked again: only an equivalent request gets the existing volume back.
+fn check_compatible(existing: &VolumeRecord, req: &CreateRequest) -> Result<()> {
+    let conflict = |what: String| {
+        Err(Error::AlreadyExists(format!(
+            "volume {:?} already exists as {} with {what}",
+            req.name, existing.id
+        )))
+    };
+    if existing.kind != req.kind {
+        return conflict(format!("access type {}", existing.kind.as_str()));
+    }
+    if !capacity::satisfies(existing.capacity_bytes, req.required_bytes, req.limit_bytes) {
+        return conflict(format!(
+            "capacity {} outside the requested range",
+            existing.capacity_bytes
+        ));
+    }
+    if existing.access_modes != req.access_modes {
+        return conflict(format!("access modes {:?}", existing.access_modes));
+    }
+    if existing.mount_flags != req.mount_flags {
+        return conflict(format!("mount flags {:?}", existing.mount_flags));
+    }
+    if existing.parameters != req.parameters {
+        return conflict("different parameters".into());
+    }
+    Ok(())
+}
+
+fn make_data(path: &std::path::Path, kind: VolumeKind, capacity: i64) -> Result<()> {
+    match kind {
+        VolumeKind::Filesystem => {
+            fs::DirBuilder::new()
+                .mode(0o777)
+                .create(path)
+                .context(|| format!("creating {}", path.display()))?;
+            // mkdir honours the umask; emptyDir semantics want every user of the pod to write.
+            set_mode(path, 0o777)
+        }
+        VolumeKind::Block => {
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .context(|| format!("creating {}", path.display()))?;
+            // Sparse: blocks are allocated as the workload writes.
+            file.set_len(capacity as u64)
+                .and_then(|()| file.sync_all())
+                .context(|| format!("sizing {} to {capacity} bytes", path.display()))
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

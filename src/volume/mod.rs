@@ -1,0 +1,225 @@
+//! The volume domain: where volumes live on disk, what we remember about them, and the
+//! operations kubelet and the provisioner ask for. Nothing here knows about gRPC.
+//!
+//! On-disk layout under the data dir:
+//! - `volumes/<id>/`     a filesystem volume's data (mode 0777, like emptyDir)
+//! - `volumes/<id>.img`  a block volume's backing file (sparse)
+//! - `state/<id>.json`   the volume's record, the commit point of its existence
+
+pub mod capacity;
+mod create;
+pub mod guard;
+pub mod id;
+mod publish;
+pub mod record;
+mod recover;
+pub mod stats;
+pub mod store;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, IoContext, Result};
+use crate::host::fsstat::{self, Space};
+
+pub use create::CreateRequest;
+pub use publish::PublishRequest;
+pub use stats::VolumeStats;
+
+use guard::OperationGuards;
+use id::VolumeId;
+use record::{VolumeKind, VolumeRecord};
+use store::Store;
+
+/// Paths inside the data directory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub root: PathBuf,
+    pub volumes: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Layout {
+    pub fn new(root: &Path) -> Layout {
+        Layout {
+            root: root.to_path_buf(),
+            volumes: root.join("volumes"),
+            state: root.join("state"),
+        }
+    }
+
+    /// Where a volume's data lives on the host.
+    pub fn data_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
+        match kind {
+            VolumeKind::Filesystem => self.volumes.join(id.as_str()),
+            VolumeKind::Block => self.volumes.join(format!("{id}.img")),
+        }
+    }
+
+    /// The id a file name in `volumes/` belongs to, if it is one of ours.
+    pub fn id_of_data_entry(file_name: &str) -> Option<VolumeId> {
+        VolumeId::parse(file_name.strip_suffix(".img").unwrap_or(file_name))
+    }
+}
+
+/// Whether a volume is healthy, as CSI's VolumeCondition reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub abnormal: bool,
+    pub message: String,
+}
+
+/// All volumes of this node.
+#[derive(Debug)]
+pub struct Volumes {
+    layout: Layout,
+    kubelet_dir: PathBuf,
+    store: Store,
+    guards: OperationGuards,
+}
+
+impl Volumes {
+    /// Opens (creating if needed) the data directory, loads every record and reconciles the
+    /// host with them: see `recover`.
+    pub fn open(data_dir: &Path, kubelet_dir: &Path) -> Result<Volumes> {
+        for dir in [kubelet_dir, data_dir] {
+            fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+        }
+        // The data dir holds every volume: only root may look inside; pods reach their own
+        // volume through its bind mount.
+        set_mode(data_dir, 0o700)?;
+        // Canonical paths: the kernel reports loop backing files and mounts that way.
+        let data_dir = data_dir
+            .canonicalize()
+            .context(|| format!("resolving {}", data_dir.display()))?;
+        let kubelet_dir = kubelet_dir
+            .canonicalize()
+            .context(|| format!("resolving {}", kubelet_dir.display()))?;
+        let layout = Layout::new(&data_dir);
+        fs::create_dir_all(&layout.volumes)
+            .context(|| format!("creating {}", layout.volumes.display()))?;
+        let (store, report) = Store::open(&layout.state)
+            .context(|| format!("loading records from {}", layout.state.display()))?;
+        let volumes = Volumes {
+            layout,
+            kubelet_dir,
+            store,
+            guards: OperationGuards::default(),
+        };
+        volumes.recover(report)?;
+        Ok(volumes)
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn kubelet_dir(&self) -> &Path {
+        &self.kubelet_dir
+    }
+
+    pub fn count(&self) -> usize {
+        self.store.len()
+    }
+
+    /// The record of a volume that must exist (NOT_FOUND otherwise).
+    pub fn get(&self, id: &VolumeId) -> Result<Arc<VolumeRecord>> {
+        self.store
+            .get(id)
+            .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist")))
+    }
+
+    /// One page of volumes after `after`, and the token for the next page if any remain.
+    pub fn list(
+        &self,
+        after: Option<&VolumeId>,
+        max_entries: usize,
+    ) -> (Vec<Arc<VolumeRecord>>, Option<VolumeId>) {
+        let (page, more) = self.store.page_after(after, max_entries);
+        let next = if more {
+            page.last().map(|r| r.id.clone())
+        } else {
+            None
+        };
+        (page, next)
+    }
+
+    /// Free space of the data directory's filesystem.
+    pub fn space(&self) -> Result<Space> {
+        fsstat::space(&self.layout.root)
+            .context(|| format!("statvfs {}", self.layout.root.display()))
+    }
+
+    /// Ready when the data and state directories exist, are writable and not on a read-only mount.
+    pub fn check_ready(&self) -> Result<()> {
+        for dir in [&self.layout.volumes, &self.layout.state] {
+            nix::unistd::access(dir.as_path(), nix::unistd::AccessFlags::W_OK)
+                .map_err(std::io::Error::from)
+                .context(|| format!("data directory {} is not writable", dir.display()))?;
+        }
+        let space = self.space()?;
+        if space.read_only {
+            return Err(Error::FailedPrecondition(format!(
+                "data directory {} is on a read-only filesystem",
+                self.layout.root.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Healthy unless the volume's data is missing or of the wrong type.
+    pub fn condition(&self, record: &VolumeRecord) -> Condition {
+        let path = self.layout.data_path(&record.id, record.kind);
+        let problem = match fsstat::lstat_if_exists(&path) {
+            Ok(None) => Some(format!(
+                "data of volume {} is missing at {}",
+                record.id,
+                path.display()
+            )),
+            Ok(Some(stat)) => {
+                let right_type = match record.kind {
+                    VolumeKind::Filesystem => stat.is_dir(),
+                    VolumeKind::Block => stat.is_regular_file(),
+                };
+                (!right_type).then(|| {
+                    format!(
+                        "data of volume {} at {} is not a {}",
+                        record.id,
+                        path.display(),
+                        match record.kind {
+                            VolumeKind::Filesystem => "directory",
+                            VolumeKind::Block => "regular file",
+                        }
+                    )
+                })
+            }
+            Err(err) => Some(format!(
+                "cannot inspect data of volume {}: {err}",
+                record.id
+            )),
+        };
+        match problem {
+            Some(message) => Condition {
+                abnormal: true,
+                message,
+            },
+            None => Condition {
+                abnormal: false,
+                message: "volume data is present".into(),
+            },
+        }
+    }
+
+    /// Claims the per-volume operation slot (ABORTED for a concurrent second caller).
+    fn claim(&self, id: &VolumeId) -> Result<guard::OperationGuard> {
+        self.guards
+            .acquire(format!("volume:{id}"), &format!("volume {id}"))
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .context(|| format!("setting mode {mode:o} on {}", path.display()))
+}

@@ -1,0 +1,485 @@
+//! NodePublishVolume and NodeUnpublishVolume.
+//!
+//! The host is the truth, the record a memo: a publish retried after a crash finds its mount (or
+//! symlink) already in place and adopts it; an unpublish finds it gone and just tidies up. Every
+//! step is idempotent because kubelet retries "uncertain" calls with the same arguments.
+//!
+//! Filesystem volumes: the volume directory is bind-mounted at the target (then remounted with
+//! the requested flags). Block volumes: the target is a symlink to a loop device over the
+//! volume's file; kubelet follows it. One device per volume and read-only flag is shared by all
+//! targets and detached when the last one goes.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+use super::Volumes;
+use super::id::VolumeId;
+use super::record::{Publication, VolumeKind, VolumeRecord};
+use crate::error::{Error, IoContext, Result};
+use crate::host::fsstat::{self, Stat};
+use crate::host::{loopdev, mount};
+use crate::request::Capability;
+
+/// A validated NodePublishVolume request.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    pub target: PathBuf,
+    pub capability: Capability,
+    pub readonly: bool,
+}
+
+impl Volumes {
+    pub fn publish(&self, id: &VolumeId, req: PublishRequest) -> Result<()> {
+        let _guard = self.claim(id)?;
+        let record = self.get(id)?;
+        let cap = &req.capability;
+        if cap.kind != record.kind {
+            return Err(Error::InvalidArgument(format!(
+                "volume {id} is a {} volume and cannot be published with {} access",
+                record.kind.as_str(),
+                cap.kind.as_str()
+            )));
+        }
+        let readonly = req.readonly || cap.access_mode.is_read_only();
+        let wanted = Publication {
+            target: req.target.clone(),
+            readonly,
+            access_mode: cap.access_mode,
+            mount_flags: cap.mount_flags.clone(),
+            loop_device: None,
+        };
+        let mut known = None;
+        for other in &record.publications {
+            let live = self.is_live(&record, other)?;
+            if other.target == wanted.target {
+                if live && !other.same_request(&wanted) {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {id} is already published at {} with a different capability or read-only flag",
+                        wanted.target.display()
+                    )));
+                }
+                known = Some(other.clone());
+            } else if live
+                && !readonly
+                && !other.readonly
+                && (cap.access_mode.is_single_writer() || other.access_mode.is_single_writer())
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} allows a single writer and is already published read-write at {}",
+                    other.target.display()
+                )));
+            }
+        }
+        self.check_target_parent(&wanted.target)?;
+
+        let data = self.layout.data_path(id, record.kind);
+        let published = match record.kind {
+            VolumeKind::Filesystem => {
+                self.publish_directory(id, &data, &wanted, cap)?;
+                wanted
+            }
+            VolumeKind::Block => self.publish_device(id, &record, &data, wanted, known.as_ref())?,
+        };
+        if record.publication(&published.target) != Some(&published) {
+            let mut updated = (*record).clone();
+            updated
+                .publications
+                .retain(|p| p.target != published.target);
+            updated.publications.push(published.clone());
+            self.store
+                .put(updated)
+                .context(|| format!("recording the publication of volume {id}"))?;
+        }
+        info!(volume = %id, target = %published.target.display(), readonly, "published volume");
+        Ok(())
+    }
+
+    /// Removes the publication at `target`; succeeds when there is nothing (left) to undo.
+    pub fn unpublish(&self, id: Option<&VolumeId>, target: &Path) -> Result<()> {
+        let record = id.and_then(|id| self.store.get(id));
+        let (Some(id), Some(_)) = (id, record) else {
+            return unpublish_unknown(target);
+        };
+        let _guard = self.claim(id)?;
+        let record = self.get(id)?;
+        let data = self.layout.data_path(id, record.kind);
+        match record.kind {
+            VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
+            VolumeKind::Block => self.unpublish_device(id, &record, &data, target)?,
+        }
+        if record.publication(target).is_some() {
+            let mut updated = (*record).clone();
+            updated.publications.retain(|p| p.target != target);
+            self.store
+                .put(updated)
+                .context(|| format!("recording the unpublication of volume {id}"))?;
+        }
+        info!(volume = %id, target = %target.display(), "unpublished volume");
+        Ok(())
+    }
+
+    /// Targets where the host still shows the volume published.
+    pub(super) fn live_targets(&self, record: &VolumeRecord) -> Result<Vec<PathBuf>> {
+        let mut live = Vec::new();
+        for publication in &record.publications {
+            if self.is_live(record, publication)? {
+                live.push(publication.target.clone());
+            }
+        }
+        Ok(live)
+    }
+
+    /// Whether `publication` is still in place on the host.
+    pub(super) fn is_live(&self, record: &VolumeRecord, publication: &Publication) -> Result<bool> {
+        let data = self.layout.data_path(&record.id, record.kind);
+        let context = || {
+            format!(
+                "inspecting {} of volume {}",
+                publication.target.display(),
+                record.id
+            )
+        };
+        let Some(target) = fsstat::lstat_if_exists(&publication.target).context(context)? else {
+            return Ok(false);
+        };
+        match record.kind {
+            VolumeKind::Filesystem => Ok(is_bind_of(&target, &data).context(context)?),
+            VolumeKind::Block => {
+                let Some(device) = publication
+                    .loop_device
+                    .as_deref()
+                    .and_then(loopdev::LoopDevice::from_name)
+                else {
+                    return Ok(false);
+                };
+                Ok(target.is_symlink()
+                    && fs::read_link(&publication.target).ok() == Some(device.path())
+                    && device_backs(&device, &data))
+            }
+        }
+    }
+
+    /// The target's existing ancestors must resolve (symlinks followed) inside the kubelet dir.
+    fn check_target_parent(&self, target: &Path) -> Result<()> {
+        let mut ancestor = target.parent();
+        while let Some(dir) = ancestor {
+            match dir.canonicalize() {
+                Ok(real) if real.starts_with(&self.kubelet_dir) => break,
+                Ok(real) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "target {} resolves through {} outside the kubelet directory {}",
+                        target.display(),
+                        real.display(),
+                        self.kubelet_dir.display()
+                    )));
+                }
+                Err(err) if err.kind() == io::ErrorKind::NotFound => ancestor = dir.parent(),
+                Err(err) => return Err(Error::host(format!("resolving {}", dir.display()), err)),
+            }
+        }
+        let parent = target.parent().unwrap_or(Path::new("/"));
+        fs::create_dir_all(parent).context(|| format!("creating {}", parent.display()))
+    }
+
+    fn publish_directory(
+        &self,
+        id: &VolumeId,
+        data: &Path,
+        wanted: &Publication,
+        cap: &Capability,
+    ) -> Result<()> {
+        let target = &wanted.target;
+        let flags = cap.bind_flags(wanted.readonly);
+        let source = fsstat::lstat(data).map_err(|err| missing_data(id, data, err))?;
+        if !source.is_dir() {
+            return Err(Error::FailedPrecondition(format!(
+                "data of volume {id} at {} is not a directory",
+                data.display()
+            )));
+        }
+        match fsstat::lstat_if_exists(target)
+            .context(|| format!("inspecting {}", target.display()))?
+        {
+            None => fs::create_dir(target).context(|| format!("creating {}", target.display()))?,
+            Some(stat) if stat.is_dir() && stat.is_mount_root => {
+                if !stat.same_file(&source) {
+                    return Err(Error::AlreadyExists(format!(
+                        "target {} already has something else mounted",
+                        target.display()
+                    )));
+                }
+                // Our mount from an earlier, interrupted attempt: make its flags right and adopt it.
+                let flags_ok = mount::has_flags(target, flags)
+                    .context(|| format!("statvfs {}", target.display()))?;
+                if !flags_ok {
+                    mount::set_flags(target, flags)
+                        .context(|| format!("remounting {} for volume {id}", target.display()))?;
+                }
+                return Ok(());
+            }
+            Some(stat) if stat.is_dir() => {}
+            Some(_) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "target {} exists and is not a directory",
+                    target.display()
+                )));
+            }
+        }
+        mount::bind(data, target, flags)
+            .context(|| format!("bind-mounting volume {id} at {}", target.display()))
+    }
+
+    fn publish_device(
+        &self,
+        id: &VolumeId,
+        record: &VolumeRecord,
+        data: &Path,
+        mut wanted: Publication,
+        known: Option<&Publication>,
+    ) -> Result<Publication> {
+        let target = wanted.target.clone();
+        let source = fsstat::lstat(data).map_err(|err| missing_data(id, data, err))?;
+        if !source.is_regular_file() {
+            return Err(Error::FailedPrecondition(format!(
+                "data of volume {id} at {} is not a regular file",
+                data.display()
+            )));
+        }
+        // Reuse the device that already serves this volume with the same read-only flag.
+        let shared = record
+            .publications
+            .iter()
+            .chain(known)
+            .filter(|p| p.readonly == wanted.readonly)
+            .filter_map(|p| {
+                p.loop_device
+                    .as_deref()
+                    .and_then(loopdev::LoopDevice::from_name)
+            })
+            .find(|device| device_backs(device, data));
+        let device = match shared {
+            Some(device) => device,
+            None => self.attach_device(id, data, wanted.readonly)?,
+        };
+        wanted.loop_device = Some(device.name().to_string());
+
+        match fsstat::lstat_if_exists(&target)
+            .context(|| format!("inspecting {}", target.display()))?
+        {
+            Some(stat) if stat.is_symlink() => {
+                if fs::read_link(&target).ok() == Some(device.path()) {
+                    return Ok(wanted);
+                }
+                return Err(Error::AlreadyExists(format!(
+                    "target {} already links to another device",
+                    target.display()
+                )));
+            }
+            // A placeholder some COs create (csi-sanity makes a directory): replace it.
+            Some(stat) if stat.is_dir() && !stat.is_mount_root => {
+                fs::remove_dir(&target)
+                    .context(|| format!("replacing the directory {}", target.display()))?;
+            }
+            Some(stat) if stat.is_regular_file() && stat.size == 0 => {
+                fs::remove_file(&target)
+                    .context(|| format!("replacing the file {}", target.display()))?;
+            }
+            Some(_) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "target {} exists and is neither a symlink nor an empty placeholder",
+                    target.display()
+                )));
+            }
+            None => {}
+        }
+        if let Err(err) = std::os::unix::fs::symlink(device.path(), &target) {
+            self.release_device_if_unused(record, &device, &target);
+            return Err(Error::host(
+                format!(
+                    "linking {} to {}",
+                    target.display(),
+                    device.path().display()
+                ),
+                err,
+            ));
+        }
+        Ok(wanted)
+    }
+
+    fn attach_device(
+        &self,
+        id: &VolumeId,
+        data: &Path,
+        readonly: bool,
+    ) -> Result<loopdev::LoopDevice> {
+        // After a crash a device may already be attached and unrecorded: adopt it.
+        let existing = loopdev::find_by_backing_file(data)
+            .context(|| format!("looking for loop devices of volume {id}"))?
+            .into_iter()
+            .find(|device| loopdev::is_read_only(device).ok() == Some(readonly));
+        if let Some(device) = existing {
+            return Ok(device);
+        }
+        let device = loopdev::attach(data, readonly)
+            .context(|| format!("attaching a loop device to volume {id}"))?;
+        info!(volume = %id, device = %device.path().display(), readonly, direct_io = loopdev::uses_direct_io(&device).unwrap_or(false), "attached loop device");
+        Ok(device)
+    }
+
+    fn unpublish_device(
+        &self,
+        id: &VolumeId,
+        record: &VolumeRecord,
+        data: &Path,
+        target: &Path,
+    ) -> Result<()> {
+        let device = match fsstat::lstat_if_exists(target)
+            .context(|| format!("inspecting {}", target.display()))?
+        {
+            None => None,
+            Some(stat) if stat.is_symlink() => {
+                let device = fs::read_link(target)
+                    .ok()
+                    .and_then(|link| loopdev::LoopDevice::from_path(&link));
+                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                device
+            }
+            Some(stat) if stat.is_dir() && !stat.is_mount_root => {
+                remove_empty_dir(target)?;
+                None
+            }
+            Some(_) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "target {} of volume {id} is not a symlink we made; leaving it alone",
+                    target.display()
+                )));
+            }
+        };
+        let recorded = record
+            .publication(target)
+            .and_then(|p| p.loop_device.as_deref())
+            .and_then(loopdev::LoopDevice::from_name);
+        for device in device.into_iter().chain(recorded) {
+            if device_backs(&device, data) {
+                self.release_device_if_unused(record, &device, target);
+            }
+        }
+        Ok(())
+    }
+
+    /// Detaches `device` unless another publication than `target` still uses it.
+    fn release_device_if_unused(
+        &self,
+        record: &VolumeRecord,
+        device: &loopdev::LoopDevice,
+        target: &Path,
+    ) {
+        let in_use = record
+            .publications
+            .iter()
+            .any(|p| p.target != target && p.loop_device.as_deref() == Some(device.name()));
+        if in_use {
+            return;
+        }
+        match loopdev::detach(device) {
+            Ok(()) => {
+                info!(volume = %record.id, device = %device.path().display(), "detached loop device")
+            }
+            Err(err) => {
+                warn!(volume = %record.id, device = %device.path().display(), error = %err, "could not detach loop device; it is retried at next unpublish or start")
+            }
+        }
+    }
+}
+
+fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> {
+    let source =
+        fsstat::lstat_if_exists(data).context(|| format!("inspecting {}", data.display()))?;
+    // Stacked mounts (a retried publish that raced) are all ours to remove.
+    while let Some(stat) =
+        fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))?
+    {
+        if !stat.is_mount_root {
+            if stat.is_dir() {
+                remove_empty_dir(target)?;
+            } else if stat.is_symlink() {
+                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+            }
+            return Ok(());
+        }
+        if source.as_ref().is_some_and(|s| !s.same_file(&stat)) {
+            return Err(Error::FailedPrecondition(format!(
+                "target {} has a mount that is not volume {id}; leaving it alone",
+                target.display()
+            )));
+        }
+        mount::unmount(target)
+            .context(|| format!("unmounting volume {id} from {}", target.display()))?;
+    }
+    Ok(())
+}
+
+/// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
+fn unpublish_unknown(target: &Path) -> Result<()> {
+    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+        None => Ok(()),
+        Some(stat) if stat.is_mount_root => Err(Error::FailedPrecondition(format!(
+            "{} is mounted but its volume is unknown to stickyvol; refusing to unmount what we did not mount",
+            target.display()
+        ))),
+        Some(stat) if stat.is_dir() => remove_empty_dir(target),
+        Some(stat) if stat.is_symlink() => {
+            fs::remove_file(target).context(|| format!("removing {}", target.display()))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Removes the (empty) target directory; one with content is left, with a warning, for an admin.
+fn remove_empty_dir(target: &Path) -> Result<()> {
+    match fs::remove_dir(target) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => {
+            warn!(target = %target.display(), "target is not mounted but not empty; leaving it in place");
+            Ok(())
+        }
+        Err(err) => Err(Error::host(format!("removing {}", target.display()), err)),
+    }
+}
+
+/// A directory bind mount shows its source's device and inode at the mount root.
+fn is_bind_of(target: &Stat, data: &Path) -> io::Result<bool> {
+    if !target.is_dir() || !target.is_mount_root {
+        return Ok(false);
+    }
+    Ok(fsstat::lstat_if_exists(data)?.is_some_and(|source| source.same_file(target)))
+}
+
+fn device_backs(device: &loopdev::LoopDevice, data: &Path) -> bool {
+    matches!(loopdev::backing_file(device), Ok(Some(file)) if file == data)
+}
+
+fn missing_data(id: &VolumeId, data: &Path, err: io::Error) -> Error {
+    if err.kind() == io::ErrorKind::NotFound {
+        Error::FailedPrecondition(format!(
+            "data of volume {id} is missing at {}",
+            data.display()
+        ))
+    } else {
+        Error::host(format!("inspecting {}", data.display()), err)
+    }
+}
+
+impl Volumes {
+    /// Whether the host shows the volume published at any target.
+    pub fn has_live_publication(&self, record: &VolumeRecord) -> bool {
+        record
+            .publications
+            .iter()
+            .any(|p| self.is_live(record, p).unwrap_or(false))
+    }
+}

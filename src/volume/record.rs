@@ -1,0 +1,103 @@
+//! What we remember about each volume: one small JSON record per volume.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::id::VolumeId;
+
+/// Directory volumes are bind-mounted; block volumes are files exposed through a loop device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeKind {
+    Filesystem,
+    Block,
+}
+
+impl VolumeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeKind::Filesystem => "filesystem",
+            VolumeKind::Block => "block",
+        }
+    }
+}
+
+/// CSI access modes, as stored in records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccessMode {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+    MultiNodeReaderOnly,
+    MultiNodeSingleWriter,
+    MultiNodeMultiWriter,
+}
+
+impl AccessMode {
+    /// Modes that never allow writing: their publications are always read-only.
+    pub fn is_read_only(self) -> bool {
+        matches!(
+            self,
+            AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly
+        )
+    }
+
+    /// Modes that allow a single writer workload only (Kubernetes ReadWriteOncePod).
+    pub fn is_single_writer(self) -> bool {
+        self == AccessMode::SingleNodeSingleWriter
+    }
+}
+
+/// One place a volume is published on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publication {
+    pub target: PathBuf,
+    pub readonly: bool,
+    pub access_mode: AccessMode,
+    /// Sorted and deduplicated bind-mount flags (filesystem volumes only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_flags: Vec<String>,
+    /// The loop device behind the target symlink (block volumes only), e.g. "loop7".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_device: Option<String>,
+}
+
+impl Publication {
+    /// Same target asked again with the same capability: an idempotent retry.
+    pub fn same_request(&self, other: &Publication) -> bool {
+        self.target == other.target
+            && self.readonly == other.readonly
+            && self.access_mode == other.access_mode
+            && self.mount_flags == other.mount_flags
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: VolumeId,
+    /// The CO's idempotency key (the PV name under Kubernetes).
+    pub name: String,
+    pub kind: VolumeKind,
+    pub capacity_bytes: i64,
+    /// Access modes asked for at creation, sorted and deduplicated.
+    pub access_modes: Vec<AccessMode>,
+    /// Mount flags asked for at creation (filesystem volumes), sorted and deduplicated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_flags: Vec<String>,
+    /// StorageClass parameters as given at creation.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    pub created_unix_ms: u64,
+    #[serde(default)]
+    pub publications: Vec<Publication>,
+}
+
+impl VolumeRecord {
+    pub fn publication(&self, target: &std::path::Path) -> Option<&Publication> {
+        self.publications.iter().find(|p| p.target == target)
+    }
+}

@@ -1,0 +1,105 @@
+//! NodeGetVolumeStats: the volume's own usage, not the whole filesystem's.
+
+use std::path::Path;
+
+use super::id::VolumeId;
+use super::record::VolumeKind;
+use super::{Condition, Volumes};
+use crate::error::{Error, IoContext, Result};
+use crate::host::{fsstat, usage};
+
+/// Total, used and available amounts of one unit (bytes or inodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Amounts {
+    pub total: u64,
+    pub used: u64,
+    pub available: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub bytes: Amounts,
+    /// Filesystem volumes only: a block device has no inodes of its own.
+    pub inodes: Option<Amounts>,
+    pub condition: Condition,
+}
+
+impl Volumes {
+    /// Stats of volume `id` as published at `path` (NOT_FOUND if it is not published there).
+    pub fn stats(&self, id: &VolumeId, path: &Path) -> Result<VolumeStats> {
+        let record = self.get(id)?;
+        let publication = record
+            .publication(path)
+            .filter(|p| self.is_live(&record, p).unwrap_or(false))
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "volume {id} is not published at {}",
+                    path.display()
+                ))
+            })?;
+        let data = self.layout.data_path(id, record.kind);
+        let capacity = record.capacity_bytes as u64;
+        let mut condition = self.condition(&record);
+        if condition.abnormal {
+            let zero = Amounts {
+                total: capacity,
+                used: 0,
+                available: 0,
+            };
+            return Ok(VolumeStats {
+                bytes: zero,
+                inodes: None,
+                condition,
+            });
+        }
+        match record.kind {
+            VolumeKind::Filesystem => {
+                let measured = usage::measure(&data).map_err(|err| {
+                    Error::host(
+                        format!("measuring volume {id}"),
+                        std::io::Error::other(err.to_string()),
+                    )
+                })?;
+                let space = fsstat::space(&publication.target)
+                    .context(|| format!("statvfs {}", publication.target.display()))?;
+                if measured.bytes > capacity {
+                    condition = Condition {
+                        abnormal: true,
+                        message: format!(
+                            "volume {id} uses {} bytes, more than its size of {capacity} bytes (sizes are not enforced on this data directory)",
+                            measured.bytes
+                        ),
+                    };
+                }
+                Ok(VolumeStats {
+                    bytes: Amounts {
+                        total: capacity,
+                        used: measured.bytes,
+                        available: capacity
+                            .saturating_sub(measured.bytes)
+                            .min(space.available_bytes),
+                    },
+                    inodes: Some(Amounts {
+                        total: measured.inodes + space.available_inodes,
+                        used: measured.inodes,
+                        available: space.available_inodes,
+                    }),
+                    condition,
+                })
+            }
+            VolumeKind::Block => {
+                let file =
+                    fsstat::lstat(&data).context(|| format!("inspecting {}", data.display()))?;
+                Ok(VolumeStats {
+                    bytes: Amounts {
+                        total: capacity,
+                        used: file.allocated.min(capacity),
+                        available: capacity.saturating_sub(file.allocated),
+                    },
+                    inodes: None,
+                    condition,
+                })
+            }
+        }
+    }
+}
