@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs csi-sanity (from kubernetes-csi/csi-test) against a local `stickyvol serve`, in filesystem
+# mode and in block mode. Needs root (real bind mounts and loop devices).
+#
+#   csi-sanity/run.sh [extra csi-sanity flags...]
+#
+# The csi-sanity binary is taken from $CSI_SANITY or PATH; stickyvol from $STICKYVOL or
+# target/release/stickyvol (built if missing). Exit status: 0 only if both modes pass.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")/.." && pwd)"
+sanity="${CSI_SANITY:-$(command -v csi-sanity || true)}"
+if [[ -z "$sanity" || ! -x "$sanity" ]]; then
+    echo "csi-sanity not found: put it on PATH or set CSI_SANITY=/path/to/csi-sanity" >&2
+    exit 2
+fi
+driver="${STICKYVOL:-$here/target/release/stickyvol}"
+if [[ ! -x "$driver" ]]; then
+    (cd "$here" && cargo build --release --bin stickyvol)
+fi
+
+work="$(mktemp -d /var/tmp/stickyvol-sanity.XXXXXX)"
+pid=""
+cleanup() {
+    if [[ -n "$pid" ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+    # Anything csi-sanity left published: unmount before removing the tree.
+    grep -o " $work[^ ]*" /proc/self/mountinfo | sort -r | xargs -r -n1 umount 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+run_mode() {
+    local mode="$1"
+    local kubelet="$work/$mode/kubelet"
+    mkdir -p "$kubelet/pods/sanity"
+    "$driver" serve --endpoint "unix://$work/$mode/csi.sock" --node-id sanity-node \
+        --kubelet-dir "$kubelet" --data-dir "$work/$mode/data" >"$work/$mode.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do [[ -S "$work/$mode/csi.sock" ]] && break; sleep 0.05; done
+    local status=0
+    "$sanity" --csi.endpoint "$work/$mode/csi.sock" \
+        --csi.mountdir "$kubelet/pods/sanity/mount" \
+        --csi.stagingdir "$kubelet/pods/sanity/staging" \
+        --csi.testvolumesize 67108864 \
+        --csi.testvolumeaccesstype "$mode" \
+        "${@:2}" || status=$?
+    kill "$pid"; wait "$pid" || true; pid=""
+    if [[ $status -ne 0 ]]; then
+        echo "csi-sanity failed in $mode mode; driver log: $work/$mode.log" >&2
+        cp "$work/$mode.log" "/var/tmp/stickyvol-sanity-$mode.log"
+    fi
+    return $status
+}
+
+mkdir -p "$work"
+overall=0
+run_mode mount "$@" || overall=1
+run_mode block "$@" || overall=1
+exit $overall
