@@ -46,12 +46,19 @@ pub enum ServeError {
 pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
     let mode = config.mode;
     let socket_path = config.socket_path.clone();
-    let driver = Arc::new(
-        tokio::task::spawn_blocking(move || Driver::new(config))
-            .await
-            .expect("startup task")?,
-    );
+    // Bind before opening the volumes: a live socket means another instance owns the data dir,
+    // and our startup recovery must not run beside it.
     let listener = bind(&socket_path)?;
+    let driver = match tokio::task::spawn_blocking(move || Driver::new(config))
+        .await
+        .expect("startup task")
+    {
+        Ok(driver) => Arc::new(driver),
+        Err(err) => {
+            let _ = fs::remove_file(&socket_path);
+            return Err(err.into());
+        }
+    };
     info!(
         socket = %socket_path.display(),
         mode = ?mode,

@@ -265,46 +265,10 @@ impl Volumes {
             None => self.attach_device(id, data, wanted.readonly)?,
         };
         wanted.loop_device = Some(device.name().to_string());
-
-        match fsstat::lstat_if_exists(&target)
-            .context(|| format!("inspecting {}", target.display()))?
-        {
-            Some(stat) if stat.is_symlink() => {
-                if fs::read_link(&target).ok() == Some(device.path()) {
-                    return Ok(wanted);
-                }
-                return Err(Error::AlreadyExists(format!(
-                    "target {} already links to another device",
-                    target.display()
-                )));
-            }
-            // A placeholder some COs create (csi-sanity makes a directory): replace it.
-            Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-                fs::remove_dir(&target)
-                    .context(|| format!("replacing the directory {}", target.display()))?;
-            }
-            Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-                fs::remove_file(&target)
-                    .context(|| format!("replacing the file {}", target.display()))?;
-            }
-            Some(_) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "target {} exists and is neither a symlink nor an empty placeholder",
-                    target.display()
-                )));
-            }
-            None => {}
-        }
-        if let Err(err) = std::os::unix::fs::symlink(device.path(), &target) {
+        // Any failure from here on must not leave the device we may just have attached behind.
+        if let Err(err) = link_device(&target, &device) {
             self.release_device_if_unused(record, &device, &target);
-            return Err(Error::host(
-                format!(
-                    "linking {} to {}",
-                    target.display(),
-                    device.path().display()
-                ),
-                err,
-            ));
+            return Err(err);
         }
         Ok(wanted)
     }
@@ -422,6 +386,44 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
     Ok(())
 }
 
+/// Makes `target` a symlink to `device`, replacing an empty placeholder; Ok if it already is one.
+fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
+    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+        Some(stat) if stat.is_symlink() => {
+            if fs::read_link(target).ok() == Some(device.path()) {
+                return Ok(());
+            }
+            return Err(Error::AlreadyExists(format!(
+                "target {} already links to another device",
+                target.display()
+            )));
+        }
+        // A placeholder some COs create (csi-sanity makes a directory): replace it.
+        Some(stat) if stat.is_dir() && !stat.is_mount_root => {
+            fs::remove_dir(target)
+                .context(|| format!("replacing the directory {}", target.display()))?;
+        }
+        Some(stat) if stat.is_regular_file() && stat.size == 0 => {
+            fs::remove_file(target)
+                .context(|| format!("replacing the file {}", target.display()))?;
+        }
+        Some(_) => {
+            return Err(Error::FailedPrecondition(format!(
+                "target {} exists and is neither a symlink nor an empty placeholder",
+                target.display()
+            )));
+        }
+        None => {}
+    }
+    std::os::unix::fs::symlink(device.path(), target).context(|| {
+        format!(
+            "linking {} to {}",
+            target.display(),
+            device.path().display()
+        )
+    })
+}
+
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
 fn unpublish_unknown(target: &Path) -> Result<()> {
     match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
@@ -459,8 +461,15 @@ fn is_bind_of(target: &Stat, data: &Path) -> io::Result<bool> {
     Ok(fsstat::lstat_if_exists(data)?.is_some_and(|source| source.same_file(target)))
 }
 
+/// Whether `device` is attached to `data`. A file deleted while attached still counts (the
+/// kernel then reports "<path> (deleted)"), so its device is still released on unpublish.
 fn device_backs(device: &loopdev::LoopDevice, data: &Path) -> bool {
-    matches!(loopdev::backing_file(device), Ok(Some(file)) if file == data)
+    let Ok(Some(file)) = loopdev::backing_file(device) else {
+        return false;
+    };
+    let mut deleted = data.as_os_str().to_owned();
+    deleted.push(" (deleted)");
+    file == data || file.as_os_str() == deleted
 }
 
 fn missing_data(id: &VolumeId, data: &Path, err: io::Error) -> Error {

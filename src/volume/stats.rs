@@ -28,18 +28,21 @@ impl Volumes {
     /// Stats of volume `id` as published at `path` (NOT_FOUND if it is not published there).
     pub fn stats(&self, id: &VolumeId, path: &Path) -> Result<VolumeStats> {
         let record = self.get(id)?;
-        let publication = record
-            .publication(path)
-            .filter(|p| self.is_live(&record, p).unwrap_or(false))
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "volume {id} is not published at {}",
-                    path.display()
-                ))
-            })?;
+        let not_published = || {
+            Error::NotFound(format!(
+                "volume {id} is not published at {}",
+                path.display()
+            ))
+        };
+        let publication = record.publication(path).ok_or_else(not_published)?;
         let data = self.layout.data_path(id, record.kind);
         let capacity = record.capacity_bytes as u64;
         let mut condition = self.condition(&record);
+        // Checked before liveness, which needs the data: a published volume whose data vanished
+        // must show up as abnormal in kubelet's volume health, not as NOT_FOUND.
+        if !condition.abnormal && !self.is_live(&record, publication).unwrap_or(false) {
+            return Err(not_published());
+        }
         if condition.abnormal {
             let zero = Amounts {
                 total: capacity,

@@ -1,0 +1,747 @@
+//! Integration-test harness: runs the real `stickyvol` binary on a private unix socket and
+//! drives it over gRPC, as kubelet and external-provisioner would.
+//!
+//! Each test gets its own driver and its own directories (a fresh temp dir under /var/tmp, where
+//! direct I/O works), so tests run in parallel and in any order. Dropping a [`TestDriver`] kills
+//! the driver, unmounts everything under its temp dir, detaches every loop device backed by a
+//! file in it and removes it, also when the test panicked (then the driver log is printed).
+
+// Each test binary uses a different subset of the helpers.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::fs::{self, File, OpenOptions};
+use std::future::Future;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub use stickyvol::csi;
+use stickyvol::csi::controller_client::ControllerClient;
+use stickyvol::csi::identity_client::IdentityClient;
+use stickyvol::csi::node_client::NodeClient;
+pub use stickyvol::csi::volume_capability::access_mode::Mode;
+use stickyvol::host::loopdev::{self, LoopDevice};
+use stickyvol::host::mountinfo::{self, MountEntry};
+use tempfile::TempDir;
+use tonic::transport::{Channel, Endpoint};
+pub use tonic::{Code, Status};
+
+pub const NODE_ID: &str = "test-node";
+pub const DRIVER_NAME: &str = "stickyvol.csi.io";
+pub const TOPOLOGY_KEY: &str = "topology.stickyvol.csi.io/node";
+pub const HOST_PATH_KEY: &str = "stickyvol.csi.io/host-path";
+pub const MIB: i64 = 1 << 20;
+/// Size of the volumes tests create unless they care.
+pub const SIZE: i64 = 16 * MIB;
+
+/// How long the driver may take to start serving or to stop on SIGTERM.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Environment variables the driver reads as flag defaults: a CI environment must not leak in.
+const DRIVER_ENV: &[&str] = &[
+    "CSI_ENDPOINT",
+    "NODE_ID",
+    "KUBELET_DIR",
+    "DATA_DIR",
+    "DRIVER_NAME",
+    "STICKYVOL_MODE",
+    "MAX_VOLUMES_PER_NODE",
+    "LOG_FORMAT",
+    "RUST_LOG",
+];
+
+/// How to start the driver, beyond the flags every test passes.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--mode` (all, controller, node); the driver's default when None.
+    pub mode: Option<&'static str>,
+    pub max_volumes_per_node: Option<i64>,
+    /// RUST_LOG for the driver; "info" when None.
+    pub rust_log: Option<&'static str>,
+}
+
+/// A running (or stopped) driver and the directories it works in.
+pub struct TestDriver {
+    /// Canonical path of the temp dir; everything of this test lives beneath it.
+    pub root: PathBuf,
+    pub kubelet: PathBuf,
+    pub data: PathBuf,
+    pub socket: PathBuf,
+    /// The driver's stderr and stdout, appended across restarts.
+    pub log: PathBuf,
+    options: Options,
+    child: Option<Child>,
+    channel: Option<Channel>,
+    tmp: Option<TempDir>,
+}
+
+impl TestDriver {
+    /// Starts a driver with the default options.
+    pub async fn start() -> TestDriver {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> TestDriver {
+        let mut driver = Self::prepare(options);
+        driver.start_again().await;
+        driver
+    }
+
+    /// Creates the directories (kubelet dir included) but does not start the driver, so a test
+    /// can plant files first; then call [`TestDriver::start_again`].
+    pub fn prepare(options: Options) -> TestDriver {
+        let tmp = tempfile::Builder::new()
+            .prefix("stickyvol-test-")
+            .tempdir_in("/var/tmp")
+            .expect("creating the test directory under /var/tmp");
+        let root = tmp.path().canonicalize().expect("resolving the test dir");
+        let kubelet = root.join("kubelet");
+        fs::create_dir(&kubelet).expect("creating the kubelet dir");
+        TestDriver {
+            data: root.join("data"),
+            socket: root.join("csi.sock"),
+            log: root.join("driver.log"),
+            kubelet,
+            root,
+            options,
+            child: None,
+            channel: None,
+            tmp: Some(tmp),
+        }
+    }
+
+    /// The command that starts a driver on this test's socket and directories.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stickyvol"));
+        cmd.arg("serve")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket.display()))
+            .args(["--node-id", NODE_ID])
+            .arg("--kubelet-dir")
+            .arg(&self.kubelet)
+            .arg("--data-dir")
+            .arg(&self.data);
+        if let Some(mode) = self.options.mode {
+            cmd.args(["--mode", mode]);
+        }
+        if let Some(max) = self.options.max_volumes_per_node {
+            cmd.arg("--max-volumes-per-node").arg(max.to_string());
+        }
+        for var in DRIVER_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.env("RUST_LOG", self.options.rust_log.unwrap_or("info"));
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("opening the driver log");
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().expect("duplicating the log fd"))
+            .stderr(log);
+        cmd
+    }
+
+    /// Starts the driver on the existing directories and waits until it answers Probe.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the driver is already running");
+        let child = self.command().spawn().expect("spawning stickyvol");
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                panic!(
+                    "stickyvol exited with {status} before serving; log:\n{}",
+                    self.log_text()
+                );
+            }
+            if let Ok(channel) = connect(&self.socket).await {
+                let probe = IdentityClient::new(channel.clone())
+                    .probe(csi::ProbeRequest {})
+                    .await;
+                if probe.is_ok() {
+                    self.channel = Some(channel);
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "stickyvol did not serve on {} within {START_TIMEOUT:?}; log:\n{}",
+                self.socket.display(),
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit (bounded). Clients obtained before are dead after.
+    pub async fn stop(&mut self) {
+        self.channel = None;
+        let mut child = self.child.take().expect("the driver is not running");
+        signal(&child, libc::SIGTERM);
+        let status = wait_bounded(&mut child, STOP_TIMEOUT).await;
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "stickyvol did not stop within {STOP_TIMEOUT:?} of SIGTERM; log:\n{}",
+                self.log_text()
+            );
+        };
+        assert!(
+            status.success(),
+            "stickyvol exited with {status} on SIGTERM; log:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// SIGKILL: the driver gets no chance to tidy up (its socket file stays behind).
+    pub fn kill9(&mut self) {
+        self.channel = None;
+        let mut child = self.child.take().expect("the driver is not running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaping the driver");
+    }
+
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        self.start_again().await;
+    }
+
+    pub async fn kill9_and_restart(&mut self) {
+        self.kill9();
+        self.start_again().await;
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().unwrap().is_none())
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn channel(&self) -> Channel {
+        self.channel.clone().expect("the driver is not running")
+    }
+
+    pub fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel())
+    }
+
+    pub fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel())
+    }
+
+    pub fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel())
+    }
+
+    // ---- requests as external-provisioner and kubelet make them ----
+
+    /// CreateVolume that must succeed.
+    pub async fn create(&self, request: csi::CreateVolumeRequest) -> csi::Volume {
+        let name = request.name.clone();
+        self.controller()
+            .create_volume(request)
+            .await
+            .unwrap_or_else(|s| panic!("CreateVolume {name:?}: {s:?}"))
+            .into_inner()
+            .volume
+            .expect("CreateVolume returned no volume")
+    }
+
+    /// A fresh SINGLE_NODE_WRITER filesystem volume of [`SIZE`].
+    pub async fn create_fs_volume(&self) -> csi::Volume {
+        self.create(create_request(
+            &new_name(),
+            mount_cap(Mode::SingleNodeWriter),
+            SIZE,
+        ))
+        .await
+    }
+
+    /// A fresh SINGLE_NODE_WRITER block volume of [`SIZE`].
+    pub async fn create_block_volume(&self) -> csi::Volume {
+        self.create(create_request(
+            &new_name(),
+            block_cap(Mode::SingleNodeWriter),
+            SIZE,
+        ))
+        .await
+    }
+
+    /// CreateVolume as the provisioner retries it: again while ABORTED, then it must succeed.
+    pub async fn create_retrying(&self, request: &csi::CreateVolumeRequest) -> csi::Volume {
+        retry_aborted(|| {
+            let mut client = self.controller();
+            let request = request.clone();
+            async move { client.create_volume(request).await }
+        })
+        .await
+        .unwrap_or_else(|s| panic!("CreateVolume {:?}: {s:?}", request.name))
+        .into_inner()
+        .volume
+        .expect("CreateVolume returned no volume")
+    }
+
+    pub async fn delete(&self, volume_id: &str) -> Result<(), Status> {
+        self.controller()
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: volume_id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    /// Every volume, in one ListVolumes call.
+    pub async fn list_all(&self) -> Vec<csi::list_volumes_response::Entry> {
+        let response = self
+            .controller()
+            .list_volumes(csi::ListVolumesRequest::default())
+            .await
+            .expect("ListVolumes")
+            .into_inner();
+        assert!(
+            response.next_token.is_empty(),
+            "next_token set without max_entries"
+        );
+        response.entries
+    }
+
+    /// A filesystem target as kubelet makes it: the parent exists, `…/mount` does not.
+    pub fn mount_target(&self) -> PathBuf {
+        let parent = self
+            .kubelet
+            .join("pods")
+            .join(uuid::Uuid::now_v7().to_string())
+            .join("volumes/kubernetes.io~csi")
+            .join(new_name());
+        fs::create_dir_all(&parent).expect("creating the target's parent");
+        parent.join("mount")
+    }
+
+    /// A block target as kubelet makes it: the parent exists, the target does not.
+    pub fn block_target(&self) -> PathBuf {
+        let parent = self
+            .kubelet
+            .join("plugins/kubernetes.io/csi/volumeDevices/publish")
+            .join(new_name());
+        fs::create_dir_all(&parent).expect("creating the target's parent");
+        parent.join(uuid::Uuid::now_v7().to_string())
+    }
+
+    pub async fn publish(
+        &self,
+        volume: &csi::Volume,
+        target: &Path,
+        capability: csi::VolumeCapability,
+        readonly: bool,
+    ) -> Result<(), Status> {
+        self.node()
+            .node_publish_volume(publish_request(volume, target, capability, readonly))
+            .await
+            .map(drop)
+    }
+
+    pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
+        self.node()
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_id.into(),
+                target_path: path_str(target),
+            })
+            .await
+            .map(drop)
+    }
+
+    pub async fn stats(
+        &self,
+        volume_id: &str,
+        path: &str,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, Status> {
+        self.node()
+            .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                volume_id: volume_id.into(),
+                volume_path: path.into(),
+                staging_target_path: String::new(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// `volumes/` under the data dir: one entry per volume's data.
+    pub fn data_entries(&self) -> Vec<String> {
+        dir_names(&self.data.join("volumes"))
+    }
+
+    /// `state/` under the data dir: one record per volume (plus leftovers).
+    pub fn state_entries(&self) -> Vec<String> {
+        dir_names(&self.data.join("state"))
+    }
+
+    /// Unmounts, detaches and removes everything of this test. Idempotent.
+    fn cleanup(&mut self) {
+        self.channel = None;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let mut clean = true;
+        match mountinfo::read_self() {
+            Ok(entries) => {
+                let mut ours: Vec<PathBuf> = mountinfo::mounts_at_or_under(&entries, &self.root)
+                    .map(|e| e.mount_point.clone())
+                    .collect();
+                // Deepest first; a stacked mount point appears once per layer.
+                ours.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+                for mount_point in ours {
+                    if let Err(err) = unmount(&mount_point) {
+                        eprintln!("cleanup: unmounting {}: {err}", mount_point.display());
+                        clean = false;
+                    }
+                }
+            }
+            Err(err) => {
+                eprintln!("cleanup: reading mountinfo: {err}");
+                clean = false;
+            }
+        }
+        match loopdev::list_attached() {
+            Ok(attached) => {
+                for (device, file) in attached {
+                    if !file.starts_with(&self.root) {
+                        continue;
+                    }
+                    if let Err(err) = loopdev::detach(&device) {
+                        eprintln!("cleanup: detaching {}: {err}", device.name());
+                    }
+                }
+            }
+            Err(err) => eprintln!("cleanup: listing loop devices: {err}"),
+        }
+        if let Some(tmp) = self.tmp.take() {
+            if clean {
+                drop(tmp);
+            } else {
+                // Never recurse into something still mounted: leave it for a human.
+                eprintln!("cleanup: leaving {} in place", tmp.keep().display());
+            }
+        }
+    }
+}
+
+impl Drop for TestDriver {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "---- stickyvol log ({}) ----\n{}---- end of log ----",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+        self.cleanup();
+    }
+}
+
+async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+}
+
+fn signal(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+    // SAFETY: kill(2) on our own, not yet reaped, child.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal})");
+}
+
+/// Waits for `child` to exit, at most `timeout`, without blocking the async runtime.
+pub async fn wait_bounded(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for a child") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn unmount(path: &Path) -> nix::Result<()> {
+    use nix::mount::{MntFlags, umount2};
+    umount2(path, MntFlags::empty()).or_else(|_| umount2(path, MntFlags::MNT_DETACH))
+}
+
+fn dir_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(err) => panic!("listing {}: {err}", dir.display()),
+    };
+    names.sort();
+    names
+}
+
+// ---- request builders ----
+
+/// A PV-like name, unique across tests.
+pub fn new_name() -> String {
+    format!("pvc-{}", uuid::Uuid::now_v7())
+}
+
+pub fn access_mode(mode: Mode) -> Option<csi::volume_capability::AccessMode> {
+    Some(csi::volume_capability::AccessMode { mode: mode as i32 })
+}
+
+pub fn mount_cap(mode: Mode) -> csi::VolumeCapability {
+    mount_cap_with_flags(mode, &[])
+}
+
+pub fn mount_cap_with_flags(mode: Mode, flags: &[&str]) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Mount(
+            csi::volume_capability::MountVolume {
+                fs_type: String::new(),
+                mount_flags: flags.iter().map(|f| f.to_string()).collect(),
+                volume_mount_group: String::new(),
+            },
+        )),
+        access_mode: access_mode(mode),
+    }
+}
+
+pub fn block_cap(mode: Mode) -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(csi::volume_capability::AccessType::Block(
+            csi::volume_capability::BlockVolume {},
+        )),
+        access_mode: access_mode(mode),
+    }
+}
+
+/// CreateVolume as external-provisioner sends it: name, one capability, required bytes.
+pub fn create_request(
+    name: &str,
+    capability: csi::VolumeCapability,
+    required_bytes: i64,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability],
+        ..Default::default()
+    }
+}
+
+/// NodePublishVolume as kubelet sends it (volume_context from CreateVolume).
+pub fn publish_request(
+    volume: &csi::Volume,
+    target: &Path,
+    capability: csi::VolumeCapability,
+    readonly: bool,
+) -> csi::NodePublishVolumeRequest {
+    csi::NodePublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        target_path: path_str(target),
+        volume_capability: Some(capability),
+        readonly,
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    }
+}
+
+pub fn topology(node: &str) -> csi::Topology {
+    csi::Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_string(), node.to_string())]),
+    }
+}
+
+pub fn path_str(path: &Path) -> String {
+    path.to_str().expect("test paths are UTF-8").to_string()
+}
+
+/// A well-formed id that no driver ever issued.
+pub fn unknown_volume_id() -> String {
+    format!("sv-{}", uuid::Uuid::now_v7().simple())
+}
+
+// ---- assertions and host inspection ----
+
+/// The error of `result`, which must carry `code`.
+#[track_caller]
+pub fn expect_code<T: Debug>(result: Result<T, Status>, code: Code) -> Status {
+    match result {
+        Ok(value) => panic!("expected {code:?}, got Ok({value:?})"),
+        Err(status) => {
+            assert_eq!(status.code(), code, "unexpected status: {status:?}");
+            status
+        }
+    }
+}
+
+/// Retries `op` while it answers ABORTED (another operation on the same volume is running).
+pub async fn retry_aborted<T, F, Fut>(mut op: F) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    for _ in 0..500 {
+        match op().await {
+            Err(status) if status.code() == Code::Aborted => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            other => return other,
+        }
+    }
+    panic!("still ABORTED after 500 attempts")
+}
+
+/// `status.published_node_ids` of volume `id` in a ListVolumes answer.
+pub fn published_nodes(entries: &[csi::list_volumes_response::Entry], id: &str) -> Vec<String> {
+    entries
+        .iter()
+        .find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == id))
+        .unwrap_or_else(|| panic!("{id} not listed"))
+        .status
+        .clone()
+        .expect("ListVolumes entry without status")
+        .published_node_ids
+}
+
+/// Where the volume's data lives on the host, from its volume_context.
+pub fn host_path(volume: &csi::Volume) -> PathBuf {
+    PathBuf::from(
+        volume
+            .volume_context
+            .get(HOST_PATH_KEY)
+            .unwrap_or_else(|| panic!("no {HOST_PATH_KEY} in {:?}", volume.volume_context)),
+    )
+}
+
+/// The mountinfo entries whose mount point is exactly `path` (one per stacked mount).
+pub fn mounts_at(path: &Path) -> Vec<MountEntry> {
+    mountinfo::read_self()
+        .expect("reading mountinfo")
+        .into_iter()
+        .filter(|e| e.mount_point == path)
+        .collect()
+}
+
+/// Whether the mount's per-mount options include `option` (e.g. "ro", "noexec").
+pub fn has_option(entry: &MountEntry, option: &str) -> bool {
+    entry.mount_options.split(',').any(|o| o == option)
+}
+
+/// Loop devices whose backing file is `file`.
+pub fn loop_devices_of(file: &Path) -> Vec<LoopDevice> {
+    loopdev::list_attached()
+        .expect("listing loop devices")
+        .into_iter()
+        .filter(|(_, backing)| backing == file)
+        .map(|(device, _)| device)
+        .collect()
+}
+
+/// The loop device a block target links to.
+pub fn linked_device(target: &Path) -> LoopDevice {
+    let link = fs::read_link(target)
+        .unwrap_or_else(|e| panic!("{} is not a symlink: {e}", target.display()));
+    LoopDevice::from_path(&link)
+        .unwrap_or_else(|| panic!("{} links to {}", target.display(), link.display()))
+}
+
+pub fn exists_no_follow(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
+}
+
+/// A deterministic pattern, different for each `seed`.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+const DIRECT_IO_ALIGN: usize = 4096;
+
+/// Writes `data` at offset 0 of a block device with O_DIRECT, then fsyncs.
+pub fn write_direct(device: &Path, data: &[u8]) {
+    let mut storage = vec![0u8; data.len() + DIRECT_IO_ALIGN];
+    let offset = storage.as_ptr().align_offset(DIRECT_IO_ALIGN);
+    let buf = &mut storage[offset..offset + data.len()];
+    buf.copy_from_slice(data);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(device)
+        .unwrap_or_else(|e| panic!("opening {} for direct writes: {e}", device.display()));
+    file.write_all(buf).expect("direct write");
+    file.sync_all().expect("fsync");
+}
+
+/// Reads `len` bytes at offset 0 of a block device with O_DIRECT.
+pub fn read_direct(device: &Path, len: usize) -> Vec<u8> {
+    let mut storage = vec![0u8; len + DIRECT_IO_ALIGN];
+    let offset = storage.as_ptr().align_offset(DIRECT_IO_ALIGN);
+    let buf = &mut storage[offset..offset + len];
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(device)
+        .unwrap_or_else(|e| panic!("opening {} for direct reads: {e}", device.display()));
+    file.read_exact(buf).expect("direct read");
+    buf.to_vec()
+}
+
+/// The first `len` bytes of a file.
+pub fn read_prefix(path: &Path, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    buf
+}
+
+/// Writes a file and makes it durable, so allocation shows in statx.
+pub fn write_synced(path: &Path, data: &[u8]) {
+    let mut file =
+        File::create(path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+    file.write_all(data).expect("write");
+    file.sync_all().expect("fsync");
+}
+
+/// Usage entries by unit.
+pub fn usage_of(
+    response: &csi::NodeGetVolumeStatsResponse,
+    unit: csi::volume_usage::Unit,
+) -> Option<csi::VolumeUsage> {
+    response
+        .usage
+        .iter()
+        .find(|u| u.unit == unit as i32)
+        .copied()
+}

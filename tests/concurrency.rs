@@ -1,0 +1,281 @@
+//! Concurrent calls: one operation per volume (or name) at a time, the others ABORTED and
+//! retried, never a corrupt state; different volumes never wait for each other.
+
+mod common;
+
+use std::fs;
+
+use common::*;
+use tokio::task::JoinSet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_of_one_name_make_one_volume() {
+    let driver = TestDriver::start().await;
+    for access in [
+        mount_cap(Mode::SingleNodeWriter),
+        block_cap(Mode::SingleNodeWriter),
+    ] {
+        let request = create_request(&new_name(), access, SIZE);
+        let mut calls = JoinSet::new();
+        for _ in 0..8 {
+            let mut client = driver.controller();
+            let request = request.clone();
+            calls.spawn(async move { client.create_volume(request).await });
+        }
+        let mut ids = Vec::new();
+        for result in calls.join_all().await {
+            match result {
+                Ok(response) => ids.push(response.into_inner().volume.unwrap().volume_id),
+                Err(status) => assert_eq!(status.code(), Code::Aborted, "{status:?}"),
+            }
+        }
+        // The provisioner retries ABORTED: every retry must find the one volume.
+        let volume = driver.create_retrying(&request).await;
+        ids.sort();
+        ids.dedup();
+        assert!(ids.len() <= 1, "different ids for one name: {ids:?}");
+        if let Some(id) = ids.first() {
+            assert_eq!(id, &volume.volume_id);
+        }
+    }
+    assert_eq!(driver.list_all().await.len(), 2);
+    assert_eq!(
+        driver.data_entries().len(),
+        2,
+        "{:?}",
+        driver.data_entries()
+    );
+    assert_eq!(
+        driver.state_entries().len(),
+        2,
+        "{:?}",
+        driver.state_entries()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_publishes_of_one_volume_converge() {
+    let driver = TestDriver::start().await;
+    let cap = mount_cap(Mode::SingleNodeMultiWriter);
+    let volume = driver
+        .create(create_request(&new_name(), cap.clone(), SIZE))
+        .await;
+    let targets: Vec<_> = (0..4).map(|_| driver.mount_target()).collect();
+
+    // Every target published by two racing callers (kubelet retrying while the first is running).
+    let mut calls = JoinSet::new();
+    for target in targets.iter().chain(&targets) {
+        let request = publish_request(&volume, target, cap.clone(), false);
+        let mut client = driver.node();
+        calls.spawn(async move { client.node_publish_volume(request).await.map(drop) });
+    }
+    for result in calls.join_all().await {
+        if let Err(status) = result {
+            assert_eq!(status.code(), Code::Aborted, "{status:?}");
+        }
+    }
+    for target in &targets {
+        retry_aborted(|| driver.publish(&volume, target, cap.clone(), false))
+            .await
+            .expect("NodePublishVolume retry");
+        assert_eq!(mounts_at(target).len(), 1, "{}", target.display());
+        fs::write(target.join("probe"), target.to_str().unwrap()).unwrap();
+    }
+
+    let mut calls = JoinSet::new();
+    for target in targets.iter().chain(&targets) {
+        let (id, target) = (volume.volume_id.clone(), path_str(target));
+        let mut client = driver.node();
+        calls.spawn(async move {
+            client
+                .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                    volume_id: id,
+                    target_path: target,
+                })
+                .await
+                .map(drop)
+        });
+    }
+    for result in calls.join_all().await {
+        if let Err(status) = result {
+            assert_eq!(status.code(), Code::Aborted, "{status:?}");
+        }
+    }
+    for target in &targets {
+        retry_aborted(|| driver.unpublish(&volume.volume_id, target))
+            .await
+            .expect("NodeUnpublishVolume retry");
+        assert!(mounts_at(target).is_empty());
+        assert!(!exists_no_follow(target));
+    }
+    let entries = driver.list_all().await;
+    assert!(
+        entries[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .published_node_ids
+            .is_empty()
+    );
+    driver
+        .delete(&volume.volume_id)
+        .await
+        .expect("DeleteVolume");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_racing_publish_never_leaves_a_published_deleted_volume() {
+    let driver = TestDriver::start().await;
+    for _ in 0..5 {
+        let volume = driver.create_block_volume().await;
+        let target = driver.block_target();
+        let publish = {
+            let request =
+                publish_request(&volume, &target, block_cap(Mode::SingleNodeWriter), false);
+            let mut client = driver.node();
+            tokio::spawn(async move { client.node_publish_volume(request).await.map(drop) })
+        };
+        let delete = {
+            let id = volume.volume_id.clone();
+            let mut client = driver.controller();
+            tokio::spawn(async move {
+                client
+                    .delete_volume(csi::DeleteVolumeRequest {
+                        volume_id: id,
+                        ..Default::default()
+                    })
+                    .await
+                    .map(drop)
+            })
+        };
+        let (published, deleted) = (publish.await.unwrap(), delete.await.unwrap());
+        let file = host_path(&volume);
+        match (&published, &deleted) {
+            // Published first: the delete must have been refused (or aborted).
+            (Ok(()), Err(status)) => {
+                assert!(
+                    matches!(status.code(), Code::FailedPrecondition | Code::Aborted),
+                    "{status:?}"
+                );
+                assert_eq!(loop_devices_of(&file), vec![linked_device(&target)]);
+                driver.unpublish(&volume.volume_id, &target).await.unwrap();
+                driver.delete(&volume.volume_id).await.unwrap();
+            }
+            // Deleted first: the publish found no volume (or was aborted).
+            (Err(status), Ok(())) => {
+                assert!(
+                    matches!(status.code(), Code::NotFound | Code::Aborted),
+                    "{status:?}"
+                );
+                assert!(!exists_no_follow(&target));
+            }
+            (Err(p), Err(d)) => {
+                assert!(
+                    p.code() == Code::Aborted || d.code() == Code::Aborted,
+                    "{p:?} {d:?}"
+                );
+                retry_aborted(|| driver.delete(&volume.volume_id))
+                    .await
+                    .unwrap();
+            }
+            (Ok(()), Ok(())) => panic!("a volume was deleted while published"),
+        }
+        assert!(!exists_no_follow(&file));
+        assert_eq!(loop_devices_of(&file), vec![]);
+    }
+    assert!(driver.list_all().await.is_empty());
+    assert!(driver.data_entries().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_on_different_volumes_run_in_parallel() {
+    let driver = TestDriver::start().await;
+    let caps: Vec<_> = (0..8)
+        .map(|i| {
+            if i % 2 == 0 {
+                mount_cap(Mode::SingleNodeWriter)
+            } else {
+                block_cap(Mode::SingleNodeWriter)
+            }
+        })
+        .collect();
+
+    let mut creates = JoinSet::new();
+    for (i, cap) in caps.iter().enumerate() {
+        let mut client = driver.controller();
+        let request = create_request(&new_name(), cap.clone(), SIZE);
+        creates.spawn(async move {
+            let volume = client
+                .create_volume(request)
+                .await
+                .map(|r| r.into_inner().volume.unwrap());
+            (i, volume)
+        });
+    }
+    let mut volumes = vec![None; caps.len()];
+    for (i, result) in creates.join_all().await {
+        volumes[i] = Some(result.expect("parallel CreateVolume on distinct names"));
+    }
+    let volumes: Vec<csi::Volume> = volumes.into_iter().map(Option::unwrap).collect();
+
+    let targets: Vec<_> = caps
+        .iter()
+        .map(|cap| match cap.access_type {
+            Some(csi::volume_capability::AccessType::Block(_)) => driver.block_target(),
+            _ => driver.mount_target(),
+        })
+        .collect();
+    let mut publishes = JoinSet::new();
+    for ((volume, target), cap) in volumes.iter().zip(&targets).zip(&caps) {
+        let request = publish_request(volume, target, cap.clone(), false);
+        let mut client = driver.node();
+        publishes.spawn(async move { client.node_publish_volume(request).await.map(drop) });
+    }
+    for result in publishes.join_all().await {
+        result.expect("parallel NodePublishVolume on distinct volumes");
+    }
+    let mut devices = Vec::new();
+    for ((volume, target), cap) in volumes.iter().zip(&targets).zip(&caps) {
+        match cap.access_type {
+            Some(csi::volume_capability::AccessType::Block(_)) => {
+                let device = linked_device(target);
+                assert_eq!(loop_devices_of(&host_path(volume)), vec![device.clone()]);
+                devices.push(device);
+            }
+            _ => assert_eq!(mounts_at(target).len(), 1),
+        }
+    }
+    devices.sort_by(|a, b| a.name().cmp(b.name()));
+    devices.dedup();
+    assert_eq!(devices.len(), 4, "each block volume has its own device");
+
+    let mut teardown = JoinSet::new();
+    for (volume, target) in volumes.iter().zip(&targets) {
+        let (id, target) = (volume.volume_id.clone(), path_str(target));
+        let mut node = driver.node();
+        let mut controller = driver.controller();
+        teardown.spawn(async move {
+            node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: target,
+            })
+            .await?;
+            controller
+                .delete_volume(csi::DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
+        });
+    }
+    for result in teardown.join_all().await {
+        result.expect("parallel unpublish + delete on distinct volumes");
+    }
+    for (volume, target) in volumes.iter().zip(&targets) {
+        assert!(!exists_no_follow(target));
+        assert_eq!(loop_devices_of(&host_path(volume)), vec![]);
+    }
+    assert!(driver.list_all().await.is_empty());
+    assert!(driver.data_entries().is_empty());
+}

@@ -1,0 +1,198 @@
+//! Identity service, the capabilities and info each service reports, and what each `--mode`
+//! offers on its socket.
+
+mod common;
+
+use common::*;
+use csi::controller_service_capability::rpc::Type as ControllerRpc;
+use csi::node_service_capability::rpc::Type as NodeRpc;
+use csi::plugin_capability::service::Type as PluginService;
+
+async fn plugin_services(driver: &TestDriver) -> Vec<PluginService> {
+    let caps = driver
+        .identity()
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .expect("GetPluginCapabilities")
+        .into_inner()
+        .capabilities;
+    caps.into_iter()
+        .map(|cap| match cap.r#type {
+            Some(csi::plugin_capability::Type::Service(service)) => {
+                PluginService::try_from(service.r#type).expect("known service type")
+            }
+            other => panic!("unexpected plugin capability {other:?}"),
+        })
+        .collect()
+}
+
+async fn controller_rpcs(driver: &TestDriver) -> Vec<ControllerRpc> {
+    driver
+        .controller()
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .expect("ControllerGetCapabilities")
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .map(|cap| match cap.r#type {
+            Some(csi::controller_service_capability::Type::Rpc(rpc)) => {
+                ControllerRpc::try_from(rpc.r#type).expect("known controller rpc")
+            }
+            None => panic!("empty controller capability"),
+        })
+        .collect()
+}
+
+async fn node_rpcs(driver: &TestDriver) -> Vec<NodeRpc> {
+    driver
+        .node()
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .expect("NodeGetCapabilities")
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .map(|cap| match cap.r#type {
+            Some(csi::node_service_capability::Type::Rpc(rpc)) => {
+                NodeRpc::try_from(rpc.r#type).expect("known node rpc")
+            }
+            None => panic!("empty node capability"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn plugin_info_names_the_driver_and_its_version() {
+    let driver = TestDriver::start().await;
+    let info = driver
+        .identity()
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .expect("GetPluginInfo")
+        .into_inner();
+    assert_eq!(info.name, DRIVER_NAME);
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn plugin_capabilities_offer_controller_and_topology() {
+    let driver = TestDriver::start().await;
+    let services = plugin_services(&driver).await;
+    assert!(services.contains(&PluginService::ControllerService));
+    assert!(services.contains(&PluginService::VolumeAccessibilityConstraints));
+}
+
+#[tokio::test]
+async fn probe_is_ready() {
+    let driver = TestDriver::start().await;
+    let probe = driver
+        .identity()
+        .probe(csi::ProbeRequest {})
+        .await
+        .expect("Probe")
+        .into_inner();
+    assert_eq!(probe.ready, Some(true));
+}
+
+#[tokio::test]
+async fn controller_mode_claims_no_volume_work() {
+    let driver = TestDriver::start_with(Options {
+        mode: Some("controller"),
+        ..Default::default()
+    })
+    .await;
+    // csi-resizer needs CONTROLLER_SERVICE to run at all.
+    assert!(
+        plugin_services(&driver)
+            .await
+            .contains(&PluginService::ControllerService)
+    );
+    assert_eq!(controller_rpcs(&driver).await, vec![]);
+    let create = driver
+        .controller()
+        .create_volume(create_request(
+            &new_name(),
+            mount_cap(Mode::SingleNodeWriter),
+            SIZE,
+        ))
+        .await;
+    expect_code(create, Code::Unimplemented);
+    // csi-resizer reads NodeGetCapabilities on this socket to pick its trivial resizer.
+    assert!(node_rpcs(&driver).await.contains(&NodeRpc::GetVolumeStats));
+    let probe = driver.identity().probe(csi::ProbeRequest {}).await;
+    assert_eq!(probe.expect("Probe").into_inner().ready, Some(true));
+    assert!(
+        !driver.data.exists(),
+        "controller mode must not touch the data dir"
+    );
+}
+
+#[tokio::test]
+async fn node_mode_offers_no_controller_service() {
+    let driver = TestDriver::start_with(Options {
+        mode: Some("node"),
+        ..Default::default()
+    })
+    .await;
+    let services = plugin_services(&driver).await;
+    assert!(!services.contains(&PluginService::ControllerService));
+    assert!(services.contains(&PluginService::VolumeAccessibilityConstraints));
+    let create = driver
+        .controller()
+        .create_volume(create_request(
+            &new_name(),
+            mount_cap(Mode::SingleNodeWriter),
+            SIZE,
+        ))
+        .await;
+    expect_code(create, Code::Unimplemented);
+    assert!(node_rpcs(&driver).await.contains(&NodeRpc::GetVolumeStats));
+}
+
+#[tokio::test]
+async fn node_capabilities_and_info() {
+    let driver = TestDriver::start_with(Options {
+        max_volumes_per_node: Some(7),
+        ..Default::default()
+    })
+    .await;
+    let rpcs = node_rpcs(&driver).await;
+    for wanted in [
+        NodeRpc::GetVolumeStats,
+        NodeRpc::VolumeCondition,
+        NodeRpc::SingleNodeMultiWriter,
+    ] {
+        assert!(rpcs.contains(&wanted), "{wanted:?} missing from {rpcs:?}");
+    }
+    assert!(!rpcs.contains(&NodeRpc::StageUnstageVolume));
+
+    let info = driver
+        .node()
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .expect("NodeGetInfo")
+        .into_inner();
+    assert_eq!(info.node_id, NODE_ID);
+    assert_eq!(info.max_volumes_per_node, 7);
+    assert_eq!(info.accessible_topology, Some(topology(NODE_ID)));
+}
+
+#[tokio::test]
+async fn controller_capabilities_in_the_default_mode() {
+    let driver = TestDriver::start().await;
+    let rpcs = controller_rpcs(&driver).await;
+    for wanted in [
+        ControllerRpc::CreateDeleteVolume,
+        ControllerRpc::ListVolumes,
+        ControllerRpc::GetCapacity,
+        ControllerRpc::GetVolume,
+        ControllerRpc::VolumeCondition,
+        ControllerRpc::ListVolumesPublishedNodes,
+        ControllerRpc::SingleNodeMultiWriter,
+    ] {
+        assert!(rpcs.contains(&wanted), "{wanted:?} missing from {rpcs:?}");
+    }
+    // Attaching is not a thing for node-local volumes; advertising it would make the CO call it.
+    assert!(!rpcs.contains(&ControllerRpc::PublishUnpublishVolume));
+}

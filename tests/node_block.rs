@@ -1,0 +1,298 @@
+//! Node service with raw block volumes: the target is a symlink to a loop device over the
+//! volume's file, shared by all targets and detached after the last unpublish.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+
+use common::*;
+use csi::volume_usage::Unit;
+use stickyvol::host::loopdev;
+
+fn snw() -> csi::VolumeCapability {
+    block_cap(Mode::SingleNodeWriter)
+}
+
+const DATA_LEN: usize = MIB as usize;
+
+#[tokio::test]
+async fn publish_links_a_direct_io_loop_device_and_data_survives_republish() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let file = host_path(&volume);
+    let target = driver.block_target();
+    driver
+        .publish(&volume, &target, snw(), false)
+        .await
+        .expect("NodePublishVolume");
+
+    let device = linked_device(&target);
+    assert_eq!(loop_devices_of(&file), vec![device.clone()]);
+    assert!(
+        loopdev::uses_direct_io(&device).unwrap(),
+        "{} should use direct I/O",
+        device.name()
+    );
+    assert!(!loopdev::is_read_only(&device).unwrap());
+    assert_eq!(
+        loopdev::size_bytes(&device).unwrap(),
+        volume.capacity_bytes as u64
+    );
+
+    let data = pattern(DATA_LEN, 7);
+    write_direct(&target, &data);
+    driver
+        .unpublish(&volume.volume_id, &target)
+        .await
+        .expect("NodeUnpublishVolume");
+    assert!(!exists_no_follow(&target), "the symlink must be removed");
+    assert!(
+        fs::read_dir(target.parent().unwrap())
+            .unwrap()
+            .next()
+            .is_none(),
+        "kubelet expects the parent to be left empty"
+    );
+    assert_eq!(
+        loop_devices_of(&file),
+        vec![],
+        "the device must be detached"
+    );
+    assert_eq!(
+        read_prefix(&file, DATA_LEN),
+        data,
+        "data reached the volume's file"
+    );
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+
+    let target = driver.block_target();
+    driver
+        .publish(&volume, &target, snw(), false)
+        .await
+        .unwrap();
+    assert_eq!(read_direct(&target, DATA_LEN), data);
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    assert_eq!(loop_devices_of(&file), vec![]);
+}
+
+#[tokio::test]
+async fn publish_is_idempotent() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let target = driver.block_target();
+    for _ in 0..10 {
+        driver
+            .publish(&volume, &target, snw(), false)
+            .await
+            .unwrap();
+    }
+    let device = linked_device(&target);
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![device]);
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    assert!(!exists_no_follow(&target));
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
+}
+
+#[tokio::test]
+async fn two_targets_share_one_device_until_the_last_unpublish() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let file = host_path(&volume);
+    let (first, second) = (driver.block_target(), driver.block_target());
+    driver.publish(&volume, &first, snw(), false).await.unwrap();
+    driver
+        .publish(&volume, &second, snw(), false)
+        .await
+        .unwrap();
+    let device = linked_device(&first);
+    assert_eq!(linked_device(&second), device);
+    assert_eq!(loop_devices_of(&file), vec![device.clone()]);
+
+    let data = pattern(DATA_LEN, 3);
+    write_direct(&first, &data);
+    assert_eq!(read_direct(&second, DATA_LEN), data);
+
+    driver.unpublish(&volume.volume_id, &first).await.unwrap();
+    assert!(!exists_no_follow(&first));
+    assert_eq!(
+        loop_devices_of(&file),
+        vec![device],
+        "still used by the second target"
+    );
+    assert_eq!(read_direct(&second, DATA_LEN), data);
+    driver.unpublish(&volume.volume_id, &second).await.unwrap();
+    assert!(!exists_no_follow(&second));
+    assert_eq!(loop_devices_of(&file), vec![]);
+}
+
+#[tokio::test]
+async fn read_only_publish_gives_a_read_only_device() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let file = host_path(&volume);
+    let writable = driver.block_target();
+    driver
+        .publish(&volume, &writable, snw(), false)
+        .await
+        .unwrap();
+    let data = pattern(DATA_LEN, 9);
+    write_direct(&writable, &data);
+    driver
+        .unpublish(&volume.volume_id, &writable)
+        .await
+        .unwrap();
+
+    let target = driver.block_target();
+    driver.publish(&volume, &target, snw(), true).await.unwrap();
+    let device = linked_device(&target);
+    assert!(loopdev::is_read_only(&device).unwrap());
+    assert_eq!(read_direct(&target, DATA_LEN), data);
+    let write = OpenOptions::new()
+        .write(true)
+        .open(&target)
+        .and_then(|mut dev| dev.write_all(&[0u8; 4096]).and_then(|()| dev.sync_all()));
+    assert!(write.is_err(), "writing to a read-only device succeeded");
+    // Same target, now read-write: a conflict.
+    expect_code(
+        driver.publish(&volume, &target, snw(), false).await,
+        Code::AlreadyExists,
+    );
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    assert_eq!(loop_devices_of(&file), vec![]);
+    assert_eq!(read_prefix(&file, DATA_LEN), data);
+}
+
+#[tokio::test]
+async fn single_writer_block_volume_refuses_a_second_writer() {
+    let driver = TestDriver::start().await;
+    let cap = block_cap(Mode::SingleNodeSingleWriter);
+    let volume = driver
+        .create(create_request(&new_name(), cap.clone(), SIZE))
+        .await;
+    let (first, second) = (driver.block_target(), driver.block_target());
+    driver
+        .publish(&volume, &first, cap.clone(), false)
+        .await
+        .unwrap();
+    expect_code(
+        driver.publish(&volume, &second, cap.clone(), false).await,
+        Code::FailedPrecondition,
+    );
+    assert!(!exists_no_follow(&second));
+    assert_eq!(loop_devices_of(&host_path(&volume)).len(), 1);
+    driver.unpublish(&volume.volume_id, &first).await.unwrap();
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
+}
+
+#[tokio::test]
+async fn publish_replaces_a_placeholder_left_at_the_target() {
+    // Some COs (csi-sanity among them) create the target themselves.
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let as_file = driver.block_target();
+    fs::write(&as_file, b"").unwrap();
+    driver
+        .publish(&volume, &as_file, snw(), false)
+        .await
+        .unwrap();
+    linked_device(&as_file);
+    driver.unpublish(&volume.volume_id, &as_file).await.unwrap();
+    assert!(!exists_no_follow(&as_file));
+
+    let as_dir = driver.block_target();
+    fs::create_dir(&as_dir).unwrap();
+    driver
+        .publish(&volume, &as_dir, snw(), false)
+        .await
+        .unwrap();
+    linked_device(&as_dir);
+    driver.unpublish(&volume.volume_id, &as_dir).await.unwrap();
+    assert!(!exists_no_follow(&as_dir));
+
+    let with_content = driver.block_target();
+    fs::write(&with_content, b"not ours").unwrap();
+    expect_code(
+        driver.publish(&volume, &with_content, snw(), false).await,
+        Code::FailedPrecondition,
+    );
+    assert_eq!(fs::read(&with_content).unwrap(), b"not ours");
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
+}
+
+#[tokio::test]
+async fn block_and_mount_capabilities_do_not_mix() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let target = driver.mount_target();
+    expect_code(
+        driver
+            .publish(&volume, &target, mount_cap(Mode::SingleNodeWriter), false)
+            .await,
+        Code::InvalidArgument,
+    );
+    assert!(!exists_no_follow(&target));
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
+}
+
+#[tokio::test]
+async fn stats_of_a_block_volume() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let target = driver.block_target();
+    let path = path_str(&target);
+    expect_code(driver.stats(&volume.volume_id, &path).await, Code::NotFound);
+    driver
+        .publish(&volume, &target, snw(), false)
+        .await
+        .unwrap();
+    let stats = driver.stats(&volume.volume_id, &path).await.unwrap();
+    let bytes = usage_of(&stats, Unit::Bytes).expect("bytes usage");
+    assert_eq!(bytes.total, volume.capacity_bytes);
+    assert!(!stats.volume_condition.expect("condition").abnormal);
+
+    write_direct(&target, &pattern(2 * DATA_LEN, 1));
+    let after = driver.stats(&volume.volume_id, &path).await.unwrap();
+    let bytes_after = usage_of(&after, Unit::Bytes).unwrap();
+    assert_eq!(bytes_after.total, volume.capacity_bytes);
+    assert!(
+        bytes_after.used >= bytes.used + 2 * MIB,
+        "{bytes:?} → {bytes_after:?}"
+    );
+    assert_eq!(bytes_after.used + bytes_after.available, bytes_after.total);
+
+    expect_code(
+        driver.stats(&volume.volume_id, "some/path").await,
+        Code::NotFound,
+    );
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    expect_code(driver.stats(&volume.volume_id, &path).await, Code::NotFound);
+}
+
+#[tokio::test]
+async fn stats_report_an_abnormal_condition_when_the_file_disappears() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let target = driver.block_target();
+    driver
+        .publish(&volume, &target, snw(), false)
+        .await
+        .unwrap();
+    let device = linked_device(&target);
+    let file = host_path(&volume);
+    fs::remove_file(&file).unwrap();
+    let stats = driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .expect("stats of a published volume whose file vanished");
+    assert!(stats.volume_condition.expect("condition").abnormal);
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    assert!(!exists_no_follow(&target));
+    // The kernel names the backing file "<path> (deleted)" now; another test may already
+    // have been given the freed device number, so only check it no longer serves our file.
+    let backing = loopdev::backing_file(&device).unwrap();
+    assert!(
+        !backing.is_some_and(|b| b.to_string_lossy().starts_with(&*file.to_string_lossy())),
+        "the device over the deleted file must be detached"
+    );
+}

@@ -1,0 +1,320 @@
+//! Restarts and crashes: volumes and publications outlive the driver process, and a start after
+//! kill -9 reconciles the host with the records.
+
+mod common;
+
+use std::fs;
+use std::time::Duration;
+
+use common::*;
+use stickyvol::host::loopdev;
+
+/// The publications the driver remembers for `id`, from its record on disk.
+fn recorded_publications(driver: &TestDriver, id: &str) -> usize {
+    let record = fs::read(driver.data.join("state").join(format!("{id}.json"))).unwrap();
+    let record: serde_json::Value = serde_json::from_slice(&record).unwrap();
+    record["publications"].as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn restart_keeps_volumes_and_data() {
+    let mut driver = TestDriver::start().await;
+    let fs_request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE);
+    let block_request = create_request(&new_name(), block_cap(Mode::SingleNodeWriter), SIZE);
+    let fs_volume = driver.create(fs_request.clone()).await;
+    let block_volume = driver.create(block_request.clone()).await;
+    fs::write(host_path(&fs_volume).join("file"), b"kept").unwrap();
+    let target = driver.block_target();
+    let cap = block_cap(Mode::SingleNodeWriter);
+    driver
+        .publish(&block_volume, &target, cap, false)
+        .await
+        .unwrap();
+    let data = pattern(MIB as usize, 5);
+    write_direct(&target, &data);
+    driver
+        .unpublish(&block_volume.volume_id, &target)
+        .await
+        .unwrap();
+    let before = driver.list_all().await;
+
+    driver.restart().await;
+    assert_eq!(driver.list_all().await, before);
+    assert_eq!(driver.create(fs_request).await, fs_volume);
+    assert_eq!(driver.create(block_request).await, block_volume);
+    assert_eq!(
+        fs::read(host_path(&fs_volume).join("file")).unwrap(),
+        b"kept"
+    );
+    let target = driver.block_target();
+    let cap = block_cap(Mode::SingleNodeWriter);
+    driver
+        .publish(&block_volume, &target, cap, false)
+        .await
+        .unwrap();
+    assert_eq!(read_direct(&target, data.len()), data);
+    driver
+        .unpublish(&block_volume.volume_id, &target)
+        .await
+        .unwrap();
+    assert_eq!(loop_devices_of(&host_path(&block_volume)), vec![]);
+}
+
+#[tokio::test]
+async fn publications_survive_restart_and_kill9() {
+    let mut driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    let block_volume = driver.create_block_volume().await;
+    let fs_target = driver.mount_target();
+    let block_target = driver.block_target();
+    let (mount, block) = (
+        mount_cap(Mode::SingleNodeWriter),
+        block_cap(Mode::SingleNodeWriter),
+    );
+    driver
+        .publish(&fs_volume, &fs_target, mount.clone(), false)
+        .await
+        .unwrap();
+    driver
+        .publish(&block_volume, &block_target, block.clone(), false)
+        .await
+        .unwrap();
+    let device = linked_device(&block_target);
+
+    for graceful in [true, false] {
+        if graceful {
+            driver.restart().await;
+        } else {
+            driver.kill9_and_restart().await;
+        }
+        // The host kept everything in place, and the driver still knows it.
+        assert_eq!(mounts_at(&fs_target).len(), 1);
+        assert_eq!(linked_device(&block_target), device);
+        assert_eq!(
+            loop_devices_of(&host_path(&block_volume)),
+            vec![device.clone()]
+        );
+        let entries = driver.list_all().await;
+        assert_eq!(
+            published_nodes(&entries, &fs_volume.volume_id),
+            vec![NODE_ID]
+        );
+        assert_eq!(
+            published_nodes(&entries, &block_volume.volume_id),
+            vec![NODE_ID]
+        );
+        driver
+            .stats(&fs_volume.volume_id, &path_str(&fs_target))
+            .await
+            .expect("stats after restart");
+        expect_code(
+            driver.delete(&block_volume.volume_id).await,
+            Code::FailedPrecondition,
+        );
+        // kubelet retrying a publish after the restart is still idempotent.
+        driver
+            .publish(&fs_volume, &fs_target, mount.clone(), false)
+            .await
+            .unwrap();
+        driver
+            .publish(&block_volume, &block_target, block.clone(), false)
+            .await
+            .unwrap();
+        assert_eq!(mounts_at(&fs_target).len(), 1);
+        assert_eq!(
+            loop_devices_of(&host_path(&block_volume)),
+            vec![device.clone()]
+        );
+    }
+
+    driver
+        .unpublish(&fs_volume.volume_id, &fs_target)
+        .await
+        .unwrap();
+    driver
+        .unpublish(&block_volume.volume_id, &block_target)
+        .await
+        .unwrap();
+    assert!(mounts_at(&fs_target).is_empty());
+    assert!(!exists_no_follow(&fs_target) && !exists_no_follow(&block_target));
+    assert_eq!(loop_devices_of(&host_path(&block_volume)), vec![]);
+    driver.delete(&fs_volume.volume_id).await.unwrap();
+    driver.delete(&block_volume.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn start_removes_orphaned_data_and_temp_records() {
+    let mut driver = TestDriver::start().await;
+    let kept = driver.create_fs_volume().await;
+    fs::write(host_path(&kept).join("file"), b"kept").unwrap();
+    driver.kill9();
+
+    // What a kill -9 in the middle of CreateVolume (or DeleteVolume) leaves behind.
+    let volumes = driver.data.join("volumes");
+    let orphan_dir = volumes.join(unknown_volume_id());
+    fs::create_dir_all(orphan_dir.join("sub")).unwrap();
+    fs::write(orphan_dir.join("sub/file"), b"half-made").unwrap();
+    let orphan_file = volumes.join(format!("{}.img", unknown_volume_id()));
+    fs::write(&orphan_file, b"").unwrap();
+    let temp_record = driver
+        .data
+        .join("state")
+        .join(format!(".{}.json.tmp", kept.volume_id));
+    fs::write(&temp_record, b"{\"torn").unwrap();
+    // Not ours: left alone.
+    let stranger = volumes.join("README");
+    fs::write(&stranger, b"admin notes").unwrap();
+
+    driver.start_again().await;
+    assert!(!exists_no_follow(&orphan_dir));
+    assert!(!exists_no_follow(&orphan_file));
+    assert!(!exists_no_follow(&temp_record));
+    assert_eq!(fs::read(&stranger).unwrap(), b"admin notes");
+    let entries = driver.list_all().await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].volume.as_ref().unwrap(), &kept);
+    assert_eq!(fs::read(host_path(&kept).join("file")).unwrap(), b"kept");
+}
+
+#[tokio::test]
+async fn unreadable_record_keeps_its_data_and_blocks_deletion() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let id = unknown_volume_id();
+    let data = driver.data.join("volumes").join(&id);
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("precious"), b"user data").unwrap();
+    fs::create_dir_all(driver.data.join("state")).unwrap();
+    let record = driver.data.join("state").join(format!("{id}.json"));
+    fs::write(&record, b"{ this is not json").unwrap();
+
+    driver.start_again().await;
+    assert_eq!(fs::read(data.join("precious")).unwrap(), b"user data");
+    expect_code(driver.delete(&id).await, Code::FailedPrecondition);
+    assert_eq!(fs::read(data.join("precious")).unwrap(), b"user data");
+    assert!(record.exists());
+    assert!(
+        driver.log_text().contains(&id),
+        "the bad record must be reported"
+    );
+
+    driver.restart().await;
+    assert_eq!(fs::read(data.join("precious")).unwrap(), b"user data");
+}
+
+#[tokio::test]
+async fn start_forgets_publications_removed_behind_its_back() {
+    let mut driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    let block_volume = driver.create_block_volume().await;
+    let fs_target = driver.mount_target();
+    let block_target = driver.block_target();
+    let mount = mount_cap(Mode::SingleNodeWriter);
+    let block = block_cap(Mode::SingleNodeWriter);
+    driver
+        .publish(&fs_volume, &fs_target, mount, false)
+        .await
+        .unwrap();
+    driver
+        .publish(&block_volume, &block_target, block, false)
+        .await
+        .unwrap();
+    driver.kill9();
+
+    // A node reboot (or an admin) removes the mount and the symlink while the driver is down.
+    nix::mount::umount(&fs_target).unwrap();
+    fs::remove_dir(&fs_target).unwrap();
+    fs::remove_file(&block_target).unwrap();
+    assert_eq!(recorded_publications(&driver, &fs_volume.volume_id), 1);
+
+    driver.start_again().await;
+    assert_eq!(recorded_publications(&driver, &fs_volume.volume_id), 0);
+    assert_eq!(recorded_publications(&driver, &block_volume.volume_id), 0);
+    assert_eq!(
+        loop_devices_of(&host_path(&block_volume)),
+        vec![],
+        "the device of a forgotten publication is detached"
+    );
+    let entries = driver.list_all().await;
+    assert!(published_nodes(&entries, &fs_volume.volume_id).is_empty());
+    assert!(published_nodes(&entries, &block_volume.volume_id).is_empty());
+    // Kubelet's late unpublish still succeeds; deletion is not blocked.
+    driver
+        .unpublish(&fs_volume.volume_id, &fs_target)
+        .await
+        .unwrap();
+    driver
+        .unpublish(&block_volume.volume_id, &block_target)
+        .await
+        .unwrap();
+    driver.delete(&fs_volume.volume_id).await.unwrap();
+    driver.delete(&block_volume.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn start_detaches_loop_devices_no_publication_uses() {
+    let mut driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let file = host_path(&volume);
+    driver.kill9();
+    // A crash between attaching the device and linking the target.
+    let device = loopdev::attach(&file, false).expect("attaching a loop device");
+    assert_eq!(loop_devices_of(&file), vec![device]);
+
+    driver.start_again().await;
+    assert_eq!(loop_devices_of(&file), vec![]);
+    driver.delete(&volume.volume_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
+    let mut driver = TestDriver::start().await;
+    let mut requests = Vec::new();
+    for round in 0..10u64 {
+        // A fresh name each round, so each kill can land inside a first create (about 2 ms).
+        let request = create_request(&new_name(), block_cap(Mode::SingleNodeWriter), SIZE);
+        requests.push(request.clone());
+        let controller = driver.controller();
+        // Calls until the first error other than ABORTED, which it returns.
+        let hammer = tokio::spawn(async move {
+            loop {
+                match controller.clone().create_volume(request.clone()).await {
+                    Err(status) if status.code() != Code::Aborted => return status,
+                    _ => {}
+                }
+            }
+        });
+        // A different point of the create path each round; correctness does not depend on it.
+        std::thread::sleep(Duration::from_micros(round * 300));
+        driver.kill9();
+        let ended = tokio::time::timeout(Duration::from_secs(10), hammer)
+            .await
+            .expect("the hammer stops once the driver is gone")
+            .unwrap();
+        // Only the lost connection may end it: every answer from the driver was OK or ABORTED.
+        assert!(
+            matches!(
+                ended.code(),
+                Code::Unavailable | Code::Unknown | Code::Cancelled
+            ),
+            "{ended:?}"
+        );
+        driver.start_again().await;
+    }
+
+    let mut expected_data = Vec::new();
+    let mut expected_state = Vec::new();
+    for request in &requests {
+        let volume = driver.create_retrying(request).await;
+        assert_eq!(
+            fs::metadata(host_path(&volume)).unwrap().len(),
+            volume.capacity_bytes as u64
+        );
+        expected_data.push(format!("{}.img", volume.volume_id));
+        expected_state.push(format!("{}.json", volume.volume_id));
+    }
+    expected_data.sort();
+    expected_state.sort();
+    assert_eq!(driver.list_all().await.len(), requests.len());
+    assert_eq!(driver.data_entries(), expected_data, "no orphaned data");
+    assert_eq!(driver.state_entries(), expected_state, "no stray records");
+}

@@ -1,0 +1,231 @@
+//! What protects the node: secrets stay out of logs, the socket is not world-accessible, a
+//! second instance never touches a live one's state, ids never become paths.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::time::Duration;
+
+use common::*;
+
+const SECRET: &str = "s3cr3t-value";
+
+fn secrets() -> HashMap<String, String> {
+    HashMap::from([
+        ("password".to_string(), SECRET.to_string()),
+        ("token".to_string(), format!("Bearer {SECRET}")),
+    ])
+}
+
+#[tokio::test]
+async fn secrets_never_reach_the_log() {
+    let driver = TestDriver::start_with(Options {
+        rust_log: Some("debug"),
+        ..Default::default()
+    })
+    .await;
+    let name = new_name();
+    let create = csi::CreateVolumeRequest {
+        secrets: secrets(),
+        ..create_request(&name, mount_cap(Mode::SingleNodeWriter), SIZE)
+    };
+    let volume = driver
+        .controller()
+        .create_volume(create.clone())
+        .await
+        .expect("CreateVolume with secrets")
+        .into_inner()
+        .volume
+        .unwrap();
+    // Failing calls too: error paths are where request dumps tend to hide.
+    let conflicting = csi::CreateVolumeRequest {
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 2 * SIZE,
+            limit_bytes: 2 * SIZE,
+        }),
+        ..create
+    };
+    expect_code(
+        driver.controller().create_volume(conflicting).await,
+        Code::AlreadyExists,
+    );
+    let invalid = csi::CreateVolumeRequest {
+        secrets: secrets(),
+        ..create_request("", mount_cap(Mode::SingleNodeWriter), SIZE)
+    };
+    expect_code(
+        driver.controller().create_volume(invalid).await,
+        Code::InvalidArgument,
+    );
+    let validate = csi::ValidateVolumeCapabilitiesRequest {
+        volume_id: volume.volume_id.clone(),
+        volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
+        secrets: secrets(),
+        ..Default::default()
+    };
+    driver
+        .controller()
+        .validate_volume_capabilities(validate)
+        .await
+        .unwrap();
+
+    let target = driver.mount_target();
+    let publish = csi::NodePublishVolumeRequest {
+        secrets: secrets(),
+        ..publish_request(&volume, &target, mount_cap(Mode::SingleNodeWriter), false)
+    };
+    driver
+        .node()
+        .node_publish_volume(publish.clone())
+        .await
+        .expect("NodePublishVolume with secrets");
+    let wrong_target = csi::NodePublishVolumeRequest {
+        target_path: "/etc/x".into(),
+        ..publish
+    };
+    expect_code(
+        driver.node().node_publish_volume(wrong_target).await,
+        Code::InvalidArgument,
+    );
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    let delete = csi::DeleteVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        secrets: secrets(),
+    };
+    driver.controller().delete_volume(delete).await.unwrap();
+
+    let log = driver.log_text();
+    assert!(log.contains("CreateVolume"), "debug logging is on:\n{log}");
+    assert!(
+        log.contains("NodePublishVolume"),
+        "debug logging is on:\n{log}"
+    );
+    assert!(!log.contains(SECRET), "a secret reached the log:\n{log}");
+}
+
+#[tokio::test]
+async fn socket_is_not_world_accessible() {
+    let driver = TestDriver::start().await;
+    let meta = fs::symlink_metadata(&driver.socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    // The data dir holds every volume; pods reach theirs only through its mount.
+    let data = fs::metadata(&driver.data).unwrap();
+    assert_eq!(data.permissions().mode() & 0o777, 0o700);
+}
+
+#[tokio::test]
+async fn a_stale_socket_is_replaced_at_start() {
+    let mut driver = TestDriver::prepare(Options::default());
+    // A socket file nobody listens on, as a crashed driver leaves it.
+    drop(std::os::unix::net::UnixListener::bind(&driver.socket).unwrap());
+    assert!(driver.socket.exists());
+    driver.start_again().await;
+    let volume = driver.create_fs_volume().await;
+    // And after a kill -9 of our own.
+    driver.kill9();
+    assert!(driver.socket.exists(), "kill -9 leaves the socket behind");
+    driver.start_again().await;
+    assert_eq!(driver.list_all().await.len(), 1);
+    driver.delete(&volume.volume_id).await.unwrap();
+    assert_eq!(
+        fs::symlink_metadata(&driver.socket)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o660
+    );
+    // A graceful stop removes the socket.
+    driver.stop().await;
+    assert!(!exists_no_follow(&driver.socket));
+}
+
+#[tokio::test]
+async fn a_non_socket_file_at_the_endpoint_is_never_replaced() {
+    let mut driver = TestDriver::prepare(Options::default());
+    fs::write(&driver.socket, b"important").unwrap();
+    let mut child = driver.command().spawn().unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10))
+        .await
+        .expect("the driver exits");
+    assert!(!status.success());
+    assert_eq!(fs::read(&driver.socket).unwrap(), b"important");
+    fs::remove_file(&driver.socket).unwrap();
+    driver.start_again().await;
+}
+
+#[tokio::test]
+async fn a_second_driver_on_a_live_socket_refuses_and_touches_nothing() {
+    let mut driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    let target = driver.block_target();
+    let cap = block_cap(Mode::SingleNodeWriter);
+    driver.publish(&volume, &target, cap, false).await.unwrap();
+    let device = linked_device(&target);
+    // Data of a CreateVolume the live driver is in the middle of: not an orphan to it.
+    let in_flight = driver.data.join("volumes").join(unknown_volume_id());
+    fs::create_dir(&in_flight).unwrap();
+
+    let mut second = driver.command().spawn().unwrap();
+    let status = wait_bounded(&mut second, Duration::from_secs(10)).await;
+    let status = match status {
+        Some(status) => status,
+        None => {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second driver kept running on a live socket");
+        }
+    };
+    assert!(!status.success());
+    assert!(driver.log_text().contains("already serving"));
+    assert!(
+        in_flight.is_dir(),
+        "the refused instance ran startup recovery"
+    );
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![device]);
+
+    // The first driver is unharmed.
+    assert!(driver.is_running());
+    assert!(driver.socket.exists());
+    let probe = driver.identity().probe(csi::ProbeRequest {}).await.unwrap();
+    assert_eq!(probe.into_inner().ready, Some(true));
+    assert_eq!(driver.list_all().await.len(), 1);
+    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
+}
+
+#[tokio::test]
+async fn volume_ids_never_become_paths() {
+    let driver = TestDriver::start().await;
+    let victim = driver.data.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("file"), b"keep").unwrap();
+    let target = driver.mount_target();
+    for id in [
+        "../victim",
+        "sv-../../victim",
+        "../../data/victim",
+        "sv-0123456789abcdef0123456789abcdef/../../victim",
+    ] {
+        driver
+            .delete(id)
+            .await
+            .unwrap_or_else(|s| panic!("{id}: {s:?}"));
+        let status = driver
+            .node()
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: id.into(),
+                target_path: path_str(&target),
+                volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
+                ..Default::default()
+            })
+            .await;
+        expect_code(status, Code::NotFound);
+        expect_code(driver.stats(id, &path_str(&target)).await, Code::NotFound);
+    }
+    assert_eq!(fs::read(victim.join("file")).unwrap(), b"keep");
+    assert!(!exists_no_follow(&target));
+}
