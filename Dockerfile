@@ -1,0 +1,23 @@
+# The stickyvol image: one static-ish binary (needs only glibc) on debian:bookworm-slim.
+#
+#   docker build -t ghcr.io/stickyvol/stickyvol:0.1.0 .
+#
+# Reproducible inputs: base images pinned by tag (pin by digest in your registry mirror if you
+# need bit-for-bit rebuilds), dependencies exactly as in Cargo.lock (--locked), protobuf compiled
+# in pure Rust by build.rs (no protoc), no network access at run time. The runtime image needs
+# no util-linux: mounts and loop devices are made with system calls.
+
+FROM rust:1.95-slim-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --bin stickyvol \
+    && install -D -m 0755 target/release/stickyvol /out/stickyvol
+
+FROM debian:bookworm-slim
+LABEL org.opencontainers.image.title="stickyvol" \
+      org.opencontainers.image.description="Sticky, node-local, emptyDir-style persistent volumes for Kubernetes (CSI driver)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /out/stickyvol /usr/local/bin/stickyvol
+# The node plugin runs as root (privileged); the controller overrides the user in its pod spec.
+ENTRYPOINT ["/usr/local/bin/stickyvol"]
+CMD ["--help"]
