@@ -200,10 +200,14 @@ impl Volumes {
                 data.display()
             )));
         }
+        let mut created = false;
         match fsstat::lstat_if_exists(target)
             .context(|| format!("inspecting {}", target.display()))?
         {
-            None => fs::create_dir(target).context(|| format!("creating {}", target.display()))?,
+            None => {
+                fs::create_dir(target).context(|| format!("creating {}", target.display()))?;
+                created = true;
+            }
             Some(stat) if stat.is_dir() && stat.is_mount_root => {
                 if !stat.same_file(&source) {
                     return Err(Error::AlreadyExists(format!(
@@ -228,8 +232,13 @@ impl Volumes {
                 )));
             }
         }
-        mount::bind(data, target, flags)
-            .context(|| format!("bind-mounting volume {id} at {}", target.display()))
+        let mounted = mount::bind(data, target, flags)
+            .context(|| format!("bind-mounting volume {id} at {}", target.display()));
+        if mounted.is_err() && created {
+            // A failed publish leaves nothing behind for kubelet to trip over.
+            let _ = fs::remove_dir(target);
+        }
+        mounted
     }
 
     fn publish_device(
