@@ -279,13 +279,21 @@ impl Volumes {
             .context(|| format!("inspecting {}", target.display()))?
         {
             Some(stat) if stat.is_symlink() => {
-                if fs::read_link(&target).ok() == Some(device.path()) {
+                let link = fs::read_link(&target).ok();
+                if link.as_ref() == Some(&device.path()) {
                     return Ok(wanted);
                 }
-                return Err(Error::AlreadyExists(format!(
-                    "target {} already links to another device",
-                    target.display()
-                )));
+                if let Some(other) = link.as_deref().and_then(live_device_elsewhere(data)) {
+                    return Err(Error::AlreadyExists(format!(
+                        "target {} already links to {}, which serves {}",
+                        target.display(),
+                        other.0.display(),
+                        other.1.display()
+                    )));
+                }
+                // A link left by an earlier life, e.g. before a reboot renumbered the devices.
+                fs::remove_file(&target)
+                    .context(|| format!("replacing the stale link {}", target.display()))?;
             }
             // A placeholder some COs create (csi-sanity makes a directory): replace it.
             Some(stat) if stat.is_dir() && !stat.is_mount_root => {
@@ -466,6 +474,15 @@ fn is_bind_of(target: &Stat, data: &Path) -> io::Result<bool> {
         return Ok(false);
     }
     Ok(fsstat::lstat_if_exists(data)?.is_some_and(|source| source.same_file(target)))
+}
+
+/// For a link to a loop device that serves another file than `data`: (device, its file).
+fn live_device_elsewhere(data: &Path) -> impl Fn(&Path) -> Option<(PathBuf, PathBuf)> + '_ {
+    move |link| {
+        let device = loopdev::LoopDevice::from_path(link)?;
+        let file = loopdev::backing_file(&device).ok()??;
+        (file != data).then(|| (device.path(), file))
+    }
 }
 
 fn device_backs(device: &loopdev::LoopDevice, data: &Path) -> bool {
