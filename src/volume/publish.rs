@@ -274,54 +274,22 @@ impl Volumes {
             None => self.attach_device(id, data, wanted.readonly)?,
         };
         wanted.loop_device = Some(device.name().to_string());
-
-        match fsstat::lstat_if_exists(&target)
-            .context(|| format!("inspecting {}", target.display()))?
-        {
-            Some(stat) if stat.is_symlink() => {
-                let link = fs::read_link(&target).ok();
-                if link.as_ref() == Some(&device.path()) {
-                    return Ok(wanted);
-                }
-                if let Some(other) = link.as_deref().and_then(live_device_elsewhere(data)) {
-                    return Err(Error::AlreadyExists(format!(
-                        "target {} already links to {}, which serves {}",
-                        target.display(),
-                        other.0.display(),
-                        other.1.display()
-                    )));
-                }
-                // A link left by an earlier life, e.g. before a reboot renumbered the devices.
-                fs::remove_file(&target)
-                    .context(|| format!("replacing the stale link {}", target.display()))?;
+        let linked = prepare_link_target(&target, &device, data).and_then(|already_linked| {
+            if already_linked {
+                return Ok(());
             }
-            // A placeholder some COs create (csi-sanity makes a directory): replace it.
-            Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-                fs::remove_dir(&target)
-                    .context(|| format!("replacing the directory {}", target.display()))?;
-            }
-            Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-                fs::remove_file(&target)
-                    .context(|| format!("replacing the file {}", target.display()))?;
-            }
-            Some(_) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "target {} exists and is neither a symlink nor an empty placeholder",
-                    target.display()
-                )));
-            }
-            None => {}
-        }
-        if let Err(err) = std::os::unix::fs::symlink(device.path(), &target) {
-            self.release_device_if_unused(record, &device, &target);
-            return Err(Error::host(
+            std::os::unix::fs::symlink(device.path(), &target).context(|| {
                 format!(
                     "linking {} to {}",
                     target.display(),
                     device.path().display()
-                ),
-                err,
-            ));
+                )
+            })
+        });
+        if let Err(err) = linked {
+            // Do not leave a device attached for a publication that did not happen.
+            self.release_device_if_unused(record, &device, &target);
+            return Err(err);
         }
         Ok(wanted)
     }
@@ -437,6 +405,46 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
             .context(|| format!("unmounting volume {id} from {}", target.display()))?;
     }
     Ok(())
+}
+
+/// Makes `target` ready to become a link to `device`; Ok(true) if it already is one.
+fn prepare_link_target(target: &Path, device: &loopdev::LoopDevice, data: &Path) -> Result<bool> {
+    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+        Some(stat) if stat.is_symlink() => {
+            let link = fs::read_link(target).ok();
+            if link.as_ref() == Some(&device.path()) {
+                return Ok(true);
+            }
+            if let Some((other, file)) = link.as_deref().and_then(live_device_elsewhere(data)) {
+                return Err(Error::AlreadyExists(format!(
+                    "target {} already links to {}, which serves {}",
+                    target.display(),
+                    other.display(),
+                    file.display()
+                )));
+            }
+            // A link left by an earlier life, e.g. before a reboot renumbered the devices.
+            fs::remove_file(target)
+                .context(|| format!("replacing the stale link {}", target.display()))?;
+        }
+        // A placeholder some COs create (csi-sanity makes a directory): replace it.
+        Some(stat) if stat.is_dir() && !stat.is_mount_root => {
+            fs::remove_dir(target)
+                .context(|| format!("replacing the directory {}", target.display()))?;
+        }
+        Some(stat) if stat.is_regular_file() && stat.size == 0 => {
+            fs::remove_file(target)
+                .context(|| format!("replacing the file {}", target.display()))?;
+        }
+        Some(_) => {
+            return Err(Error::FailedPrecondition(format!(
+                "target {} exists and is neither a symlink nor an empty placeholder",
+                target.display()
+            )));
+        }
+        None => {}
+    }
+    Ok(false)
 }
 
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
