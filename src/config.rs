@@ -167,25 +167,26 @@ fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, ConfigError> {
 
 /// Kubernetes label value rules: node labels carry the topology segment.
 pub fn is_label_value(value: &str) -> bool {
+    is_bounded_name(value, |b| {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+    })
+}
+
+/// CSI driver names: a DNS-1123 subdomain of at most 63 characters.
+fn is_driver_name(name: &str) -> bool {
+    is_bounded_name(name, |b| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.')
+    })
+}
+
+/// 1–63 bytes, alphanumeric at both ends, every byte `allowed`.
+fn is_bounded_name(value: &str, allowed: impl Fn(u8) -> bool) -> bool {
     let bytes = value.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
         && bytes[0].is_ascii_alphanumeric()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-fn is_driver_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+        && bytes.iter().all(|b| allowed(*b))
 }
 
 #[cfg(test)]
