@@ -172,7 +172,8 @@ pub fn is_label_value(value: &str) -> bool {
     })
 }
 
-/// CSI driver names: a DNS-1123 subdomain of at most 63 characters.
+/// CSI driver names, lowercase: the name also prefixes the topology label key, which must be
+/// a DNS-1123 subdomain.
 fn is_driver_name(name: &str) -> bool {
     is_bounded_name(name, |b| {
         b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.')
