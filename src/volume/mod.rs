@@ -8,6 +8,7 @@
 
 pub mod capacity;
 mod create;
+mod expand;
 pub mod guard;
 pub mod id;
 mod publish;
