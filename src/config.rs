@@ -1,5 +1,6 @@
 //! Command-line flags for `stickyvol serve`, and the validated configuration derived from them.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
@@ -53,6 +54,10 @@ pub struct ServeArgs {
     /// Maximum number of volumes on this node reported to the scheduler (0: no limit).
     #[arg(long, env = "MAX_VOLUMES_PER_NODE", default_value_t = 0)]
     pub max_volumes_per_node: i64,
+
+    /// Serve Prometheus metrics on http://HOST:PORT/metrics (off unless given).
+    #[arg(long, env = "METRICS_ADDRESS", value_name = "HOST:PORT")]
+    pub metrics_address: Option<SocketAddr>,
 }
 
 /// Validated configuration shared by all services.
@@ -65,6 +70,7 @@ pub struct Config {
     pub driver_name: String,
     pub mode: Mode,
     pub max_volumes_per_node: i64,
+    pub metrics_address: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +126,7 @@ impl Config {
             driver_name: args.driver_name,
             mode: args.mode,
             max_volumes_per_node: args.max_volumes_per_node,
+            metrics_address: args.metrics_address,
         })
     }
 
@@ -127,6 +134,11 @@ impl Config {
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)
     }
+}
+
+/// `<kubelet-dir>/volumes/<driver-name>`: beside kubelet's own state, as the emptyDir-PV idea has it.
+pub fn default_data_dir(kubelet_dir: &Path, driver_name: &str) -> PathBuf {
+    kubelet_dir.join("volumes").join(driver_name)
 }
 
 fn require_absolute(flag: &'static str, path: &Path) -> Result<(), ConfigError> {
@@ -155,25 +167,27 @@ fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, ConfigError> {
 
 /// Kubernetes label value rules: node labels carry the topology segment.
 pub fn is_label_value(value: &str) -> bool {
+    is_bounded_name(value, |b| {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+    })
+}
+
+/// CSI driver names, lowercase: the name also prefixes the topology label key, which must be
+/// a DNS-1123 subdomain.
+fn is_driver_name(name: &str) -> bool {
+    is_bounded_name(name, |b| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.')
+    })
+}
+
+/// 1–63 bytes, alphanumeric at both ends, every byte `allowed`.
+fn is_bounded_name(value: &str, allowed: impl Fn(u8) -> bool) -> bool {
     let bytes = value.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
         && bytes[0].is_ascii_alphanumeric()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-fn is_driver_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+        && bytes.iter().all(|b| allowed(*b))
 }
 
 #[cfg(test)]
@@ -189,6 +203,7 @@ mod tests {
             driver_name: "stickyvol.csi.io".into(),
             mode: Mode::All,
             max_volumes_per_node: 0,
+            metrics_address: None,
         }
     }
 

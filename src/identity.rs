@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
-use crate::csi::plugin_capability::{Service, service};
+use crate::csi::plugin_capability::{Service, VolumeExpansion, service, volume_expansion};
 use crate::csi::{self, identity_server::Identity};
 use crate::driver::Driver;
 
@@ -44,7 +44,7 @@ impl Identity for IdentityService {
         if self.driver.serves_controller() {
             types.insert(0, service::Type::ControllerService);
         }
-        let capabilities = types
+        let mut capabilities: Vec<_> = types
             .into_iter()
             .map(|t| csi::PluginCapability {
                 r#type: Some(csi::plugin_capability::Type::Service(Service {
@@ -52,6 +52,14 @@ impl Identity for IdentityService {
                 })),
             })
             .collect();
+        // NodeExpandVolume works while the volume is published.
+        capabilities.push(csi::PluginCapability {
+            r#type: Some(csi::plugin_capability::Type::VolumeExpansion(
+                VolumeExpansion {
+                    r#type: volume_expansion::Type::Online as i32,
+                },
+            )),
+        });
         Ok(Response::new(csi::GetPluginCapabilitiesResponse {
             capabilities,
         }))

@@ -7,10 +7,12 @@
 
 pub mod config;
 pub mod controller;
+pub mod doctor;
 pub mod driver;
 pub mod error;
 pub mod host;
 pub mod identity;
+pub mod metrics;
 pub mod node;
 pub mod request;
 pub mod server;

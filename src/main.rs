@@ -2,8 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use stickyvol::config::{Config, ServeArgs};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use stickyvol::config::{Config, ServeArgs, default_data_dir};
 use tracing::error;
 use tracing_subscriber::EnvFilter;
 
@@ -34,6 +36,21 @@ enum Command {
     ///
     /// Log verbosity follows RUST_LOG (e.g. RUST_LOG=debug logs every RPC; default: info).
     Serve(ServeArgs),
+    /// Check that this node can run stickyvol; exits non-zero when it cannot.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+struct DoctorArgs {
+    /// Kubelet's root directory (its mount must propagate to kubelet).
+    #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// The data directory to check [default: <kubelet-dir>/volumes/<driver-name>]
+    #[arg(long, env = "DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// CSI driver name (only used to derive the default data directory).
+    #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
+    driver_name: String,
 }
 
 fn init_logging(format: LogFormat) {
@@ -61,6 +78,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
+        Command::Doctor(args) => {
+            let data_dir = args
+                .data_dir
+                .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
+            let (text, fit) =
+                stickyvol::doctor::report(&stickyvol::doctor::run(&args.kubelet_dir, &data_dir));
+            print!("{text}");
+            if fit {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Serve(args) => {
             let config = match Config::from_args(args) {
                 Ok(config) => config,

@@ -106,12 +106,36 @@ impl Node for NodeService {
         }))
     }
 
+    async fn node_expand_volume(
+        &self,
+        request: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        request::required("volume_id", &req.volume_id)?;
+        // Only validated: growing needs the volume, not where kubelet shows it.
+        request::path_beneath(self.kubelet_dir(), "volume_path", &req.volume_path)?;
+        let range = req.capacity_range.ok_or_else(|| {
+            Status::invalid_argument("capacity_range is required to expand a volume")
+        })?;
+        if let Some(cap) = req.volume_capability.as_ref() {
+            request::capability(Some(cap))?;
+        }
+        let id = request::volume_id(&req.volume_id)?;
+        let volumes = self.volumes()?;
+        let capacity_bytes =
+            blocking(move || volumes.expand(&id, range.required_bytes, range.limit_bytes)).await?;
+        Ok(Response::new(csi::NodeExpandVolumeResponse {
+            capacity_bytes,
+        }))
+    }
+
     async fn node_get_capabilities(
         &self,
         _request: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         let capabilities = [
             rpc::Type::GetVolumeStats,
+            rpc::Type::ExpandVolume,
             rpc::Type::VolumeCondition,
             rpc::Type::SingleNodeMultiWriter,
         ]

@@ -23,6 +23,7 @@ use crate::controller::ControllerService;
 use crate::csi;
 use crate::driver::Driver;
 use crate::identity::IdentityService;
+use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
@@ -38,27 +39,40 @@ pub enum ServeError {
     SocketInUse(String),
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("metrics address {address}: {source}")]
+    Metrics {
+        address: std::net::SocketAddr,
+        source: io::Error,
+    },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
 /// Serves until `shutdown` completes, then finishes in-flight calls and removes the socket.
 pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-    let mode = config.mode;
     let socket_path = config.socket_path.clone();
     // Bind before opening the volumes: a live socket means another instance owns the data dir,
     // and our startup recovery must not run beside it.
     let listener = bind(&socket_path)?;
-    let driver = match tokio::task::spawn_blocking(move || Driver::new(config))
-        .await
-        .expect("startup task")
-    {
-        Ok(driver) => Arc::new(driver),
-        Err(err) => {
-            let _ = fs::remove_file(&socket_path);
-            return Err(err.into());
-        }
-    };
+    let result = serve_on(listener, config, shutdown).await;
+    // Ours since bind succeeded, whatever happened after.
+    let _ = fs::remove_file(&socket_path);
+    info!("stopped");
+    result
+}
+
+async fn serve_on(
+    listener: UnixListener,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let mode = config.mode;
+    let socket_path = config.socket_path.clone();
+    let driver = Arc::new(
+        tokio::task::spawn_blocking(move || Driver::new(config))
+            .await
+            .expect("startup task")?,
+    );
     info!(
         socket = %socket_path.display(),
         mode = ?mode,
@@ -70,8 +84,14 @@ pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(csi::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let metrics = Arc::new(Metrics::new());
+    if let Some(address) = driver.config.metrics_address {
+        metrics::serve(address, metrics.clone(), driver.clone())
+            .await
+            .map_err(|source| ServeError::Metrics { address, source })?;
+    }
     let mut router = Server::builder()
-        .layer(RpcLogLayer)
+        .layer(RpcObserverLayer { metrics })
         .add_service(reflection)
         .add_service(csi::identity_server::IdentityServer::new(
             IdentityService::new(driver.clone()),
@@ -86,12 +106,10 @@ pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result
         driver.clone(),
     )));
 
-    let result = router
+    router
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
-    let _ = fs::remove_file(&socket_path);
-    info!("stopped");
-    Ok(result?)
+        .await?;
+    Ok(())
 }
 
 /// Binds the socket, replacing a stale one but never a live one or a non-socket file.
@@ -125,24 +143,30 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     Ok(listener)
 }
 
-/// Logs every RPC once: method, gRPC code, duration, and the error message if any.
-/// Request bodies are never logged (they may carry secrets).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RpcLogLayer;
+/// Observes every RPC once: logs method, gRPC code, duration and the error message if any, and
+/// feeds the metrics. Request bodies are never logged (they may carry secrets).
+#[derive(Debug, Clone)]
+pub struct RpcObserverLayer {
+    metrics: Arc<Metrics>,
+}
 
-impl<S> Layer<S> for RpcLogLayer {
-    type Service = RpcLog<S>;
-    fn layer(&self, inner: S) -> RpcLog<S> {
-        RpcLog { inner }
+impl<S> Layer<S> for RpcObserverLayer {
+    type Service = RpcObserver<S>;
+    fn layer(&self, inner: S) -> RpcObserver<S> {
+        RpcObserver {
+            inner,
+            metrics: self.metrics.clone(),
+        }
     }
 }
 
 #[derive(Debug, Clone)]
-pub struct RpcLog<S> {
+pub struct RpcObserver<S> {
     inner: S,
+    metrics: Arc<Metrics>,
 }
 
-impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for RpcLog<S>
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for RpcObserver<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
     S::Future: Send + 'static,
@@ -165,19 +189,30 @@ where
             .unwrap_or_default()
             .to_string();
         let started = Instant::now();
+        let metrics = self.metrics.clone();
         let response = self.inner.call(request);
         Box::pin(async move {
             let result = response.await;
-            let micros = started.elapsed().as_micros() as u64;
-            match &result {
+            let elapsed = started.elapsed();
+            let micros = elapsed.as_micros() as u64;
+            // Errors travel in the response headers ("trailers-only"); OK answers carry none there.
+            let code = match &result {
                 Ok(response) => match tonic::Status::from_header_map(response.headers()) {
                     Some(status) if status.code() != tonic::Code::Ok => {
-                        warn!(rpc = %method, code = ?status.code(), micros, error = status.message(), "rpc failed")
+                        warn!(rpc = %method, code = ?status.code(), micros, error = status.message(), "rpc failed");
+                        status.code()
                     }
-                    _ => debug!(rpc = %method, micros, "rpc ok"),
+                    _ => {
+                        debug!(rpc = %method, micros, "rpc ok");
+                        tonic::Code::Ok
+                    }
                 },
-                Err(err) => warn!(rpc = %method, micros, error = %err, "rpc transport error"),
-            }
+                Err(err) => {
+                    warn!(rpc = %method, micros, error = %err, "rpc transport error");
+                    tonic::Code::Unknown
+                }
+            };
+            metrics.observe_rpc(&method, code, elapsed.as_secs_f64());
             result
         })
     }

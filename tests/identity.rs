@@ -8,20 +8,28 @@ use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use csi::plugin_capability::service::Type as PluginService;
 
-async fn plugin_services(driver: &TestDriver) -> Vec<PluginService> {
-    let caps = driver
+async fn plugin_capabilities(driver: &TestDriver) -> Vec<csi::plugin_capability::Type> {
+    driver
         .identity()
         .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
         .await
         .expect("GetPluginCapabilities")
         .into_inner()
-        .capabilities;
-    caps.into_iter()
-        .map(|cap| match cap.r#type {
-            Some(csi::plugin_capability::Type::Service(service)) => {
-                PluginService::try_from(service.r#type).expect("known service type")
+        .capabilities
+        .into_iter()
+        .map(|cap| cap.r#type.expect("capability with a type"))
+        .collect()
+}
+
+async fn plugin_services(driver: &TestDriver) -> Vec<PluginService> {
+    plugin_capabilities(driver)
+        .await
+        .into_iter()
+        .filter_map(|cap| match cap {
+            csi::plugin_capability::Type::Service(service) => {
+                Some(PluginService::try_from(service.r#type).expect("known service type"))
             }
-            other => panic!("unexpected plugin capability {other:?}"),
+            csi::plugin_capability::Type::VolumeExpansion(_) => None,
         })
         .collect()
 }
@@ -81,6 +89,17 @@ async fn plugin_capabilities_offer_controller_and_topology() {
     let services = plugin_services(&driver).await;
     assert!(services.contains(&PluginService::ControllerService));
     assert!(services.contains(&PluginService::VolumeAccessibilityConstraints));
+    let online = csi::plugin_capability::volume_expansion::Type::Online as i32;
+    assert!(
+        plugin_capabilities(&driver)
+            .await
+            .iter()
+            .any(|cap| matches!(
+                cap,
+                csi::plugin_capability::Type::VolumeExpansion(e) if e.r#type == online
+            )),
+        "online volume expansion is claimed"
+    );
 }
 
 #[tokio::test]
@@ -118,8 +137,9 @@ async fn controller_mode_claims_no_volume_work() {
         ))
         .await;
     expect_code(create, Code::Unimplemented);
-    // csi-resizer reads NodeGetCapabilities on this socket to pick its trivial resizer.
-    assert!(node_rpcs(&driver).await.contains(&NodeRpc::GetVolumeStats));
+    // csi-resizer reads NodeGetCapabilities on this socket: EXPAND_VOLUME there (and none on
+    // the controller) makes it use its trivial resizer, leaving expansion to the node.
+    assert!(node_rpcs(&driver).await.contains(&NodeRpc::ExpandVolume));
     let probe = driver.identity().probe(csi::ProbeRequest {}).await;
     assert_eq!(probe.expect("Probe").into_inner().ready, Some(true));
     assert!(
@@ -160,6 +180,7 @@ async fn node_capabilities_and_info() {
     let rpcs = node_rpcs(&driver).await;
     for wanted in [
         NodeRpc::GetVolumeStats,
+        NodeRpc::ExpandVolume,
         NodeRpc::VolumeCondition,
         NodeRpc::SingleNodeMultiWriter,
     ] {

@@ -122,6 +122,69 @@ pub fn mount_flags(path: &Path) -> io::Result<FsFlags> {
     Ok(statvfs(path)?.flags())
 }
 
+/// Filesystems whose size-enforcement and copy-on-write features matter to us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsKind {
+    Btrfs,
+    Xfs,
+    Ext4,
+    Tmpfs,
+    Overlay,
+    Other(i64),
+}
+
+impl FsKind {
+    pub fn name(self) -> String {
+        match self {
+            FsKind::Btrfs => "btrfs".into(),
+            FsKind::Xfs => "xfs".into(),
+            FsKind::Ext4 => "ext4".into(),
+            FsKind::Tmpfs => "tmpfs".into(),
+            FsKind::Overlay => "overlay".into(),
+            FsKind::Other(magic) => format!("unknown (magic {magic:#x})"),
+        }
+    }
+}
+
+/// The type of the filesystem holding `path` (statfs f_type).
+pub fn filesystem_kind(path: &Path) -> io::Result<FsKind> {
+    use nix::sys::statfs::{
+        BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, OVERLAYFS_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC,
+        statfs,
+    };
+    let kind = statfs(path)?.filesystem_type();
+    Ok(match kind {
+        k if k == BTRFS_SUPER_MAGIC => FsKind::Btrfs,
+        k if k == XFS_SUPER_MAGIC => FsKind::Xfs,
+        k if k == EXT4_SUPER_MAGIC => FsKind::Ext4,
+        k if k == TMPFS_MAGIC => FsKind::Tmpfs,
+        k if k == OVERLAYFS_SUPER_MAGIC => FsKind::Overlay,
+        other => FsKind::Other(other.0),
+    })
+}
+
+/// Whether files in `dir` can share extents (FICLONE), probed with two scratch files.
+pub fn supports_reflink(dir: &Path) -> io::Result<bool> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    // _IOW(0x94, 9, int) from linux/fs.h.
+    const FICLONE: libc::c_ulong = 0x4004_9409;
+    let source_path = dir.join(format!(".reflink-probe-{}", std::process::id()));
+    let clone_path = dir.join(format!(".reflink-probe-{}.clone", std::process::id()));
+    let result = (|| {
+        let mut source = std::fs::File::create(&source_path)?;
+        source.write_all(&[0u8; 4096])?;
+        source.sync_all()?;
+        let clone = std::fs::File::create(&clone_path)?;
+        // SAFETY: both descriptors are open; FICLONE takes the source fd as its argument.
+        let rc = unsafe { libc::ioctl(clone.as_raw_fd(), FICLONE, source.as_raw_fd()) };
+        Ok(rc == 0)
+    })();
+    let _ = std::fs::remove_file(&source_path);
+    let _ = std::fs::remove_file(&clone_path);
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +206,23 @@ mod tests {
         assert!(lstat(&link).unwrap().is_symlink());
         assert_eq!(lstat_if_exists(&dir.path().join("missing")).unwrap(), None);
     }
+
+    #[test]
+    fn filesystem_kind_and_reflink_probe_answer() {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let kind = filesystem_kind(dir.path()).unwrap();
+        assert!(!kind.name().is_empty());
+        supports_reflink(dir.path()).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "probe files left behind"
+        );
+        assert_eq!(FICLONE_FOR_TEST, 0x4004_9409);
+    }
+
+    // FICLONE = _IOW(0x94, 9, int): direction write (1) << 30 | size 4 << 16 | type 0x94 << 8 | nr 9.
+    const FICLONE_FOR_TEST: u64 = (1 << 30) | (4 << 16) | (0x94 << 8) | 9;
 
     #[test]
     fn space_reports_something_plausible() {

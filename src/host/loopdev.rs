@@ -536,10 +536,15 @@ mod tests {
     // ---- tests against real loop devices (need root) ----
 
     /// Detaches on drop so a failing assert does not leak a device.
-    struct Attached(LoopDevice);
+    /// A device attached by a test and the (canonical) file it serves.
+    struct Attached(LoopDevice, PathBuf);
 
     impl Drop for Attached {
         fn drop(&mut self) {
+            // A test may have detached it already, and a parallel test may own the number now.
+            if backing_file(&self.0).ok().flatten().as_ref() != Some(&self.1) {
+                return;
+            }
             if let Err(e) = detach(&self.0) {
                 eprintln!("could not detach {}: {e}", self.0.name());
             }
@@ -556,7 +561,7 @@ mod tests {
             started.elapsed(),
             uses_direct_io(&dev).ok()
         );
-        Attached(dev)
+        Attached(dev, file.canonicalize().expect("canonical backing file"))
     }
 
     fn have_root() -> bool {
@@ -749,7 +754,7 @@ mod tests {
                     let barrier = Arc::clone(&barrier);
                     scope.spawn(move || {
                         barrier.wait();
-                        attach(&file, false).map(Attached)
+                        attach(&file, false).map(|dev| Attached(dev, file.canonicalize().unwrap()))
                     })
                 })
                 .collect();

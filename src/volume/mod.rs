@@ -8,6 +8,7 @@
 
 pub mod capacity;
 mod create;
+mod expand;
 pub mod guard;
 pub mod id;
 mod publish;
@@ -70,6 +71,15 @@ pub struct Condition {
     pub message: String,
 }
 
+/// How many volumes of one kind and publication state exist, and their summed capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CensusEntry {
+    pub kind: VolumeKind,
+    pub published: bool,
+    pub count: usize,
+    pub capacity_bytes: i64,
+}
+
 /// All volumes of this node.
 #[derive(Debug)]
 pub struct Volumes {
@@ -121,6 +131,33 @@ impl Volumes {
 
     pub fn count(&self) -> usize {
         self.store.len()
+    }
+
+    /// Volumes by kind and by whether they have publications, from the records alone (no host
+    /// access, so cheap enough for every metrics scrape). Every combination is listed, zeros too.
+    pub fn census(&self) -> Vec<CensusEntry> {
+        let mut entries: Vec<CensusEntry> = [VolumeKind::Filesystem, VolumeKind::Block]
+            .into_iter()
+            .flat_map(|kind| {
+                [false, true].map(|published| CensusEntry {
+                    kind,
+                    published,
+                    count: 0,
+                    capacity_bytes: 0,
+                })
+            })
+            .collect();
+        for record in self.store.all() {
+            let published = !record.publications.is_empty();
+            if let Some(entry) = entries
+                .iter_mut()
+                .find(|e| e.kind == record.kind && e.published == published)
+            {
+                entry.count += 1;
+                entry.capacity_bytes += record.capacity_bytes;
+            }
+        }
+        entries
     }
 
     /// The record of a volume that must exist (NOT_FOUND otherwise).

@@ -200,10 +200,14 @@ impl Volumes {
                 data.display()
             )));
         }
+        let mut created = false;
         match fsstat::lstat_if_exists(target)
             .context(|| format!("inspecting {}", target.display()))?
         {
-            None => fs::create_dir(target).context(|| format!("creating {}", target.display()))?,
+            None => {
+                fs::create_dir(target).context(|| format!("creating {}", target.display()))?;
+                created = true;
+            }
             Some(stat) if stat.is_dir() && stat.is_mount_root => {
                 if !stat.same_file(&source) {
                     return Err(Error::AlreadyExists(format!(
@@ -228,8 +232,13 @@ impl Volumes {
                 )));
             }
         }
-        mount::bind(data, target, flags)
-            .context(|| format!("bind-mounting volume {id} at {}", target.display()))
+        let mounted = mount::bind(data, target, flags)
+            .context(|| format!("bind-mounting volume {id} at {}", target.display()));
+        if mounted.is_err() && created {
+            // A failed publish leaves nothing behind for kubelet to trip over.
+            let _ = fs::remove_dir(target);
+        }
+        mounted
     }
 
     fn publish_device(
@@ -266,7 +275,7 @@ impl Volumes {
         };
         wanted.loop_device = Some(device.name().to_string());
         // Any failure from here on must not leave the device we may just have attached behind.
-        if let Err(err) = link_device(&target, &device) {
+        if let Err(err) = link_device(&target, &device, data) {
             self.release_device_if_unused(record, &device, &target);
             return Err(err);
         }
@@ -386,19 +395,28 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
     Ok(())
 }
 
-/// Makes `target` a symlink to `device`, replacing an empty placeholder; Ok if it already is one.
-fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
+/// Makes `target` a symlink to `device`, replacing an empty placeholder or a stale link; Ok if
+/// it already is one.
+fn link_device(target: &Path, device: &loopdev::LoopDevice, data: &Path) -> Result<()> {
     match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
         Some(stat) if stat.is_symlink() => {
-            if fs::read_link(target).ok() == Some(device.path()) {
+            let link = fs::read_link(target).ok();
+            if link.as_ref() == Some(&device.path()) {
                 return Ok(());
             }
-            return Err(Error::AlreadyExists(format!(
-                "target {} already links to another device",
-                target.display()
-            )));
+            if let Some((other, file)) = link.as_deref().and_then(live_device_elsewhere(data)) {
+                return Err(Error::AlreadyExists(format!(
+                    "target {} already links to {}, which serves {}",
+                    target.display(),
+                    other.display(),
+                    file.display()
+                )));
+            }
+            // A link left by an earlier life, e.g. before a reboot renumbered the devices.
+            fs::remove_file(target)
+                .context(|| format!("replacing the stale link {}", target.display()))?;
         }
-        // A placeholder some COs create (csi-sanity makes a directory): replace it.
+        // A placeholder a CO may have created (an empty directory or file): replace it.
         Some(stat) if stat.is_dir() && !stat.is_mount_root => {
             fs::remove_dir(target)
                 .context(|| format!("replacing the directory {}", target.display()))?;
@@ -459,6 +477,15 @@ fn is_bind_of(target: &Stat, data: &Path) -> io::Result<bool> {
         return Ok(false);
     }
     Ok(fsstat::lstat_if_exists(data)?.is_some_and(|source| source.same_file(target)))
+}
+
+/// For a link to a loop device that serves another file than `data`: (device, its file).
+fn live_device_elsewhere(data: &Path) -> impl Fn(&Path) -> Option<(PathBuf, PathBuf)> + '_ {
+    move |link| {
+        let device = loopdev::LoopDevice::from_path(link)?;
+        let file = loopdev::backing_file(&device).ok()??;
+        (!device_backs(&device, data)).then(|| (device.path(), file))
+    }
 }
 
 /// Whether `device` is attached to `data`. A file deleted while attached still counts (the

@@ -1,0 +1,340 @@
+//! `stickyvol doctor`: checks that a node can run the driver and says why not.
+//!
+//! Run by hand or as the DaemonSet's init container, so a broken node explains itself in
+//! `kubectl logs`. Each check is ok, a warning (something will be missing) or a failure (the
+//! driver cannot work here); any failure makes the exit status non-zero.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::host::fsstat::{self, FsKind};
+use crate::host::mountinfo::{self, MountEntry};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub outcome: Outcome,
+    pub what: String,
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tag = match self.outcome {
+            Outcome::Ok => "[ok]  ",
+            Outcome::Warn => "[warn]",
+            Outcome::Fail => "[FAIL]",
+        };
+        write!(f, "{tag} {}", self.what)
+    }
+}
+
+fn check(outcome: Outcome, what: impl Into<String>) -> Check {
+    Check {
+        outcome,
+        what: what.into(),
+    }
+}
+
+/// Runs every check; nothing is created or changed except two scratch files for the reflink probe.
+pub fn run(kubelet_dir: &Path, data_dir: &Path) -> Vec<Check> {
+    let mounts = mountinfo::read_self();
+    let mut checks = vec![privileges(), mount_roots(), loop_control()];
+    checks.extend(data_directory(data_dir, mounts.as_deref().ok()));
+    checks.push(match &mounts {
+        Ok(mounts) => propagation(kubelet_dir, mounts),
+        Err(err) => check(
+            Outcome::Fail,
+            format!("cannot read /proc/self/mountinfo: {err}"),
+        ),
+    });
+    checks
+}
+
+/// The report as printed, and whether the node is fit (no failure).
+pub fn report(checks: &[Check]) -> (String, bool) {
+    let failures = checks.iter().filter(|c| c.outcome == Outcome::Fail).count();
+    let mut text = String::from("stickyvol doctor\n");
+    for c in checks {
+        text.push_str(&format!("  {c}\n"));
+    }
+    if failures == 0 {
+        text.push_str("result: this node can run stickyvol\n");
+    } else {
+        text.push_str(&format!(
+            "result: this node cannot run stickyvol ({failures} failed check{})\n",
+            if failures == 1 { "" } else { "s" }
+        ));
+    }
+    (text, failures == 0)
+}
+
+fn privileges() -> Check {
+    if nix::unistd::geteuid().is_root() {
+        check(
+            Outcome::Ok,
+            "running as root (mount(2) and loop devices need it)",
+        )
+    } else {
+        check(
+            Outcome::Fail,
+            "not running as root: bind mounts and loop devices need root (a privileged container)",
+        )
+    }
+}
+
+fn mount_roots() -> Check {
+    match fsstat::lstat(Path::new("/")) {
+        Ok(_) => check(
+            Outcome::Ok,
+            "kernel reports mount points through statx (Linux 5.8+)",
+        ),
+        Err(err) => check(
+            Outcome::Fail,
+            format!("kernel cannot report mount points through statx: {err}"),
+        ),
+    }
+}
+
+fn loop_control() -> Check {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+    {
+        Ok(_) => check(Outcome::Ok, "/dev/loop-control is usable (block volumes)"),
+        Err(err) => check(
+            Outcome::Warn,
+            format!(
+                "/dev/loop-control is not usable ({err}): block volumes will fail; mount /dev into the container and load the loop module"
+            ),
+        ),
+    }
+}
+
+fn data_directory(data_dir: &Path, mounts: Option<&[MountEntry]>) -> Vec<Check> {
+    // The driver creates the data dir at start; before that, judge the nearest existing ancestor.
+    let existing = nearest_existing(data_dir);
+    let mut checks = Vec::new();
+    let writable = nix::unistd::access(&existing, nix::unistd::AccessFlags::W_OK).is_ok();
+    let space = fsstat::space(&existing);
+    match (&space, writable) {
+        (Ok(space), true) if !space.read_only && space.available_bytes == 0 => checks.push(check(
+            Outcome::Fail,
+            format!(
+                "data directory {} has no free space",
+                shown(data_dir, &existing)
+            ),
+        )),
+        (Ok(space), true) if !space.read_only => checks.push(check(
+            Outcome::Ok,
+            format!(
+                "data directory {} is writable ({} of {} bytes free)",
+                shown(data_dir, &existing),
+                space.available_bytes,
+                space.total_bytes
+            ),
+        )),
+        (Ok(_), _) => checks.push(check(
+            Outcome::Fail,
+            format!(
+                "data directory {} is not writable",
+                shown(data_dir, &existing)
+            ),
+        )),
+        (Err(err), _) => checks.push(check(
+            Outcome::Fail,
+            format!("data directory {}: {err}", shown(data_dir, &existing)),
+        )),
+    }
+    let kind = match fsstat::filesystem_kind(&existing) {
+        Ok(kind) => kind,
+        Err(err) => {
+            checks.push(check(
+                Outcome::Warn,
+                format!("cannot tell the data directory's filesystem: {err}"),
+            ));
+            return checks;
+        }
+    };
+    let super_options = mounts
+        .and_then(|m| containing_mount(m, &existing))
+        .map(|m| m.super_options.clone())
+        .unwrap_or_default();
+    checks.push(check(
+        Outcome::Ok,
+        format!(
+            "data directory filesystem: {}; size enforcement it offers: {}",
+            kind.name(),
+            size_enforcement(kind, &super_options)
+        ),
+    ));
+    match kind {
+        FsKind::Tmpfs => checks.push(check(
+            Outcome::Warn,
+            "the data directory is on tmpfs: volumes do not survive a node reboot",
+        )),
+        FsKind::Overlay => checks.push(check(
+            Outcome::Warn,
+            "the data directory is on overlayfs (a container's own layer?): mount a host directory there",
+        )),
+        _ => {}
+    }
+    let cow = match kind {
+        FsKind::Btrfs => "yes (btrfs snapshots and reflinks)".to_string(),
+        _ => match fsstat::supports_reflink(&existing) {
+            Ok(true) => "yes (reflink copies)".to_string(),
+            Ok(false) => "no".to_string(),
+            Err(err) => format!("unknown ({err})"),
+        },
+    };
+    checks.push(check(
+        Outcome::Ok,
+        format!("copy-on-write on the data directory: {cow}"),
+    ));
+    checks
+}
+
+fn size_enforcement(kind: FsKind, super_options: &str) -> &'static str {
+    let has = |opt: &str| super_options.split(',').any(|o| o == opt);
+    match kind {
+        FsKind::Btrfs => "btrfs qgroups (subvolume per volume)",
+        FsKind::Xfs if has("prjquota") || has("pquota") => "XFS project quotas",
+        FsKind::Xfs => "none (mount with prjquota for project quotas)",
+        FsKind::Ext4 if has("prjquota") => "ext4 project quotas",
+        FsKind::Ext4 => "none (needs the project feature and the prjquota mount option)",
+        _ => "none",
+    }
+}
+
+/// Bind mounts the driver makes under the kubelet dir must reach kubelet and the pods: the
+/// kubelet dir's mount must be shared (in a container: mountPropagation Bidirectional).
+fn propagation(kubelet_dir: &Path, mounts: &[MountEntry]) -> Check {
+    let existing = nearest_existing(kubelet_dir);
+    let Some(mount) = containing_mount(mounts, &existing) else {
+        return check(
+            Outcome::Fail,
+            format!("no mount contains {}", existing.display()),
+        );
+    };
+    if mount
+        .optional_fields
+        .iter()
+        .any(|f| f.starts_with("shared:"))
+    {
+        check(
+            Outcome::Ok,
+            format!(
+                "kubelet directory {} is on a shared mount ({}): mounts propagate to kubelet",
+                kubelet_dir.display(),
+                mount.mount_point.display()
+            ),
+        )
+    } else {
+        check(
+            Outcome::Fail,
+            format!(
+                "kubelet directory {} is on a private mount ({}): volumes would not reach pods; \
+                 mount it with mountPropagation: Bidirectional (and make it shared on the host)",
+                kubelet_dir.display(),
+                mount.mount_point.display()
+            ),
+        )
+    }
+}
+
+/// The mount that holds `path`: the deepest mount point above it, the last mounted on ties.
+fn containing_mount<'a>(mounts: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .fold(None, |best: Option<&MountEntry>, m| match best {
+            Some(b) if b.mount_point.components().count() > m.mount_point.components().count() => {
+                Some(b)
+            }
+            _ => Some(m),
+        })
+}
+
+fn nearest_existing(path: &Path) -> PathBuf {
+    path.ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf()
+}
+
+fn shown(wanted: &Path, existing: &Path) -> String {
+    if wanted == existing {
+        wanted.display().to_string()
+    } else {
+        format!(
+            "{} (not created yet; checked {})",
+            wanted.display(),
+            existing.display()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(mount_point: &str, optional: &[&str]) -> MountEntry {
+        MountEntry {
+            mount_id: 1,
+            parent_id: 0,
+            major: 0,
+            minor: 0,
+            root: "/".into(),
+            mount_point: mount_point.into(),
+            mount_options: "rw".into(),
+            optional_fields: optional.iter().map(|s| s.to_string()).collect(),
+            fs_type: "ext4".into(),
+            source: "/dev/x".into(),
+            super_options: "rw".into(),
+        }
+    }
+
+    #[test]
+    fn the_deepest_latest_mount_contains_a_path() {
+        let mounts = vec![
+            entry("/", &["shared:1"]),
+            entry("/var", &[]),
+            entry("/var", &["shared:7"]),
+        ];
+        let found =
+            containing_mount(&mounts, Path::new("/var/lib/kubelet-does-not-exist")).unwrap();
+        assert_eq!(found.optional_fields, vec!["shared:7"]);
+        assert_eq!(
+            propagation(Path::new("/var/x"), &mounts).outcome,
+            Outcome::Ok
+        );
+        let private = vec![entry("/", &[])];
+        assert_eq!(
+            propagation(Path::new("/var/x"), &private).outcome,
+            Outcome::Fail
+        );
+    }
+
+    #[test]
+    fn size_enforcement_follows_filesystem_and_options() {
+        assert!(size_enforcement(FsKind::Xfs, "rw,prjquota").contains("project"));
+        assert!(size_enforcement(FsKind::Xfs, "rw").starts_with("none"));
+        assert!(size_enforcement(FsKind::Btrfs, "rw").contains("qgroups"));
+    }
+
+    #[test]
+    fn failures_make_the_report_unfit() {
+        let (_, fit) = report(&[check(Outcome::Ok, "a"), check(Outcome::Warn, "b")]);
+        assert!(fit);
+        let (text, fit) = report(&[check(Outcome::Fail, "c")]);
+        assert!(!fit);
+        assert!(text.contains("[FAIL] c"));
+    }
+}
