@@ -533,6 +533,8 @@ async fn delete_refuses_to_cross_a_planted_mount() {
     let volume = driver.create_fs_volume().await;
     let planted = host_path(&volume).join("a/mnt");
     fs::create_dir_all(&planted).unwrap();
+    let sibling = host_path(&volume).join("a/sibling");
+    fs::write(&sibling, b"volume data").unwrap();
     nix::mount::mount(
         Some(&outside),
         &planted,
@@ -548,6 +550,11 @@ async fn delete_refuses_to_cross_a_planted_mount() {
     unmounted.expect("removing the planted mount");
     assert_eq!(fs::read(outside.join("precious")).unwrap(), b"keep");
     assert_eq!(driver.list_all().await.len(), 1, "the volume still exists");
+    assert_eq!(
+        fs::read(&sibling).unwrap(),
+        b"volume data",
+        "a refused delete removes nothing, not half the volume"
+    );
     // With the mount gone, the delete can finish.
     driver
         .delete(&volume.volume_id)

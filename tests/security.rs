@@ -198,6 +198,57 @@ async fn a_second_driver_on_a_live_socket_refuses_and_touches_nothing() {
 }
 
 #[tokio::test]
+async fn a_second_driver_on_the_same_data_dir_refuses_whatever_its_socket() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    let in_flight = driver.data.join("volumes").join(unknown_volume_id());
+    fs::create_dir(&in_flight).unwrap();
+    let other_socket = driver.root.join("other.sock");
+    let log = fs::File::create(driver.root.join("second.log")).unwrap();
+
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+        .arg("serve")
+        .arg(format!("--endpoint=unix://{}", other_socket.display()))
+        .arg(format!("--node-id={NODE_ID}"))
+        .arg(format!("--kubelet-dir={}", driver.kubelet.display()))
+        .arg(format!("--data-dir={}", driver.data.display()))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let status = match wait_bounded(&mut second, Duration::from_secs(10)).await {
+        Some(status) => status,
+        None => {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second driver kept running on a data directory in use");
+        }
+    };
+    assert!(!status.success());
+    let second_log = fs::read_to_string(driver.root.join("second.log")).unwrap();
+    assert!(
+        second_log.contains("another stickyvol instance is using the data directory"),
+        "{second_log}"
+    );
+    assert!(
+        in_flight.is_dir(),
+        "the refused instance ran startup recovery"
+    );
+    assert!(
+        !other_socket.exists(),
+        "the refused instance left its socket"
+    );
+    assert_eq!(
+        driver.list_all().await[0]
+            .volume
+            .as_ref()
+            .unwrap()
+            .volume_id,
+        volume.volume_id
+    );
+}
+
+#[tokio::test]
 async fn volume_ids_never_become_paths() {
     let driver = TestDriver::start().await;
     let victim = driver.data.join("victim");

@@ -20,7 +20,7 @@ use super::record::{AccessMode, VolumeKind, VolumeRecord};
 use super::store::sync_dir;
 use super::{Volumes, set_mode};
 use crate::error::{Error, IoContext, Result};
-use crate::host::{loopdev, safe_delete, tree::WalkError};
+use crate::host::{loopdev, mountinfo, safe_delete, tree::WalkError};
 
 /// A validated CreateVolume request.
 #[derive(Debug, Clone)]
@@ -135,6 +135,16 @@ impl Volumes {
                 })?;
             }
         }
+        // Refuse before removing anything: a mount found midway would leave a half-deleted volume.
+        let mounts =
+            mountinfo::read_self().context(|| "reading /proc/self/mountinfo".to_string())?;
+        if let Some(mount) = mountinfo::mounts_at_or_under(&mounts, &path).next() {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} has a mount at {}; refusing to delete across it",
+                mount.mount_point.display()
+            )));
+        }
+        // The walk re-checks every directory: a mount made after the look above stops it there.
         safe_delete::remove_all(&path).map_err(|err| match err {
             WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
                 "volume {id} contains a mount point at {}; refusing to delete across it",

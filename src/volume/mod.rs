@@ -18,6 +18,8 @@ pub mod stats;
 pub mod store;
 
 use std::fs;
+
+use nix::fcntl::{Flock, FlockArg};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -83,6 +85,8 @@ pub struct CensusEntry {
 /// All volumes of this node.
 #[derive(Debug)]
 pub struct Volumes {
+    /// Held for our lifetime: one driver per data directory, whatever socket it serves.
+    _lock: Flock<fs::File>,
     layout: Layout,
     kubelet_dir: PathBuf,
     store: Store,
@@ -106,12 +110,14 @@ impl Volumes {
         let kubelet_dir = kubelet_dir
             .canonicalize()
             .context(|| format!("resolving {}", kubelet_dir.display()))?;
+        let lock = lock_data_dir(&data_dir)?;
         let layout = Layout::new(&data_dir);
         fs::create_dir_all(&layout.volumes)
             .context(|| format!("creating {}", layout.volumes.display()))?;
         let (store, report) = Store::open(&layout.state)
             .context(|| format!("loading records from {}", layout.state.display()))?;
         let volumes = Volumes {
+            _lock: lock,
             layout,
             kubelet_dir,
             store,
@@ -253,6 +259,28 @@ impl Volumes {
         self.guards
             .acquire(format!("volume:{id}"), &format!("volume {id}"))
     }
+}
+
+/// Takes `<data-dir>/.lock`, or fails naming the reason: two drivers reconciling one data
+/// directory would undo each other's work (e.g. remove a create in progress as an orphan).
+fn lock_data_dir(data_dir: &Path) -> Result<Flock<fs::File>> {
+    let path = data_dir.join(".lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .context(|| format!("opening {}", path.display()))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        if errno == nix::errno::Errno::EWOULDBLOCK {
+            Error::FailedPrecondition(format!(
+                "another stickyvol instance is using the data directory {}",
+                data_dir.display()
+            ))
+        } else {
+            Error::host(format!("locking {}", path.display()), errno.into())
+        }
+    })
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<()> {

@@ -87,12 +87,14 @@ impl Volumes {
             }
         };
         for (device, file) in attached {
+            // A file deleted while attached is reported as "<path> (deleted)".
+            let name = file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let name = name.strip_suffix(" (deleted)").unwrap_or(name);
             let ours = file.parent() == Some(self.layout.volumes.as_path())
-                && file
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(super::Layout::id_of_data_entry)
-                    .is_some();
+                && super::Layout::id_of_data_entry(name).is_some();
             if !ours || in_use.contains(device.name()) {
                 continue;
             }
