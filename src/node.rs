@@ -117,13 +117,22 @@ impl Node for NodeService {
         let range = req.capacity_range.ok_or_else(|| {
             Status::invalid_argument("capacity_range is required to expand a volume")
         })?;
-        if let Some(cap) = req.volume_capability.as_ref() {
-            request::capability(Some(cap))?;
+        // CSI: neither bound may be negative (CreateVolume refuses them the same way).
+        if range.required_bytes < 0 || range.limit_bytes < 0 {
+            return Err(Status::invalid_argument(format!(
+                "capacity_range must not be negative (required_bytes {}, limit_bytes {})",
+                range.required_bytes, range.limit_bytes
+            )));
         }
+        let kind = match req.volume_capability.as_ref() {
+            Some(cap) => Some(request::capability(Some(cap))?.kind),
+            None => None,
+        };
         let id = request::volume_id(&req.volume_id)?;
         let volumes = self.volumes()?;
         let capacity_bytes =
-            blocking(move || volumes.expand(&id, range.required_bytes, range.limit_bytes)).await?;
+            blocking(move || volumes.expand(&id, kind, range.required_bytes, range.limit_bytes))
+                .await?;
         Ok(Response::new(csi::NodeExpandVolumeResponse {
             capacity_bytes,
         }))

@@ -800,29 +800,16 @@ async fn list_volumes_reports_the_publishing_node() {
 
 // ---- ControllerGetVolume ----
 
-async fn get_volume(
-    driver: &TestDriver,
-    volume_id: &str,
-) -> Result<csi::ControllerGetVolumeResponse, Status> {
-    driver
-        .controller()
-        .controller_get_volume(csi::ControllerGetVolumeRequest {
-            volume_id: volume_id.into(),
-        })
-        .await
-        .map(tonic::Response::into_inner)
-}
-
 #[tokio::test]
 async fn controller_get_volume_reports_condition() {
     let driver = TestDriver::start().await;
     for id in [unknown_volume_id(), "fake-vol-id".into()] {
-        expect_code(get_volume(&driver, &id).await, Code::NotFound);
+        expect_code(driver.get_volume(&id).await, Code::NotFound);
     }
-    expect_code(get_volume(&driver, "").await, Code::InvalidArgument);
+    expect_code(driver.get_volume("").await, Code::InvalidArgument);
 
     let volume = driver.create_fs_volume().await;
-    let response = get_volume(&driver, &volume.volume_id).await.unwrap();
+    let response = driver.get_volume(&volume.volume_id).await.unwrap();
     assert_eq!(response.volume.as_ref(), Some(&volume));
     let status = response.status.expect("status");
     assert!(status.published_node_ids.is_empty());
@@ -831,7 +818,8 @@ async fn controller_get_volume_reports_condition() {
 
     // Someone removes the data behind the driver's back.
     fs::remove_dir(host_path(&volume)).unwrap();
-    let condition = get_volume(&driver, &volume.volume_id)
+    let condition = driver
+        .get_volume(&volume.volume_id)
         .await
         .unwrap()
         .status
@@ -842,7 +830,7 @@ async fn controller_get_volume_reports_condition() {
     assert!(!condition.message.is_empty());
     // Deleting such a volume still works.
     driver.delete(&volume.volume_id).await.unwrap();
-    expect_code(get_volume(&driver, &volume.volume_id).await, Code::NotFound);
+    expect_code(driver.get_volume(&volume.volume_id).await, Code::NotFound);
 }
 
 // ---- GetCapacity ----

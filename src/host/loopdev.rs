@@ -542,7 +542,14 @@ mod tests {
     impl Drop for Attached {
         fn drop(&mut self) {
             // A test may have detached it already, and a parallel test may own the number now.
-            if backing_file(&self.0).ok().flatten().as_ref() != Some(&self.1) {
+            // A test may also have deleted the file: the kernel then appends " (deleted)".
+            let mut deleted = self.1.clone().into_os_string();
+            deleted.push(" (deleted)");
+            let ours = backing_file(&self.0)
+                .ok()
+                .flatten()
+                .is_some_and(|b| b == self.1 || b.as_os_str() == deleted);
+            if !ours {
                 return;
             }
             if let Err(e) = detach(&self.0) {

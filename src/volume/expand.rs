@@ -16,9 +16,22 @@ use crate::host::loopdev;
 
 impl Volumes {
     /// Grows volume `id` to the size `required`/`limit` asks for; returns its capacity.
-    pub fn expand(&self, id: &VolumeId, required: i64, limit: i64) -> Result<i64> {
+    /// `kind` is the access type the caller believes the volume has, if it said.
+    pub fn expand(
+        &self,
+        id: &VolumeId,
+        kind: Option<VolumeKind>,
+        required: i64,
+        limit: i64,
+    ) -> Result<i64> {
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
+        if kind.is_some_and(|kind| kind != record.kind) {
+            return Err(Error::InvalidArgument(format!(
+                "volume {id} is a {} volume; the capability given is not",
+                record.kind.as_str()
+            )));
+        }
         let current = record.capacity_bytes;
         if limit != 0 && limit < current {
             return Err(Error::OutOfRange(format!(

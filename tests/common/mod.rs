@@ -5,20 +5,30 @@
 //! direct I/O works), so tests run in parallel and in any order. Dropping a [`TestDriver`] kills
 //! the driver, unmounts everything under its temp dir, detaches every loop device backed by a
 //! file in it and removes it, also when the test panicked (then the driver log is printed).
+//!
+//! Submodules: `scrape` (HTTP GET and Prometheus text parsing for the metrics server),
+//! `doctor` (running `stickyvol doctor` and reading its report), `mounts` (scratch tmpfs mounts
+//! with chosen flags and propagation, unmounted on drop).
 
 // Each test binary uses a different subset of the helpers.
 #![allow(dead_code)]
+
+pub mod doctor;
+pub mod mounts;
+pub mod scrape;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
 use std::future::Future;
-use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use scrape::{Exposition, HttpResponse, http_get};
 pub use stickyvol::csi;
 use stickyvol::csi::controller_client::ControllerClient;
 use stickyvol::csi::identity_client::IdentityClient;
@@ -29,6 +39,7 @@ use stickyvol::host::mountinfo::{self, MountEntry};
 use tempfile::TempDir;
 use tonic::transport::{Channel, Endpoint};
 pub use tonic::{Code, Status};
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 
 pub const NODE_ID: &str = "test-node";
 pub const DRIVER_NAME: &str = "stickyvol.csi.io";
@@ -41,6 +52,9 @@ pub const SIZE: i64 = 16 * MIB;
 /// How long the driver may take to start serving or to stop on SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Fresh ports [`TestDriver::start_with_metrics`] tries when another process takes the one it
+/// picked before the driver binds it.
+const METRICS_PORT_ATTEMPTS: usize = 5;
 
 /// Environment variables the driver reads as flag defaults: a CI environment must not leak in.
 const DRIVER_ENV: &[&str] = &[
@@ -51,6 +65,7 @@ const DRIVER_ENV: &[&str] = &[
     "DRIVER_NAME",
     "STICKYVOL_MODE",
     "MAX_VOLUMES_PER_NODE",
+    "METRICS_ADDRESS",
     "LOG_FORMAT",
     "RUST_LOG",
 ];
@@ -63,6 +78,9 @@ pub struct Options {
     pub max_volumes_per_node: Option<i64>,
     /// RUST_LOG for the driver; "info" when None.
     pub rust_log: Option<&'static str>,
+    /// `--metrics-address`; metrics are off when None. [`TestDriver::start_with_metrics`]
+    /// picks a free port itself.
+    pub metrics_address: Option<SocketAddr>,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -90,6 +108,29 @@ impl TestDriver {
         let mut driver = Self::prepare(options);
         driver.start_again().await;
         driver
+    }
+
+    /// Starts a driver that also serves metrics on a free port of 127.0.0.1
+    /// ([`TestDriver::metrics_address`]). The port is found by binding port 0 and letting it
+    /// go, so another process may take it before the driver binds it: then another port is
+    /// tried, in a fresh test directory.
+    pub async fn start_with_metrics(mut options: Options) -> TestDriver {
+        for _ in 0..METRICS_PORT_ATTEMPTS {
+            let address = free_local_address();
+            options.metrics_address = Some(address);
+            let mut driver = Self::prepare(options.clone());
+            let Err(status) = driver.try_start_again().await else {
+                return driver;
+            };
+            let log = driver.log_text();
+            if !(log.contains(&format!("metrics address {address}"))
+                && log.contains("Address already in use"))
+            {
+                panic!("stickyvol exited with {status} before serving; log:\n{log}");
+            }
+            eprintln!("port of {address} taken before the driver bound it; trying another");
+        }
+        panic!("no free metrics port in {METRICS_PORT_ATTEMPTS} attempts");
     }
 
     /// Creates the directories (kubelet dir included) but does not start the driver, so a test
@@ -132,6 +173,9 @@ impl TestDriver {
         if let Some(max) = self.options.max_volumes_per_node {
             cmd.arg("--max-volumes-per-node").arg(max.to_string());
         }
+        if let Some(address) = self.options.metrics_address {
+            cmd.arg("--metrics-address").arg(address.to_string());
+        }
         for var in DRIVER_ENV {
             cmd.env_remove(var);
         }
@@ -149,6 +193,17 @@ impl TestDriver {
 
     /// Starts the driver on the existing directories and waits until it answers Probe.
     pub async fn start_again(&mut self) {
+        if let Err(status) = self.try_start_again().await {
+            panic!(
+                "stickyvol exited with {status} before serving; log:\n{}",
+                self.log_text()
+            );
+        }
+    }
+
+    /// [`TestDriver::start_again`], but a driver that exits before serving is an `Err` with its
+    /// exit status, not a panic.
+    pub async fn try_start_again(&mut self) -> Result<(), ExitStatus> {
         assert!(self.child.is_none(), "the driver is already running");
         let child = self.command().spawn().expect("spawning stickyvol");
         self.child = Some(child);
@@ -156,10 +211,7 @@ impl TestDriver {
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 self.child = None;
-                panic!(
-                    "stickyvol exited with {status} before serving; log:\n{}",
-                    self.log_text()
-                );
+                return Err(status);
             }
             if let Ok(channel) = connect(&self.socket).await {
                 let probe = IdentityClient::new(channel.clone())
@@ -167,7 +219,7 @@ impl TestDriver {
                     .await;
                 if probe.is_ok() {
                     self.channel = Some(channel);
-                    return;
+                    return Ok(());
                 }
             }
             assert!(
@@ -229,7 +281,7 @@ impl TestDriver {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn channel(&self) -> Channel {
+    pub fn channel(&self) -> Channel {
         self.channel.clone().expect("the driver is not running")
     }
 
@@ -243,6 +295,30 @@ impl TestDriver {
 
     pub fn node(&self) -> NodeClient<Channel> {
         NodeClient::new(self.channel())
+    }
+
+    /// gRPC server reflection (v1) on the driver's socket.
+    pub fn reflection(&self) -> ServerReflectionClient<Channel> {
+        ServerReflectionClient::new(self.channel())
+    }
+
+    /// Where the driver serves metrics (started with [`TestDriver::start_with_metrics`]).
+    pub fn metrics_address(&self) -> SocketAddr {
+        self.options
+            .metrics_address
+            .expect("the driver was started without --metrics-address")
+    }
+
+    /// GET `path` from the driver's metrics server.
+    pub fn metrics_get(&self, path: &str) -> HttpResponse {
+        http_get(self.metrics_address(), path)
+    }
+
+    /// GET /metrics, which must answer 200, parsed.
+    pub fn scrape(&self) -> Exposition {
+        let response = self.metrics_get("/metrics");
+        assert_eq!(response.status, 200, "GET /metrics: {response:?}");
+        Exposition::parse(&response.body)
     }
 
     // ---- requests as external-provisioner and kubelet make them ----
@@ -301,6 +377,37 @@ impl TestDriver {
             })
             .await
             .map(drop)
+    }
+
+    /// ControllerGetVolume.
+    pub async fn get_volume(
+        &self,
+        volume_id: &str,
+    ) -> Result<csi::ControllerGetVolumeResponse, Status> {
+        self.controller()
+            .controller_get_volume(csi::ControllerGetVolumeRequest {
+                volume_id: volume_id.into(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// The capacity ControllerGetVolume reports for a volume that must exist.
+    pub async fn capacity_of(&self, volume_id: &str) -> i64 {
+        self.get_volume(volume_id)
+            .await
+            .unwrap_or_else(|s| panic!("ControllerGetVolume {volume_id}: {s:?}"))
+            .volume
+            .expect("ControllerGetVolume returned no volume")
+            .capacity_bytes
+    }
+
+    /// NodeExpandVolume; the capacity it answers.
+    pub async fn expand(&self, request: csi::NodeExpandVolumeRequest) -> Result<i64, Status> {
+        self.node()
+            .node_expand_volume(request)
+            .await
+            .map(|r| r.into_inner().capacity_bytes)
     }
 
     /// Every volume, in one ListVolumes call.
@@ -541,6 +648,24 @@ pub fn block_cap(mode: Mode) -> csi::VolumeCapability {
     }
 }
 
+/// NodeExpandVolume as kubelet sends it: the volume as published at `volume_path`, the new size.
+pub fn expand_request(
+    volume_id: &str,
+    volume_path: &Path,
+    required_bytes: i64,
+    limit_bytes: i64,
+) -> csi::NodeExpandVolumeRequest {
+    csi::NodeExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        volume_path: path_str(volume_path),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes,
+            limit_bytes,
+        }),
+        ..Default::default()
+    }
+}
+
 /// CreateVolume as external-provisioner sends it: name, one capability, required bytes.
 pub fn create_request(
     name: &str,
@@ -690,40 +815,91 @@ const DIRECT_IO_ALIGN: usize = 4096;
 
 /// Writes `data` at offset 0 of a block device with O_DIRECT, then fsyncs.
 pub fn write_direct(device: &Path, data: &[u8]) {
+    write_direct_at(device, 0, data);
+}
+
+/// Writes `data` at `offset` (a multiple of 4096) of a block device with O_DIRECT, then fsyncs.
+pub fn write_direct_at(device: &Path, offset: u64, data: &[u8]) {
     let mut storage = vec![0u8; data.len() + DIRECT_IO_ALIGN];
-    let offset = storage.as_ptr().align_offset(DIRECT_IO_ALIGN);
-    let buf = &mut storage[offset..offset + data.len()];
+    let start = storage.as_ptr().align_offset(DIRECT_IO_ALIGN);
+    let buf = &mut storage[start..start + data.len()];
     buf.copy_from_slice(data);
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_DIRECT)
         .open(device)
         .unwrap_or_else(|e| panic!("opening {} for direct writes: {e}", device.display()));
-    file.write_all(buf).expect("direct write");
+    file.write_all_at(buf, offset)
+        .unwrap_or_else(|e| panic!("direct write at {offset} of {}: {e}", device.display()));
     file.sync_all().expect("fsync");
 }
 
 /// Reads `len` bytes at offset 0 of a block device with O_DIRECT.
 pub fn read_direct(device: &Path, len: usize) -> Vec<u8> {
+    read_direct_at(device, 0, len)
+}
+
+/// Reads `len` bytes at `offset` (a multiple of 4096) of a block device with O_DIRECT.
+pub fn read_direct_at(device: &Path, offset: u64, len: usize) -> Vec<u8> {
     let mut storage = vec![0u8; len + DIRECT_IO_ALIGN];
-    let offset = storage.as_ptr().align_offset(DIRECT_IO_ALIGN);
-    let buf = &mut storage[offset..offset + len];
-    let mut file = OpenOptions::new()
+    let start = storage.as_ptr().align_offset(DIRECT_IO_ALIGN);
+    let buf = &mut storage[start..start + len];
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(device)
         .unwrap_or_else(|e| panic!("opening {} for direct reads: {e}", device.display()));
-    file.read_exact(buf).expect("direct read");
+    file.read_exact_at(buf, offset)
+        .unwrap_or_else(|e| panic!("direct read at {offset} of {}: {e}", device.display()));
     buf.to_vec()
 }
 
 /// The first `len` bytes of a file.
 pub fn read_prefix(path: &Path, len: usize) -> Vec<u8> {
+    read_at(path, 0, len)
+}
+
+/// `len` bytes at `offset` of a file.
+pub fn read_at(path: &Path, offset: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
     File::open(path)
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        .and_then(|f| f.read_exact_at(&mut buf, offset))
+        .unwrap_or_else(|e| panic!("reading {len} bytes at {offset} of {}: {e}", path.display()));
     buf
+}
+
+/// The size a block device exposes, as the kernel reports it: /sys/block/<name>/size × 512.
+pub fn sysfs_size_bytes(device: &LoopDevice) -> u64 {
+    let attribute = Path::new("/sys/block").join(device.name()).join("size");
+    let sectors: u64 = fs::read_to_string(&attribute)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", attribute.display()))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", attribute.display()));
+    sectors * 512
+}
+
+/// A 127.0.0.1 address with a port that was free a moment ago (bound to port 0, released).
+pub fn free_local_address() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("binding 127.0.0.1:0")
+}
+
+fn statvfs(path: &Path) -> nix::sys::statvfs::Statvfs {
+    nix::sys::statvfs::statvfs(path).unwrap_or_else(|e| panic!("statvfs {}: {e}", path.display()))
+}
+
+/// Free space of the filesystem holding `path`, as statvfs reports it to unprivileged writers.
+pub fn available_bytes(path: &Path) -> u64 {
+    let st = statvfs(path);
+    st.blocks_available() * st.fragment_size()
+}
+
+/// Size of the filesystem holding `path`: no amount of freeing makes more space than this.
+pub fn filesystem_bytes(path: &Path) -> u64 {
+    let st = statvfs(path);
+    st.blocks() * st.fragment_size()
 }
 
 /// Writes a file and makes it durable, so allocation shows in statx.

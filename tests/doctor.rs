@@ -1,0 +1,257 @@
+//! `stickyvol doctor`: one report line per check, and a non-zero exit status exactly when a
+//! check failed. Scratch tmpfs mounts give the checks deterministic answers: shared or private
+//! propagation, a read-only or a full data directory.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::doctor::{DoctorReport, Outcome, run_doctor};
+use common::mounts::TmpfsMount;
+use common::*;
+use nix::mount::MsFlags;
+
+/// Needles naming each check, in report order.
+const ROOT: &str = "running as root";
+const STATX: &str = "statx";
+const LOOP_CONTROL: &str = "/dev/loop-control";
+const WRITABLE: &str = "is writable";
+const FILESYSTEM: &str = "data directory filesystem:";
+const COPY_ON_WRITE: &str = "copy-on-write on the data directory:";
+const PROPAGATION: &str = "kubelet directory";
+
+/// A scratch directory (the harness's test directory, no driver started) that unmounts
+/// everything beneath it when dropped.
+fn scratch() -> TestDriver {
+    TestDriver::prepare(Options::default())
+}
+
+/// A kubelet dir on a fresh tmpfs made shared, so the propagation check passes.
+fn shared_kubelet(root: &Path) -> (TmpfsMount, PathBuf) {
+    let mount = TmpfsMount::new(&root.join("shared"), "1m", MsFlags::empty());
+    mount.set_propagation(MsFlags::MS_SHARED);
+    let kubelet = mount.path().join("kubelet");
+    (mount, kubelet)
+}
+
+/// The invariant of every report: exit status 0 and "can run" exactly when nothing failed.
+#[track_caller]
+fn assert_consistent(report: &DoctorReport) {
+    let fit = report.failures() == 0;
+    assert_eq!(
+        report.status.success(),
+        fit,
+        "exit status {} with {} failures:\n{}",
+        report.status,
+        report.failures(),
+        report.stdout
+    );
+    if fit {
+        assert_eq!(report.result, "this node can run stickyvol");
+    } else {
+        let plural = if report.failures() == 1 { "" } else { "s" };
+        assert_eq!(
+            report.result,
+            format!(
+                "this node cannot run stickyvol ({} failed check{plural})",
+                report.failures()
+            )
+        );
+    }
+}
+
+/// The checks that depend on the machine rather than the directories: the test suite runs
+/// as root on Linux 5.8+ with loop devices, so they pass.
+#[track_caller]
+fn assert_host_checks_pass(report: &DoctorReport) {
+    for needle in [ROOT, STATX, LOOP_CONTROL] {
+        assert_eq!(
+            report.check(needle).outcome,
+            Outcome::Ok,
+            "{needle}:\n{}",
+            report.stdout
+        );
+    }
+}
+
+#[test]
+fn the_report_names_every_check_and_the_exit_status_follows_failures() {
+    let dir = scratch();
+    let report = run_doctor(&dir.kubelet, &dir.data);
+    assert_consistent(&report);
+    assert_host_checks_pass(&report);
+    assert_eq!(report.checks.len(), 7, "{}", report.stdout);
+    let position = |needle: &str| {
+        let check = report.check(needle);
+        report
+            .checks
+            .iter()
+            .position(|c| std::ptr::eq(c, check))
+            .unwrap()
+    };
+    let order: Vec<usize> = [
+        ROOT,
+        STATX,
+        LOOP_CONTROL,
+        WRITABLE,
+        FILESYSTEM,
+        COPY_ON_WRITE,
+        PROPAGATION,
+    ]
+    .iter()
+    .map(|needle| position(needle))
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{}", report.stdout);
+
+    let writable = report.check(WRITABLE);
+    assert_eq!(writable.outcome, Outcome::Ok);
+    // The data dir does not exist yet: its nearest existing ancestor is judged, and named.
+    assert!(
+        writable.text.contains(&format!(
+            "{} (not created yet; checked {})",
+            dir.data.display(),
+            dir.root.display()
+        )),
+        "{}",
+        writable.text
+    );
+    let filesystem = report.check(FILESYSTEM);
+    assert_eq!(filesystem.outcome, Outcome::Ok);
+    assert!(
+        filesystem.text.contains("; size enforcement it offers: "),
+        "{}",
+        filesystem.text
+    );
+    assert_eq!(report.check(COPY_ON_WRITE).outcome, Outcome::Ok);
+    // Whether this machine's kubelet dir propagates is not ours to assume; the outcome must
+    // be a verdict either way, naming the directory.
+    let propagation = report.check(PROPAGATION);
+    assert_ne!(propagation.outcome, Outcome::Warn);
+    assert!(
+        propagation
+            .text
+            .contains(&dir.kubelet.display().to_string())
+    );
+
+    // Nothing was created or left behind: no data dir, no reflink probe files.
+    assert!(!exists_no_follow(&dir.data));
+    let entries: Vec<_> = fs::read_dir(&dir.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, vec!["kubelet"]);
+}
+
+#[test]
+fn a_kubelet_dir_on_a_shared_mount_passes_and_on_a_private_one_fails() {
+    let dir = scratch();
+    let (shared, kubelet) = shared_kubelet(&dir.root);
+    // The data dir on tmpfs as well: deterministic filesystem lines.
+    let data = shared.path().join("data");
+    let report = run_doctor(&kubelet, &data);
+    assert_consistent(&report);
+    assert_host_checks_pass(&report);
+    assert_eq!(report.failures(), 0, "{}", report.stdout);
+    assert!(report.status.success());
+    let propagation = report.check(PROPAGATION);
+    assert_eq!(propagation.outcome, Outcome::Ok, "{}", report.stdout);
+    assert!(
+        propagation.text.contains(&format!(
+            "{} is on a shared mount ({})",
+            kubelet.display(),
+            shared.path().display()
+        )),
+        "{}",
+        propagation.text
+    );
+    let filesystem = report.check(FILESYSTEM);
+    assert!(
+        filesystem
+            .text
+            .ends_with("data directory filesystem: tmpfs; size enforcement it offers: none"),
+        "{}",
+        filesystem.text
+    );
+    assert_eq!(report.check("on tmpfs").outcome, Outcome::Warn);
+
+    // A private mount: mounts made beneath it would never reach kubelet.
+    let private = TmpfsMount::new(&dir.root.join("private"), "1m", MsFlags::empty());
+    private.set_propagation(MsFlags::MS_PRIVATE);
+    let kubelet = private.path().join("kubelet");
+    fs::create_dir(&kubelet).unwrap();
+    let report = run_doctor(&kubelet, &private.path().join("data"));
+    assert_consistent(&report);
+    assert_host_checks_pass(&report);
+    let propagation = report.check(PROPAGATION);
+    assert_eq!(propagation.outcome, Outcome::Fail, "{}", report.stdout);
+    assert!(
+        propagation.text.contains(&format!(
+            "{} is on a private mount ({})",
+            kubelet.display(),
+            private.path().display()
+        )),
+        "{}",
+        propagation.text
+    );
+    assert_eq!(
+        report.failures(),
+        1,
+        "only propagation fails:\n{}",
+        report.stdout
+    );
+    assert!(!report.status.success());
+
+    // The deepest mount decides: a private mount inside the shared one fails.
+    let inner = TmpfsMount::new(&shared.path().join("inner"), "1m", MsFlags::empty());
+    inner.set_propagation(MsFlags::MS_PRIVATE);
+    let report = run_doctor(&inner.path().join("kubelet"), &data);
+    assert_consistent(&report);
+    assert_eq!(report.check(PROPAGATION).outcome, Outcome::Fail);
+    drop(inner);
+    let report = run_doctor(&shared.path().join("kubelet"), &data);
+    assert_eq!(report.check(PROPAGATION).outcome, Outcome::Ok);
+}
+
+#[test]
+fn a_read_only_data_directory_fails() {
+    let dir = scratch();
+    let (_shared, kubelet) = shared_kubelet(&dir.root);
+    let read_only = TmpfsMount::new(&dir.root.join("ro"), "1m", MsFlags::MS_RDONLY);
+    // Not created yet, beneath a read-only mount; and the read-only mount point itself.
+    for data in [
+        read_only.path().join("data"),
+        read_only.path().to_path_buf(),
+    ] {
+        let report = run_doctor(&kubelet, &data);
+        assert_consistent(&report);
+        assert_host_checks_pass(&report);
+        let data_check = report.check("is not writable");
+        assert_eq!(data_check.outcome, Outcome::Fail, "{}", report.stdout);
+        assert!(
+            data_check
+                .text
+                .starts_with(&format!("data directory {}", data.display())),
+            "{}",
+            data_check.text
+        );
+        assert_eq!(report.failures(), 1, "{}", report.stdout);
+        assert!(!report.status.success());
+        assert!(!exists_no_follow(&read_only.path().join("data")));
+    }
+}
+
+#[test]
+fn a_full_data_directory_fails() {
+    let dir = scratch();
+    let (_shared, kubelet) = shared_kubelet(&dir.root);
+    let full = TmpfsMount::new(&dir.root.join("full"), "256k", MsFlags::empty());
+    full.fill();
+    assert_eq!(available_bytes(full.path()), 0);
+    let report = run_doctor(&kubelet, full.path());
+    assert_consistent(&report);
+    let data_check = report.check("has no free space");
+    assert_eq!(data_check.outcome, Outcome::Fail, "{}", report.stdout);
+    assert_eq!(report.failures(), 1, "{}", report.stdout);
+    assert!(!report.status.success());
+}

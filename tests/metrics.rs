@@ -1,0 +1,301 @@
+//! Prometheus metrics (`--metrics-address`): RPC counts and latency histograms from the gRPC
+//! layer, volume and data-dir figures at scrape time, scraped over plain HTTP/1.1 and checked
+//! exactly against the calls the test made.
+
+mod common;
+
+use common::scrape::{Exposition, parse_http_response};
+use common::*;
+
+const REQUESTS: &str = "stickyvol_rpc_requests_total";
+const VOLUMES: &str = "stickyvol_volumes";
+const PROVISIONED: &str = "stickyvol_provisioned_bytes";
+
+fn snw_mount() -> csi::VolumeCapability {
+    mount_cap(Mode::SingleNodeWriter)
+}
+
+/// Count of `method` calls answered with `code` (tonic's Debug spelling, e.g. "InvalidArgument");
+/// 0 when the series does not exist.
+fn requests(metrics: &Exposition, method: &str, code: &str) -> f64 {
+    metrics
+        .get(REQUESTS, &[("method", method), ("code", code)])
+        .unwrap_or(0.0)
+}
+
+fn volumes(metrics: &Exposition, mode: &str, state: &str) -> f64 {
+    metrics.value(VOLUMES, &[("mode", mode), ("state", state)])
+}
+
+fn provisioned(metrics: &Exposition, mode: &str) -> f64 {
+    metrics.value(PROVISIONED, &[("mode", mode)])
+}
+
+/// Checks `method`'s latency histogram is well-formed and holds `count` observations.
+#[track_caller]
+fn assert_histogram(metrics: &Exposition, method: &str, count: u64) {
+    let name = "stickyvol_rpc_duration_seconds";
+    assert_eq!(
+        metrics.value(&format!("{name}_count"), &[("method", method)]),
+        count as f64,
+        "{method} observations"
+    );
+    let sum = metrics.value(&format!("{name}_sum"), &[("method", method)]);
+    assert!(sum >= 0.0 && sum.is_finite(), "{method} sum {sum}");
+    let mut buckets: Vec<(f64, f64)> = metrics
+        .named(&format!("{name}_bucket"))
+        .filter(|s| s.labels.get("method").map(String::as_str) == Some(method))
+        .map(|s| {
+            assert_eq!(s.labels.len(), 2, "bucket labels: {:?}", s.labels);
+            let le = s.labels.get("le").expect("bucket without le");
+            (le.parse::<f64>().expect("numeric le"), s.value)
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(buckets.len() > 1, "{method} buckets: {buckets:?}");
+    assert!(
+        buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+        "{method} buckets must be cumulative: {buckets:?}"
+    );
+    assert_eq!(
+        buckets.last().copied(),
+        Some((f64::INFINITY, count as f64)),
+        "the +Inf bucket holds every observation of {method}"
+    );
+}
+
+#[tokio::test]
+async fn rpc_and_volume_figures_match_the_calls_made() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    // Distinct sizes, one not a multiple of 4 KiB, so sums mean something.
+    let published = driver
+        .create(create_request(&new_name(), snw_mount(), SIZE))
+        .await;
+    let unpublished = driver
+        .create(create_request(&new_name(), snw_mount(), 3 * SIZE + 1))
+        .await;
+    let block = driver
+        .create(create_request(
+            &new_name(),
+            block_cap(Mode::SingleNodeWriter),
+            2 * SIZE,
+        ))
+        .await;
+    assert_eq!(unpublished.capacity_bytes, 3 * SIZE + 4096);
+    let target = driver.mount_target();
+    driver
+        .publish(&published, &target, snw_mount(), false)
+        .await
+        .expect("NodePublishVolume");
+    expect_code(driver.delete("").await, Code::InvalidArgument);
+
+    let metrics = driver.scrape();
+    assert!(metrics.has_eof, "OpenMetrics text ends with # EOF");
+    for (family, kind) in [
+        ("stickyvol_rpc_requests", "counter"),
+        ("stickyvol_rpc_duration_seconds", "histogram"),
+        (VOLUMES, "gauge"),
+        (PROVISIONED, "gauge"),
+        ("stickyvol_data_dir_capacity_bytes", "gauge"),
+        ("stickyvol_data_dir_free_bytes", "gauge"),
+    ] {
+        assert_eq!(
+            metrics.types.get(family).map(String::as_str),
+            Some(kind),
+            "# TYPE of {family}"
+        );
+    }
+
+    assert_eq!(
+        metrics.value(REQUESTS, &[("method", "CreateVolume"), ("code", "Ok")]),
+        3.0
+    );
+    assert_eq!(
+        metrics.value(REQUESTS, &[("method", "NodePublishVolume"), ("code", "Ok")]),
+        1.0
+    );
+    assert_eq!(
+        metrics.value(
+            REQUESTS,
+            &[("method", "DeleteVolume"), ("code", "InvalidArgument")]
+        ),
+        1.0
+    );
+    assert_eq!(requests(&metrics, "DeleteVolume", "Ok"), 0.0);
+    for sample in metrics.named(REQUESTS) {
+        let method = sample.labels["method"].as_str();
+        let code = sample.labels["code"].as_str();
+        assert_eq!(sample.labels.len(), 2, "{sample:?}");
+        // Besides ours, only the harness's readiness probes.
+        assert!(
+            matches!(
+                (method, code),
+                ("CreateVolume", "Ok")
+                    | ("NodePublishVolume", "Ok")
+                    | ("DeleteVolume", "InvalidArgument")
+                    | ("Probe", "Ok")
+            ),
+            "unexpected series {sample:?}"
+        );
+    }
+    assert_histogram(&metrics, "CreateVolume", 3);
+    assert_histogram(&metrics, "NodePublishVolume", 1);
+    assert_histogram(&metrics, "DeleteVolume", 1);
+
+    assert_eq!(volumes(&metrics, "filesystem", "published"), 1.0);
+    assert_eq!(volumes(&metrics, "filesystem", "unpublished"), 1.0);
+    assert_eq!(volumes(&metrics, "block", "published"), 0.0);
+    assert_eq!(volumes(&metrics, "block", "unpublished"), 1.0);
+    assert_eq!(
+        metrics.named(VOLUMES).count(),
+        4,
+        "one series per mode and state"
+    );
+    assert_eq!(
+        provisioned(&metrics, "filesystem"),
+        (published.capacity_bytes + unpublished.capacity_bytes) as f64
+    );
+    assert_eq!(provisioned(&metrics, "block"), block.capacity_bytes as f64);
+    assert_eq!(metrics.named(PROVISIONED).count(), 2);
+
+    let capacity = metrics.value("stickyvol_data_dir_capacity_bytes", &[]);
+    let free = metrics.value("stickyvol_data_dir_free_bytes", &[]);
+    assert!(free > 0.0, "free {free}");
+    assert!(free <= capacity, "free {free} > capacity {capacity}");
+}
+
+#[tokio::test]
+async fn figures_follow_unpublish_delete_and_expansion() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let block = driver.create_block_volume().await;
+    let target = driver.block_target();
+    let cap = block_cap(Mode::SingleNodeWriter);
+    driver.publish(&block, &target, cap, false).await.unwrap();
+    let metrics = driver.scrape();
+    assert_eq!(volumes(&metrics, "block", "published"), 1.0);
+    assert_eq!(volumes(&metrics, "block", "unpublished"), 0.0);
+    assert_eq!(provisioned(&metrics, "block"), SIZE as f64);
+
+    let grown = driver
+        .expand(expand_request(&block.volume_id, &target, 2 * SIZE, 0))
+        .await
+        .expect("NodeExpandVolume");
+    assert_eq!(grown, 2 * SIZE);
+    let metrics = driver.scrape();
+    assert_eq!(provisioned(&metrics, "block"), grown as f64);
+    assert_eq!(requests(&metrics, "NodeExpandVolume", "Ok"), 1.0);
+
+    driver.unpublish(&block.volume_id, &target).await.unwrap();
+    let metrics = driver.scrape();
+    assert_eq!(volumes(&metrics, "block", "published"), 0.0);
+    assert_eq!(volumes(&metrics, "block", "unpublished"), 1.0);
+
+    driver.delete(&block.volume_id).await.unwrap();
+    driver.delete(&block.volume_id).await.unwrap();
+    expect_code(driver.unpublish("", &target).await, Code::InvalidArgument);
+    let metrics = driver.scrape();
+    assert_eq!(volumes(&metrics, "block", "unpublished"), 0.0);
+    assert_eq!(provisioned(&metrics, "block"), 0.0);
+    assert_eq!(provisioned(&metrics, "filesystem"), 0.0);
+    // Counters keep counting across scrapes; a scrape is not an RPC.
+    assert_eq!(requests(&metrics, "CreateVolume", "Ok"), 1.0);
+    assert_eq!(requests(&metrics, "NodePublishVolume", "Ok"), 1.0);
+    assert_eq!(requests(&metrics, "NodeUnpublishVolume", "Ok"), 1.0);
+    assert_eq!(
+        requests(&metrics, "NodeUnpublishVolume", "InvalidArgument"),
+        1.0
+    );
+    assert_eq!(requests(&metrics, "DeleteVolume", "Ok"), 2.0);
+    assert_histogram(&metrics, "DeleteVolume", 2);
+    assert_histogram(&metrics, "NodeUnpublishVolume", 2);
+}
+
+#[tokio::test]
+async fn only_get_metrics_is_served() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let response = driver.metrics_get("/metrics");
+    assert_eq!(response.status, 200);
+    let content_type = response.header("content-type").unwrap_or_default();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "content-type {content_type:?}"
+    );
+    for path in ["/", "/metric", "/metrics/", "/metrics/x", "/healthz"] {
+        let response = driver.metrics_get(path);
+        assert_eq!(response.status, 404, "GET {path}: {response:?}");
+        assert!(
+            !response.body.contains("stickyvol_"),
+            "GET {path} must not expose metrics: {response:?}"
+        );
+    }
+    // Still serving after the refusals.
+    driver.scrape();
+}
+
+#[tokio::test]
+async fn a_taken_metrics_address_stops_the_start() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap();
+    let mut driver = TestDriver::prepare(Options {
+        metrics_address: Some(address),
+        ..Default::default()
+    });
+    let status = driver
+        .try_start_again()
+        .await
+        .expect_err("the driver started although its metrics address is taken");
+    assert!(!status.success(), "{status}");
+    let log = driver.log_text();
+    assert!(
+        log.contains(&format!("metrics address {address}")),
+        "the log names the address:\n{log}"
+    );
+    assert!(
+        !exists_no_follow(&driver.socket),
+        "the socket is removed on the way out"
+    );
+}
+
+#[test]
+fn the_scrape_helpers_parse_what_they_are_given() {
+    let text = concat!(
+        "# HELP a Something.\n",
+        "# TYPE a counter\n",
+        "a_total{method=\"Create\",code=\"Ok\"} 3\n",
+        "a_total{code=\"x\\\"y\\\\z\\n\",method=\"M\"} 1.5\n",
+        "b 7\n",
+        "c_bucket{le=\"+Inf\"} 2\n",
+        "# EOF\n",
+    );
+    let e = Exposition::parse(text);
+    assert!(e.has_eof);
+    assert_eq!(e.types["a"], "counter");
+    assert_eq!(
+        e.value("a_total", &[("code", "Ok"), ("method", "Create")]),
+        3.0
+    );
+    assert_eq!(
+        e.value("a_total", &[("method", "M"), ("code", "x\"y\\z\n")]),
+        1.5
+    );
+    assert_eq!(
+        e.get("a_total", &[("method", "Create")]),
+        None,
+        "label sets match exactly"
+    );
+    assert_eq!(e.value("b", &[]), 7.0);
+    assert_eq!(e.value("c_bucket", &[("le", "+Inf")]), 2.0);
+    assert_eq!(e.named("a_total").count(), 2);
+    let twice = std::panic::catch_unwind(|| Exposition::parse("b 1\nb 2\n"));
+    assert!(twice.is_err(), "a repeated sample is malformed");
+
+    let response = parse_http_response(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+    )
+    .unwrap();
+    assert_eq!((response.status, response.body.as_str()), (200, "abcde"));
+    let response =
+        parse_http_response(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno").unwrap();
+    assert_eq!((response.status, response.body.as_str()), (404, "no"));
+    assert!(parse_http_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nno").is_err());
+}
