@@ -81,9 +81,16 @@ async fn serve_on(
         "serving CSI"
     );
 
-    let reflection = tonic_reflection::server::Builder::configure()
+    // Advertise only the services this mode serves (the schema holds all four CSI services).
+    let mut reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(csi::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .with_service_name("csi.v1.Identity")
+        .with_service_name("csi.v1.Node");
+    if mode != Mode::Node {
+        reflection = reflection.with_service_name("csi.v1.Controller");
+    }
+    let reflection = reflection.build_v1()?;
     let metrics = Arc::new(Metrics::new());
     if let Some(address) = driver.config.metrics_address {
         metrics::serve(address, metrics.clone(), driver.clone())

@@ -217,3 +217,26 @@ async fn controller_capabilities_in_the_default_mode() {
     // Attaching is not a thing for node-local volumes; advertising it would make the CO call it.
     assert!(!rpcs.contains(&ControllerRpc::PublishUnpublishVolume));
 }
+
+#[tokio::test]
+async fn rpcs_we_do_not_offer_answer_unimplemented() {
+    let driver = TestDriver::start().await;
+    let snapshot = driver
+        .controller()
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: unknown_volume_id(),
+            name: new_name(),
+            ..Default::default()
+        })
+        .await;
+    expect_code(snapshot, Code::Unimplemented);
+    let stage = driver
+        .node()
+        .node_stage_volume(csi::NodeStageVolumeRequest::default())
+        .await;
+    expect_code(stage, Code::Unimplemented);
+    let group = csi::group_controller_client::GroupControllerClient::new(driver.channel())
+        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
+        .await;
+    expect_code(group, Code::Unimplemented);
+}

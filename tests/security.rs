@@ -280,3 +280,15 @@ async fn volume_ids_never_become_paths() {
     assert_eq!(fs::read(victim.join("file")).unwrap(), b"keep");
     assert!(!exists_no_follow(&target));
 }
+
+#[tokio::test]
+async fn logs_to_a_file_carry_no_terminal_colour_codes() {
+    let driver = TestDriver::start().await;
+    driver.create_fs_volume().await;
+    let log = driver.log_text();
+    assert!(log.contains("created volume"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "escape codes in a log file: {log:?}"
+    );
+}
