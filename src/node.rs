@@ -112,11 +112,8 @@ impl Node for NodeService {
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
         request::required("volume_id", &req.volume_id)?;
-        // Only validated: growing needs the volume, not where kubelet shows it.
-        request::path_beneath(self.kubelet_dir(), "volume_path", &req.volume_path)?;
-        let range = req.capacity_range.ok_or_else(|| {
-            Status::invalid_argument("capacity_range is required to expand a volume")
-        })?;
+        request::required("volume_path", &req.volume_path)?;
+        let range = req.capacity_range.unwrap_or_default();
         // CSI: neither bound may be negative (CreateVolume refuses them the same way).
         if range.required_bytes < 0 || range.limit_bytes < 0 {
             return Err(Status::invalid_argument(format!(
@@ -130,6 +127,11 @@ impl Node for NodeService {
         };
         let id = request::volume_id(&req.volume_id)?;
         let volumes = self.volumes()?;
+        // An unknown volume is NOT_FOUND whatever the path (csi-sanity sends "some/path"); the
+        // path is then checked like any kubelet path, though growing never touches it.
+        volumes.get(&id)?;
+        request::path_beneath(self.kubelet_dir(), "volume_path", &req.volume_path)?;
+        // No capacity_range: nothing asked beyond the current size (0 is always satisfied).
         let capacity_bytes =
             blocking(move || volumes.expand(&id, kind, range.required_bytes, range.limit_bytes))
                 .await?;
