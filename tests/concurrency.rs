@@ -57,9 +57,7 @@ async fn concurrent_creates_of_one_name_make_one_volume() {
 async fn racing_publishes_of_one_volume_converge() {
     let driver = TestDriver::start().await;
     let cap = mount_cap(Mode::SingleNodeMultiWriter);
-    let volume = driver
-        .create(create_request(&new_name(), cap.clone(), SIZE))
-        .await;
+    let volume = driver.create_with_capability(cap.clone()).await;
     let targets: Vec<_> = (0..4).map(|_| driver.mount_target()).collect();
 
     // Every target published by two racing callers (kubelet retrying while the first is running).
@@ -158,7 +156,7 @@ async fn delete_racing_publish_never_leaves_a_published_deleted_volume() {
                     "{status:?}"
                 );
                 assert_eq!(loop_devices_of(&file), vec![linked_device(&target)]);
-                driver.unpublish(&volume.volume_id, &target).await.unwrap();
+                driver.unpublish_ok(&volume, &target).await;
                 driver.delete(&volume.volume_id).await.unwrap();
             }
             // Deleted first: the publish found no volume (or was aborted).
@@ -218,13 +216,7 @@ async fn operations_on_different_volumes_run_in_parallel() {
     }
     let volumes: Vec<csi::Volume> = volumes.into_iter().map(Option::unwrap).collect();
 
-    let targets: Vec<_> = caps
-        .iter()
-        .map(|cap| match cap.access_type {
-            Some(csi::volume_capability::AccessType::Block(_)) => driver.block_target(),
-            _ => driver.mount_target(),
-        })
-        .collect();
+    let targets: Vec<_> = caps.iter().map(|cap| driver.target_for(cap)).collect();
     let mut publishes = JoinSet::new();
     for ((volume, target), cap) in volumes.iter().zip(&targets).zip(&caps) {
         let request = publish_request(volume, target, cap.clone(), false);

@@ -23,21 +23,21 @@ fn is_volume_id(id: &str) -> bool {
         })
 }
 
+/// What every fresh volume of [`SIZE`] answers: an id of ours, the size, this node's topology.
+#[track_caller]
+fn assert_fresh_volume_of_size(volume: &csi::Volume) {
+    assert!(is_volume_id(&volume.volume_id), "{}", volume.volume_id);
+    assert_eq!(volume.capacity_bytes, SIZE);
+    assert_eq!(volume.accessible_topology, vec![topology(NODE_ID)]);
+}
+
 // ---- CreateVolume ----
 
 #[tokio::test]
 async fn create_filesystem_volume() {
     let driver = TestDriver::start().await;
-    let volume = driver
-        .create(create_request(
-            &new_name(),
-            mount_cap(Mode::SingleNodeWriter),
-            SIZE,
-        ))
-        .await;
-    assert!(is_volume_id(&volume.volume_id), "{}", volume.volume_id);
-    assert_eq!(volume.capacity_bytes, SIZE);
-    assert_eq!(volume.accessible_topology, vec![topology(NODE_ID)]);
+    let volume = driver.create_fs_volume().await;
+    assert_fresh_volume_of_size(&volume);
     let path = host_path(&volume);
     assert!(path.starts_with(&driver.data), "{}", path.display());
     let meta = fs::symlink_metadata(&path).expect("the volume's directory");
@@ -53,16 +53,8 @@ async fn create_filesystem_volume() {
 #[tokio::test]
 async fn create_block_volume() {
     let driver = TestDriver::start().await;
-    let volume = driver
-        .create(create_request(
-            &new_name(),
-            block_cap(Mode::SingleNodeWriter),
-            SIZE,
-        ))
-        .await;
-    assert!(is_volume_id(&volume.volume_id), "{}", volume.volume_id);
-    assert_eq!(volume.capacity_bytes, SIZE);
-    assert_eq!(volume.accessible_topology, vec![topology(NODE_ID)]);
+    let volume = driver.create_block_volume().await;
+    assert_fresh_volume_of_size(&volume);
     let meta = fs::symlink_metadata(host_path(&volume)).expect("the volume's file");
     assert!(meta.is_file());
     assert_eq!(meta.len(), SIZE as u64);
@@ -424,12 +416,8 @@ async fn create_accepts_single_node_modes() {
         Mode::SingleNodeSingleWriter,
         Mode::SingleNodeMultiWriter,
     ] {
-        driver
-            .create(create_request(&new_name(), mount_cap(mode), SIZE))
-            .await;
-        driver
-            .create(create_request(&new_name(), block_cap(mode), SIZE))
-            .await;
+        driver.create_with_capability(mount_cap(mode)).await;
+        driver.create_with_capability(block_cap(mode)).await;
     }
     assert_eq!(driver.list_all().await.len(), 8);
 }
@@ -484,16 +472,13 @@ async fn delete_unknown_or_foreign_ids_is_ok() {
 #[tokio::test]
 async fn delete_while_published_is_refused() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_fs_volume().await;
-    let target = driver.mount_target();
-    let cap = mount_cap(Mode::SingleNodeWriter);
-    driver.publish(&volume, &target, cap, false).await.unwrap();
+    let (volume, target) = driver.published_fs_volume().await;
     expect_code(
         driver.delete(&volume.volume_id).await,
         Code::FailedPrecondition,
     );
     assert!(host_path(&volume).is_dir());
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     driver.delete(&volume.volume_id).await.unwrap();
 }
 
@@ -505,15 +490,12 @@ async fn delete_never_follows_planted_symlinks() {
     fs::write(outside.join("dir/precious"), b"keep").unwrap();
     fs::write(outside.join("file"), b"keep too").unwrap();
 
-    let volume = driver.create_fs_volume().await;
-    let target = driver.mount_target();
-    let cap = mount_cap(Mode::SingleNodeWriter);
-    driver.publish(&volume, &target, cap, false).await.unwrap();
+    let (volume, target) = driver.published_fs_volume().await;
     // What a pod can do inside its volume.
     fs::create_dir(target.join("sub")).unwrap();
     symlink(outside.join("dir"), target.join("sub/link-to-dir")).unwrap();
     symlink(outside.join("file"), target.join("link-to-file")).unwrap();
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
 
     driver
         .delete(&volume.volume_id)
@@ -757,45 +739,20 @@ async fn list_volumes_reports_the_publishing_node() {
     let driver = TestDriver::start().await;
     let fs_volume = driver.create_fs_volume().await;
     let block_volume = driver.create_block_volume().await;
-    let entries = driver.list_all().await;
-    assert!(published_nodes(&entries, &fs_volume.volume_id).is_empty());
-    assert!(published_nodes(&entries, &block_volume.volume_id).is_empty());
+    let both = [&fs_volume, &block_volume];
+    driver.assert_published_on(&both, &[]).await;
 
-    let fs_target = driver.mount_target();
-    let block_target = driver.block_target();
-    let (mount, block) = (
-        mount_cap(Mode::SingleNodeWriter),
-        block_cap(Mode::SingleNodeWriter),
-    );
-    driver
-        .publish(&fs_volume, &fs_target, mount, false)
-        .await
-        .unwrap();
-    driver
-        .publish(&block_volume, &block_target, block, false)
-        .await
-        .unwrap();
-    let entries = driver.list_all().await;
-    assert_eq!(
-        published_nodes(&entries, &fs_volume.volume_id),
-        vec![NODE_ID]
-    );
-    assert_eq!(
-        published_nodes(&entries, &block_volume.volume_id),
-        vec![NODE_ID]
-    );
+    let fs_target = driver
+        .publish_at_new_target(&fs_volume, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    let block_target = driver
+        .publish_at_new_target(&block_volume, block_cap(Mode::SingleNodeWriter))
+        .await;
+    driver.assert_published_on(&both, &[NODE_ID]).await;
 
-    driver
-        .unpublish(&fs_volume.volume_id, &fs_target)
-        .await
-        .unwrap();
-    driver
-        .unpublish(&block_volume.volume_id, &block_target)
-        .await
-        .unwrap();
-    let entries = driver.list_all().await;
-    assert!(published_nodes(&entries, &fs_volume.volume_id).is_empty());
-    assert!(published_nodes(&entries, &block_volume.volume_id).is_empty());
+    driver.unpublish_ok(&fs_volume, &fs_target).await;
+    driver.unpublish_ok(&block_volume, &block_target).await;
+    driver.assert_published_on(&both, &[]).await;
 }
 
 // ---- ControllerGetVolume ----

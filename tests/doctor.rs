@@ -7,10 +7,11 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::doctor::{DoctorReport, Outcome, run_doctor};
+use common::doctor::{DoctorReport, run_doctor};
 use common::mounts::TmpfsMount;
 use common::*;
 use nix::mount::MsFlags;
+use stickyvol::doctor::Outcome;
 
 /// Needles naming each check, in report order.
 const ROOT: &str = "running as root";
@@ -75,6 +76,29 @@ fn assert_host_checks_pass(report: &DoctorReport) {
     }
 }
 
+/// The propagation check's verdict, naming the kubelet dir, whether the mount holding it is
+/// "shared" or "private", and that mount.
+#[track_caller]
+fn assert_propagation(
+    report: &DoctorReport,
+    outcome: Outcome,
+    kubelet: &Path,
+    kind: &str,
+    mount: &Path,
+) {
+    let propagation = report.check(PROPAGATION);
+    assert_eq!(propagation.outcome, outcome, "{}", report.stdout);
+    assert!(
+        propagation.what.contains(&format!(
+            "{} is on a {kind} mount ({})",
+            kubelet.display(),
+            mount.display()
+        )),
+        "{}",
+        propagation.what
+    );
+}
+
 #[test]
 fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     let dir = scratch();
@@ -108,20 +132,20 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     assert_eq!(writable.outcome, Outcome::Ok);
     // The data dir does not exist yet: its nearest existing ancestor is judged, and named.
     assert!(
-        writable.text.contains(&format!(
+        writable.what.contains(&format!(
             "{} (not created yet; checked {})",
             dir.data.display(),
             dir.root.display()
         )),
         "{}",
-        writable.text
+        writable.what
     );
     let filesystem = report.check(FILESYSTEM);
     assert_eq!(filesystem.outcome, Outcome::Ok);
     assert!(
-        filesystem.text.contains("; size enforcement it offers: "),
+        filesystem.what.contains("; size enforcement it offers: "),
         "{}",
-        filesystem.text
+        filesystem.what
     );
     assert_eq!(report.check(COPY_ON_WRITE).outcome, Outcome::Ok);
     // Whether this machine's kubelet dir propagates is not ours to assume; the outcome must
@@ -130,7 +154,7 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     assert_ne!(propagation.outcome, Outcome::Warn);
     assert!(
         propagation
-            .text
+            .what
             .contains(&dir.kubelet.display().to_string())
     );
 
@@ -154,24 +178,14 @@ fn a_kubelet_dir_on_a_shared_mount_passes_and_on_a_private_one_fails() {
     assert_host_checks_pass(&report);
     assert_eq!(report.failures(), 0, "{}", report.stdout);
     assert!(report.status.success());
-    let propagation = report.check(PROPAGATION);
-    assert_eq!(propagation.outcome, Outcome::Ok, "{}", report.stdout);
-    assert!(
-        propagation.text.contains(&format!(
-            "{} is on a shared mount ({})",
-            kubelet.display(),
-            shared.path().display()
-        )),
-        "{}",
-        propagation.text
-    );
+    assert_propagation(&report, Outcome::Ok, &kubelet, "shared", shared.path());
     let filesystem = report.check(FILESYSTEM);
     assert!(
         filesystem
-            .text
+            .what
             .ends_with("data directory filesystem: tmpfs; size enforcement it offers: none"),
         "{}",
-        filesystem.text
+        filesystem.what
     );
     assert_eq!(report.check("on tmpfs").outcome, Outcome::Warn);
 
@@ -183,17 +197,7 @@ fn a_kubelet_dir_on_a_shared_mount_passes_and_on_a_private_one_fails() {
     let report = run_doctor(&kubelet, &private.path().join("data"));
     assert_consistent(&report);
     assert_host_checks_pass(&report);
-    let propagation = report.check(PROPAGATION);
-    assert_eq!(propagation.outcome, Outcome::Fail, "{}", report.stdout);
-    assert!(
-        propagation.text.contains(&format!(
-            "{} is on a private mount ({})",
-            kubelet.display(),
-            private.path().display()
-        )),
-        "{}",
-        propagation.text
-    );
+    assert_propagation(&report, Outcome::Fail, &kubelet, "private", private.path());
     assert_eq!(
         report.failures(),
         1,
@@ -230,10 +234,10 @@ fn a_read_only_data_directory_fails() {
         assert_eq!(data_check.outcome, Outcome::Fail, "{}", report.stdout);
         assert!(
             data_check
-                .text
+                .what
                 .starts_with(&format!("data directory {}", data.display())),
             "{}",
-            data_check.text
+            data_check.what
         );
         assert_eq!(report.failures(), 1, "{}", report.stdout);
         assert!(!report.status.success());

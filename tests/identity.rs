@@ -8,17 +8,34 @@ use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use csi::node_service_capability::rpc::Type as NodeRpc;
 use csi::plugin_capability::service::Type as PluginService;
 
+/// Each capability's type, which every capability must have; `service` names whose they are.
+fn types_of<C, T>(capabilities: Vec<C>, service: &str, type_of: impl Fn(C) -> Option<T>) -> Vec<T> {
+    capabilities
+        .into_iter()
+        .map(|cap| type_of(cap).unwrap_or_else(|| panic!("empty {service} capability")))
+        .collect()
+}
+
+/// The RPCs a controller or node capability list advertises: each capability must name an RPC
+/// this crate's CSI schema knows; `rpc_of` picks its raw RPC type.
+fn rpcs_of<C, R>(capabilities: Vec<C>, service: &str, rpc_of: impl Fn(C) -> Option<i32>) -> Vec<R>
+where
+    R: TryFrom<i32, Error = prost::UnknownEnumValue>,
+{
+    types_of(capabilities, service, rpc_of)
+        .into_iter()
+        .map(|rpc| R::try_from(rpc).unwrap_or_else(|e| panic!("unknown {service} rpc: {e}")))
+        .collect()
+}
+
 async fn plugin_capabilities(driver: &TestDriver) -> Vec<csi::plugin_capability::Type> {
-    driver
-        .identity()
-        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
-        .await
+    let request = csi::GetPluginCapabilitiesRequest {};
+    let response = driver.identity().get_plugin_capabilities(request).await;
+    let capabilities = response
         .expect("GetPluginCapabilities")
         .into_inner()
-        .capabilities
-        .into_iter()
-        .map(|cap| cap.r#type.expect("capability with a type"))
-        .collect()
+        .capabilities;
+    types_of(capabilities, "plugin", |cap| cap.r#type)
 }
 
 async fn plugin_services(driver: &TestDriver) -> Vec<PluginService> {
@@ -35,39 +52,47 @@ async fn plugin_services(driver: &TestDriver) -> Vec<PluginService> {
 }
 
 async fn controller_rpcs(driver: &TestDriver) -> Vec<ControllerRpc> {
-    driver
+    use csi::controller_service_capability::Type::Rpc;
+    let request = csi::ControllerGetCapabilitiesRequest {};
+    let response = driver
         .controller()
-        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
-        .await
+        .controller_get_capabilities(request)
+        .await;
+    let capabilities = response
         .expect("ControllerGetCapabilities")
         .into_inner()
-        .capabilities
-        .into_iter()
-        .map(|cap| match cap.r#type {
-            Some(csi::controller_service_capability::Type::Rpc(rpc)) => {
-                ControllerRpc::try_from(rpc.r#type).expect("known controller rpc")
-            }
-            None => panic!("empty controller capability"),
-        })
-        .collect()
+        .capabilities;
+    rpcs_of(capabilities, "controller", |cap| {
+        cap.r#type.map(|Rpc(rpc)| rpc.r#type)
+    })
 }
 
 async fn node_rpcs(driver: &TestDriver) -> Vec<NodeRpc> {
-    driver
-        .node()
-        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
-        .await
+    use csi::node_service_capability::Type::Rpc;
+    let request = csi::NodeGetCapabilitiesRequest {};
+    let response = driver.node().node_get_capabilities(request).await;
+    let capabilities = response
         .expect("NodeGetCapabilities")
         .into_inner()
-        .capabilities
-        .into_iter()
-        .map(|cap| match cap.r#type {
-            Some(csi::node_service_capability::Type::Rpc(rpc)) => {
-                NodeRpc::try_from(rpc.r#type).expect("known node rpc")
-            }
-            None => panic!("empty node capability"),
-        })
-        .collect()
+        .capabilities;
+    rpcs_of(capabilities, "node", |cap| {
+        cap.r#type.map(|Rpc(rpc)| rpc.r#type)
+    })
+}
+
+async fn start_in_mode(mode: &'static str) -> TestDriver {
+    TestDriver::start_with(Options {
+        mode: Some(mode),
+        ..Default::default()
+    })
+    .await
+}
+
+/// CreateVolume on a socket that offers no volume work of the controller's.
+async fn assert_create_volume_unimplemented(driver: &TestDriver) {
+    let request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE);
+    let create = driver.controller().create_volume(request).await;
+    expect_code(create, Code::Unimplemented);
 }
 
 #[tokio::test]
@@ -116,11 +141,7 @@ async fn probe_is_ready() {
 
 #[tokio::test]
 async fn controller_mode_claims_no_volume_work() {
-    let driver = TestDriver::start_with(Options {
-        mode: Some("controller"),
-        ..Default::default()
-    })
-    .await;
+    let driver = start_in_mode("controller").await;
     // csi-resizer needs CONTROLLER_SERVICE to run at all.
     assert!(
         plugin_services(&driver)
@@ -128,15 +149,7 @@ async fn controller_mode_claims_no_volume_work() {
             .contains(&PluginService::ControllerService)
     );
     assert_eq!(controller_rpcs(&driver).await, vec![]);
-    let create = driver
-        .controller()
-        .create_volume(create_request(
-            &new_name(),
-            mount_cap(Mode::SingleNodeWriter),
-            SIZE,
-        ))
-        .await;
-    expect_code(create, Code::Unimplemented);
+    assert_create_volume_unimplemented(&driver).await;
     // csi-resizer reads NodeGetCapabilities on this socket: EXPAND_VOLUME there (and none on
     // the controller) makes it use its trivial resizer, leaving expansion to the node.
     assert!(node_rpcs(&driver).await.contains(&NodeRpc::ExpandVolume));
@@ -150,23 +163,11 @@ async fn controller_mode_claims_no_volume_work() {
 
 #[tokio::test]
 async fn node_mode_offers_no_controller_service() {
-    let driver = TestDriver::start_with(Options {
-        mode: Some("node"),
-        ..Default::default()
-    })
-    .await;
+    let driver = start_in_mode("node").await;
     let services = plugin_services(&driver).await;
     assert!(!services.contains(&PluginService::ControllerService));
     assert!(services.contains(&PluginService::VolumeAccessibilityConstraints));
-    let create = driver
-        .controller()
-        .create_volume(create_request(
-            &new_name(),
-            mount_cap(Mode::SingleNodeWriter),
-            SIZE,
-        ))
-        .await;
-    expect_code(create, Code::Unimplemented);
+    assert_create_volume_unimplemented(&driver).await;
     assert!(node_rpcs(&driver).await.contains(&NodeRpc::GetVolumeStats));
 }
 

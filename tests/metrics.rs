@@ -82,11 +82,7 @@ async fn rpc_and_volume_figures_match_the_calls_made() {
         ))
         .await;
     assert_eq!(unpublished.capacity_bytes, 3 * SIZE + 4096);
-    let target = driver.mount_target();
-    driver
-        .publish(&published, &target, snw_mount(), false)
-        .await
-        .expect("NodePublishVolume");
+    driver.publish_at_new_target(&published, snw_mount()).await;
     expect_code(driver.delete("").await, Code::InvalidArgument);
 
     let metrics = driver.scrape();
@@ -167,10 +163,7 @@ async fn rpc_and_volume_figures_match_the_calls_made() {
 #[tokio::test]
 async fn figures_follow_unpublish_delete_and_expansion() {
     let driver = TestDriver::start_with_metrics(Options::default()).await;
-    let block = driver.create_block_volume().await;
-    let target = driver.block_target();
-    let cap = block_cap(Mode::SingleNodeWriter);
-    driver.publish(&block, &target, cap, false).await.unwrap();
+    let (block, target) = driver.published_block_volume().await;
     let metrics = driver.scrape();
     assert_eq!(volumes(&metrics, "block", "published"), 1.0);
     assert_eq!(volumes(&metrics, "block", "unpublished"), 0.0);
@@ -185,7 +178,7 @@ async fn figures_follow_unpublish_delete_and_expansion() {
     assert_eq!(provisioned(&metrics, "block"), grown as f64);
     assert_eq!(requests(&metrics, "NodeExpandVolume", "Ok"), 1.0);
 
-    driver.unpublish(&block.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&block, &target).await;
     let metrics = driver.scrape();
     assert_eq!(volumes(&metrics, "block", "published"), 0.0);
     assert_eq!(volumes(&metrics, "block", "unpublished"), 1.0);

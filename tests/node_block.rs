@@ -19,13 +19,8 @@ const DATA_LEN: usize = MIB as usize;
 #[tokio::test]
 async fn publish_links_a_direct_io_loop_device_and_data_survives_republish() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_block_volume().await;
+    let (volume, target) = driver.published_block_volume().await;
     let file = host_path(&volume);
-    let target = driver.block_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .expect("NodePublishVolume");
 
     let device = linked_device(&target);
     assert_eq!(loop_devices_of(&file), vec![device.clone()]);
@@ -42,10 +37,7 @@ async fn publish_links_a_direct_io_loop_device_and_data_survives_republish() {
 
     let data = pattern(DATA_LEN, 7);
     write_direct(&target, &data);
-    driver
-        .unpublish(&volume.volume_id, &target)
-        .await
-        .expect("NodeUnpublishVolume");
+    driver.unpublish_ok(&volume, &target).await;
     assert!(!exists_no_follow(&target), "the symlink must be removed");
     assert!(
         fs::read_dir(target.parent().unwrap())
@@ -64,15 +56,11 @@ async fn publish_links_a_direct_io_loop_device_and_data_survives_republish() {
         data,
         "data reached the volume's file"
     );
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
 
-    let target = driver.block_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    let target = driver.publish_at_new_target(&volume, snw()).await;
     assert_eq!(read_direct(&target, DATA_LEN), data);
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert_eq!(loop_devices_of(&file), vec![]);
 }
 
@@ -82,14 +70,11 @@ async fn publish_is_idempotent() {
     let volume = driver.create_block_volume().await;
     let target = driver.block_target();
     for _ in 0..10 {
-        driver
-            .publish(&volume, &target, snw(), false)
-            .await
-            .unwrap();
+        driver.publish_ok(&volume, &target, snw()).await;
     }
     let device = linked_device(&target);
     assert_eq!(loop_devices_of(&host_path(&volume)), vec![device]);
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert!(!exists_no_follow(&target));
     assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
 }
@@ -99,12 +84,8 @@ async fn two_targets_share_one_device_until_the_last_unpublish() {
     let driver = TestDriver::start().await;
     let volume = driver.create_block_volume().await;
     let file = host_path(&volume);
-    let (first, second) = (driver.block_target(), driver.block_target());
-    driver.publish(&volume, &first, snw(), false).await.unwrap();
-    driver
-        .publish(&volume, &second, snw(), false)
-        .await
-        .unwrap();
+    let first = driver.publish_at_new_target(&volume, snw()).await;
+    let second = driver.publish_at_new_target(&volume, snw()).await;
     let device = linked_device(&first);
     assert_eq!(linked_device(&second), device);
     assert_eq!(loop_devices_of(&file), vec![device.clone()]);
@@ -113,7 +94,7 @@ async fn two_targets_share_one_device_until_the_last_unpublish() {
     write_direct(&first, &data);
     assert_eq!(read_direct(&second, DATA_LEN), data);
 
-    driver.unpublish(&volume.volume_id, &first).await.unwrap();
+    driver.unpublish_ok(&volume, &first).await;
     assert!(!exists_no_follow(&first));
     assert_eq!(
         loop_devices_of(&file),
@@ -121,7 +102,7 @@ async fn two_targets_share_one_device_until_the_last_unpublish() {
         "still used by the second target"
     );
     assert_eq!(read_direct(&second, DATA_LEN), data);
-    driver.unpublish(&volume.volume_id, &second).await.unwrap();
+    driver.unpublish_ok(&volume, &second).await;
     assert!(!exists_no_follow(&second));
     assert_eq!(loop_devices_of(&file), vec![]);
 }
@@ -131,17 +112,10 @@ async fn read_only_publish_gives_a_read_only_device() {
     let driver = TestDriver::start().await;
     let volume = driver.create_block_volume().await;
     let file = host_path(&volume);
-    let writable = driver.block_target();
-    driver
-        .publish(&volume, &writable, snw(), false)
-        .await
-        .unwrap();
+    let writable = driver.publish_at_new_target(&volume, snw()).await;
     let data = pattern(DATA_LEN, 9);
     write_direct(&writable, &data);
-    driver
-        .unpublish(&volume.volume_id, &writable)
-        .await
-        .unwrap();
+    driver.unpublish_ok(&volume, &writable).await;
 
     let target = driver.block_target();
     driver.publish(&volume, &target, snw(), true).await.unwrap();
@@ -158,7 +132,7 @@ async fn read_only_publish_gives_a_read_only_device() {
         driver.publish(&volume, &target, snw(), false).await,
         Code::AlreadyExists,
     );
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert_eq!(loop_devices_of(&file), vec![]);
     assert_eq!(read_prefix(&file, DATA_LEN), data);
 }
@@ -167,21 +141,16 @@ async fn read_only_publish_gives_a_read_only_device() {
 async fn single_writer_block_volume_refuses_a_second_writer() {
     let driver = TestDriver::start().await;
     let cap = block_cap(Mode::SingleNodeSingleWriter);
-    let volume = driver
-        .create(create_request(&new_name(), cap.clone(), SIZE))
-        .await;
-    let (first, second) = (driver.block_target(), driver.block_target());
-    driver
-        .publish(&volume, &first, cap.clone(), false)
-        .await
-        .unwrap();
+    let volume = driver.create_with_capability(cap.clone()).await;
+    let first = driver.publish_at_new_target(&volume, cap.clone()).await;
+    let second = driver.block_target();
     expect_code(
         driver.publish(&volume, &second, cap.clone(), false).await,
         Code::FailedPrecondition,
     );
     assert!(!exists_no_follow(&second));
     assert_eq!(loop_devices_of(&host_path(&volume)).len(), 1);
-    driver.unpublish(&volume.volume_id, &first).await.unwrap();
+    driver.unpublish_ok(&volume, &first).await;
     assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
 }
 
@@ -192,22 +161,16 @@ async fn publish_replaces_a_placeholder_left_at_the_target() {
     let volume = driver.create_block_volume().await;
     let as_file = driver.block_target();
     fs::write(&as_file, b"").unwrap();
-    driver
-        .publish(&volume, &as_file, snw(), false)
-        .await
-        .unwrap();
+    driver.publish_ok(&volume, &as_file, snw()).await;
     linked_device(&as_file);
-    driver.unpublish(&volume.volume_id, &as_file).await.unwrap();
+    driver.unpublish_ok(&volume, &as_file).await;
     assert!(!exists_no_follow(&as_file));
 
     let as_dir = driver.block_target();
     fs::create_dir(&as_dir).unwrap();
-    driver
-        .publish(&volume, &as_dir, snw(), false)
-        .await
-        .unwrap();
+    driver.publish_ok(&volume, &as_dir, snw()).await;
     linked_device(&as_dir);
-    driver.unpublish(&volume.volume_id, &as_dir).await.unwrap();
+    driver.unpublish_ok(&volume, &as_dir).await;
     assert!(!exists_no_follow(&as_dir));
 
     let with_content = driver.block_target();
@@ -242,10 +205,7 @@ async fn stats_of_a_block_volume() {
     let target = driver.block_target();
     let path = path_str(&target);
     expect_code(driver.stats(&volume.volume_id, &path).await, Code::NotFound);
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    driver.publish_ok(&volume, &target, snw()).await;
     let stats = driver.stats(&volume.volume_id, &path).await.unwrap();
     let bytes = usage_of(&stats, Unit::Bytes).expect("bytes usage");
     assert_eq!(bytes.total, volume.capacity_bytes);
@@ -265,19 +225,14 @@ async fn stats_of_a_block_volume() {
         driver.stats(&volume.volume_id, "some/path").await,
         Code::NotFound,
     );
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     expect_code(driver.stats(&volume.volume_id, &path).await, Code::NotFound);
 }
 
 #[tokio::test]
 async fn stats_report_an_abnormal_condition_when_the_file_disappears() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_block_volume().await;
-    let target = driver.block_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    let (volume, target) = driver.published_block_volume().await;
     let device = linked_device(&target);
     let file = host_path(&volume);
     fs::remove_file(&file).unwrap();
@@ -286,7 +241,7 @@ async fn stats_report_an_abnormal_condition_when_the_file_disappears() {
         .await
         .expect("stats of a published volume whose file vanished");
     assert!(stats.volume_condition.expect("condition").abnormal);
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert!(!exists_no_follow(&target));
     // The kernel names the backing file "<path> (deleted)" now; another test may already
     // have been given the freed device number, so only check it no longer serves our file.

@@ -17,12 +17,7 @@ fn snw() -> csi::VolumeCapability {
 #[tokio::test]
 async fn publish_bind_mounts_the_volume_at_a_new_target() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_fs_volume().await;
-    let target = driver.mount_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .expect("NodePublishVolume");
+    let (volume, target) = driver.published_fs_volume().await;
 
     let mounts = mounts_at(&target);
     assert_eq!(mounts.len(), 1, "{mounts:?}");
@@ -33,10 +28,7 @@ async fn publish_bind_mounts_the_volume_at_a_new_target() {
         b"from the pod"
     );
 
-    driver
-        .unpublish(&volume.volume_id, &target)
-        .await
-        .expect("NodeUnpublishVolume");
+    driver.unpublish_ok(&volume, &target).await;
     assert!(mounts_at(&target).is_empty());
     assert!(!exists_no_follow(&target), "the target dir must be removed");
     assert!(target.parent().unwrap().is_dir(), "kubelet's dir stays");
@@ -46,7 +38,7 @@ async fn publish_bind_mounts_the_volume_at_a_new_target() {
         b"from the pod"
     );
     // Again (kubelet retries), and for an id we do not know with the target gone.
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     driver
         .unpublish(&unknown_volume_id(), &target)
         .await
@@ -60,13 +52,10 @@ async fn publish_is_idempotent_without_stacking_mounts() {
     let volume = driver.create_fs_volume().await;
     let target = driver.mount_target();
     for _ in 0..10 {
-        driver
-            .publish(&volume, &target, snw(), false)
-            .await
-            .expect("NodePublishVolume");
+        driver.publish_ok(&volume, &target, snw()).await;
     }
     assert_eq!(mounts_at(&target).len(), 1);
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert!(mounts_at(&target).is_empty());
     assert!(!exists_no_follow(&target));
 }
@@ -90,7 +79,7 @@ async fn publish_read_only() {
         Code::AlreadyExists,
     );
     assert!(has_option(&mounts_at(&target)[0], "ro"));
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert!(!exists_no_follow(&target));
 }
 
@@ -98,26 +87,21 @@ async fn publish_read_only() {
 async fn reader_only_access_mode_publishes_read_only() {
     let driver = TestDriver::start().await;
     let cap = mount_cap(Mode::SingleNodeReaderOnly);
-    let volume = driver
-        .create(create_request(&new_name(), cap.clone(), SIZE))
-        .await;
-    let target = driver.mount_target();
-    driver.publish(&volume, &target, cap, false).await.unwrap();
+    let volume = driver.create_with_capability(cap.clone()).await;
+    // Not asked read-only: the access mode alone makes it so.
+    let target = driver.publish_at_new_target(&volume, cap).await;
     assert!(has_option(&mounts_at(&target)[0], "ro"));
     let err = fs::write(target.join("new"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
 }
 
 #[tokio::test]
 async fn publish_honours_mount_flags() {
     let driver = TestDriver::start().await;
     let cap = mount_cap_with_flags(Mode::SingleNodeWriter, &["noexec", "nosuid,nodev"]);
-    let volume = driver
-        .create(create_request(&new_name(), cap.clone(), SIZE))
-        .await;
-    let target = driver.mount_target();
-    driver.publish(&volume, &target, cap, false).await.unwrap();
+    let volume = driver.create_with_capability(cap.clone()).await;
+    let target = driver.publish_at_new_target(&volume, cap).await;
     let mounts = mounts_at(&target);
     assert_eq!(mounts.len(), 1);
     for option in ["noexec", "nosuid", "nodev", "rw"] {
@@ -128,7 +112,7 @@ async fn publish_honours_mount_flags() {
     fs::set_permissions(&program, fs::Permissions::from_mode(0o755)).unwrap();
     let err = Command::new(&program).status().unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
 
     // Flags a bind mount cannot honour are refused before anything happens.
     let target = driver.mount_target();
@@ -144,15 +128,9 @@ async fn publish_honours_mount_flags() {
 async fn single_writer_volume_refuses_a_second_writer() {
     let driver = TestDriver::start().await;
     let cap = mount_cap(Mode::SingleNodeSingleWriter);
-    let volume = driver
-        .create(create_request(&new_name(), cap.clone(), SIZE))
-        .await;
-    let first = driver.mount_target();
+    let volume = driver.create_with_capability(cap.clone()).await;
+    let first = driver.publish_at_new_target(&volume, cap.clone()).await;
     let second = driver.mount_target();
-    driver
-        .publish(&volume, &first, cap.clone(), false)
-        .await
-        .unwrap();
     expect_code(
         driver.publish(&volume, &second, cap.clone(), false).await,
         Code::FailedPrecondition,
@@ -163,32 +141,25 @@ async fn single_writer_volume_refuses_a_second_writer() {
     );
     assert!(mounts_at(&second).is_empty());
     // Once the first writer is gone, the second may publish.
-    driver.unpublish(&volume.volume_id, &first).await.unwrap();
-    driver.publish(&volume, &second, cap, false).await.unwrap();
-    driver.unpublish(&volume.volume_id, &second).await.unwrap();
+    driver.unpublish_ok(&volume, &first).await;
+    driver.publish_ok(&volume, &second, cap).await;
+    driver.unpublish_ok(&volume, &second).await;
 }
 
 #[tokio::test]
 async fn multi_writer_volume_publishes_at_two_targets() {
     let driver = TestDriver::start().await;
     let cap = mount_cap(Mode::SingleNodeMultiWriter);
-    let volume = driver
-        .create(create_request(&new_name(), cap.clone(), SIZE))
-        .await;
-    let first = driver.mount_target();
-    let second = driver.mount_target();
-    driver
-        .publish(&volume, &first, cap.clone(), false)
-        .await
-        .unwrap();
-    driver.publish(&volume, &second, cap, false).await.unwrap();
+    let volume = driver.create_with_capability(cap.clone()).await;
+    let first = driver.publish_at_new_target(&volume, cap.clone()).await;
+    let second = driver.publish_at_new_target(&volume, cap).await;
     assert_eq!(mounts_at(&first).len(), 1);
     assert_eq!(mounts_at(&second).len(), 1);
     fs::write(first.join("shared"), b"one").unwrap();
     assert_eq!(fs::read(second.join("shared")).unwrap(), b"one");
-    driver.unpublish(&volume.volume_id, &first).await.unwrap();
+    driver.unpublish_ok(&volume, &first).await;
     assert_eq!(fs::read(second.join("shared")).unwrap(), b"one");
-    driver.unpublish(&volume.volume_id, &second).await.unwrap();
+    driver.unpublish_ok(&volume, &second).await;
     assert!(!exists_no_follow(&first) && !exists_no_follow(&second));
 }
 
@@ -361,37 +332,27 @@ async fn unpublish_validates_arguments() {
         Code::InvalidArgument,
     );
     // A never-published volume with no target: nothing to do.
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
 }
 
 #[tokio::test]
 async fn unpublish_of_an_unknown_volume_leaves_foreign_mounts_alone() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_fs_volume().await;
-    let target = driver.mount_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    let (volume, target) = driver.published_fs_volume().await;
     // Kubelet mixing up ids must not make us unmount (or report gone) someone's live mount.
     expect_code(
         driver.unpublish(&unknown_volume_id(), &target).await,
         Code::FailedPrecondition,
     );
     assert_eq!(mounts_at(&target).len(), 1);
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert!(!exists_no_follow(&target));
 }
 
 #[tokio::test]
 async fn stats_report_the_volume_itself() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_fs_volume().await;
-    let target = driver.mount_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    let (volume, target) = driver.published_fs_volume().await;
     let path = path_str(&target);
 
     let before = driver.stats(&volume.volume_id, &path).await.unwrap();
@@ -431,7 +392,7 @@ async fn stats_report_the_volume_itself() {
         inodes.used + 2,
         "{inodes:?} → {inodes_after:?}"
     );
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
 }
 
 #[tokio::test]
@@ -442,10 +403,7 @@ async fn stats_argument_and_lookup_errors() {
     let path = path_str(&target);
     // Not published yet.
     expect_code(driver.stats(&volume.volume_id, &path).await, Code::NotFound);
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    driver.publish_ok(&volume, &target, snw()).await;
 
     expect_code(driver.stats("", "some/path").await, Code::InvalidArgument);
     expect_code(
@@ -475,19 +433,14 @@ async fn stats_argument_and_lookup_errors() {
         .stats(&volume.volume_id, &path)
         .await
         .expect("stats where published");
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     expect_code(driver.stats(&volume.volume_id, &path).await, Code::NotFound);
 }
 
 #[tokio::test]
 async fn stats_report_an_abnormal_condition_when_the_data_disappears() {
     let driver = TestDriver::start().await;
-    let volume = driver.create_fs_volume().await;
-    let target = driver.mount_target();
-    driver
-        .publish(&volume, &target, snw(), false)
-        .await
-        .unwrap();
+    let (volume, target) = driver.published_fs_volume().await;
     fs::write(target.join("file"), b"x").unwrap();
     // An admin (or a disk cleanup) removes the data directory behind the driver's back.
     fs::remove_dir_all(host_path(&volume)).unwrap();
@@ -500,7 +453,7 @@ async fn stats_report_an_abnormal_condition_when_the_data_disappears() {
     assert!(condition.abnormal, "{condition:?}");
     assert!(!condition.message.is_empty());
     // Kubelet can still tear the pod down.
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert!(mounts_at(&target).is_empty());
     assert!(!exists_no_follow(&target));
 }

@@ -24,18 +24,12 @@ async fn restart_keeps_volumes_and_data() {
     let fs_volume = driver.create(fs_request.clone()).await;
     let block_volume = driver.create(block_request.clone()).await;
     fs::write(host_path(&fs_volume).join("file"), b"kept").unwrap();
-    let target = driver.block_target();
-    let cap = block_cap(Mode::SingleNodeWriter);
-    driver
-        .publish(&block_volume, &target, cap, false)
-        .await
-        .unwrap();
+    let target = driver
+        .publish_at_new_target(&block_volume, block_cap(Mode::SingleNodeWriter))
+        .await;
     let data = pattern(MIB as usize, 5);
     write_direct(&target, &data);
-    driver
-        .unpublish(&block_volume.volume_id, &target)
-        .await
-        .unwrap();
+    driver.unpublish_ok(&block_volume, &target).await;
     let before = driver.list_all().await;
 
     driver.restart().await;
@@ -46,39 +40,19 @@ async fn restart_keeps_volumes_and_data() {
         fs::read(host_path(&fs_volume).join("file")).unwrap(),
         b"kept"
     );
-    let target = driver.block_target();
-    let cap = block_cap(Mode::SingleNodeWriter);
-    driver
-        .publish(&block_volume, &target, cap, false)
-        .await
-        .unwrap();
+    let target = driver
+        .publish_at_new_target(&block_volume, block_cap(Mode::SingleNodeWriter))
+        .await;
     assert_eq!(read_direct(&target, data.len()), data);
-    driver
-        .unpublish(&block_volume.volume_id, &target)
-        .await
-        .unwrap();
+    driver.unpublish_ok(&block_volume, &target).await;
     assert_eq!(loop_devices_of(&host_path(&block_volume)), vec![]);
 }
 
 #[tokio::test]
 async fn publications_survive_restart_and_kill9() {
     let mut driver = TestDriver::start().await;
-    let fs_volume = driver.create_fs_volume().await;
-    let block_volume = driver.create_block_volume().await;
-    let fs_target = driver.mount_target();
-    let block_target = driver.block_target();
-    let (mount, block) = (
-        mount_cap(Mode::SingleNodeWriter),
-        block_cap(Mode::SingleNodeWriter),
-    );
-    driver
-        .publish(&fs_volume, &fs_target, mount.clone(), false)
-        .await
-        .unwrap();
-    driver
-        .publish(&block_volume, &block_target, block.clone(), false)
-        .await
-        .unwrap();
+    let (fs_volume, fs_target) = driver.published_fs_volume().await;
+    let (block_volume, block_target) = driver.published_block_volume().await;
     let device = linked_device(&block_target);
 
     for graceful in [true, false] {
@@ -94,15 +68,9 @@ async fn publications_survive_restart_and_kill9() {
             loop_devices_of(&host_path(&block_volume)),
             vec![device.clone()]
         );
-        let entries = driver.list_all().await;
-        assert_eq!(
-            published_nodes(&entries, &fs_volume.volume_id),
-            vec![NODE_ID]
-        );
-        assert_eq!(
-            published_nodes(&entries, &block_volume.volume_id),
-            vec![NODE_ID]
-        );
+        driver
+            .assert_published_on(&[&fs_volume, &block_volume], &[NODE_ID])
+            .await;
         driver
             .stats(&fs_volume.volume_id, &path_str(&fs_target))
             .await
@@ -113,13 +81,15 @@ async fn publications_survive_restart_and_kill9() {
         );
         // kubelet retrying a publish after the restart is still idempotent.
         driver
-            .publish(&fs_volume, &fs_target, mount.clone(), false)
-            .await
-            .unwrap();
+            .publish_ok(&fs_volume, &fs_target, mount_cap(Mode::SingleNodeWriter))
+            .await;
         driver
-            .publish(&block_volume, &block_target, block.clone(), false)
-            .await
-            .unwrap();
+            .publish_ok(
+                &block_volume,
+                &block_target,
+                block_cap(Mode::SingleNodeWriter),
+            )
+            .await;
         assert_eq!(mounts_at(&fs_target).len(), 1);
         assert_eq!(
             loop_devices_of(&host_path(&block_volume)),
@@ -127,14 +97,8 @@ async fn publications_survive_restart_and_kill9() {
         );
     }
 
-    driver
-        .unpublish(&fs_volume.volume_id, &fs_target)
-        .await
-        .unwrap();
-    driver
-        .unpublish(&block_volume.volume_id, &block_target)
-        .await
-        .unwrap();
+    driver.unpublish_ok(&fs_volume, &fs_target).await;
+    driver.unpublish_ok(&block_volume, &block_target).await;
     assert!(mounts_at(&fs_target).is_empty());
     assert!(!exists_no_follow(&fs_target) && !exists_no_follow(&block_target));
     assert_eq!(loop_devices_of(&host_path(&block_volume)), vec![]);
@@ -204,20 +168,8 @@ async fn unreadable_record_keeps_its_data_and_blocks_deletion() {
 #[tokio::test]
 async fn start_forgets_publications_removed_behind_its_back() {
     let mut driver = TestDriver::start().await;
-    let fs_volume = driver.create_fs_volume().await;
-    let block_volume = driver.create_block_volume().await;
-    let fs_target = driver.mount_target();
-    let block_target = driver.block_target();
-    let mount = mount_cap(Mode::SingleNodeWriter);
-    let block = block_cap(Mode::SingleNodeWriter);
-    driver
-        .publish(&fs_volume, &fs_target, mount, false)
-        .await
-        .unwrap();
-    driver
-        .publish(&block_volume, &block_target, block, false)
-        .await
-        .unwrap();
+    let (fs_volume, fs_target) = driver.published_fs_volume().await;
+    let (block_volume, block_target) = driver.published_block_volume().await;
     driver.kill9();
 
     // A node reboot (or an admin) removes the mount and the symlink while the driver is down.
@@ -234,18 +186,12 @@ async fn start_forgets_publications_removed_behind_its_back() {
         vec![],
         "the device of a forgotten publication is detached"
     );
-    let entries = driver.list_all().await;
-    assert!(published_nodes(&entries, &fs_volume.volume_id).is_empty());
-    assert!(published_nodes(&entries, &block_volume.volume_id).is_empty());
+    driver
+        .assert_published_on(&[&fs_volume, &block_volume], &[])
+        .await;
     // Kubelet's late unpublish still succeeds; deletion is not blocked.
-    driver
-        .unpublish(&fs_volume.volume_id, &fs_target)
-        .await
-        .unwrap();
-    driver
-        .unpublish(&block_volume.volume_id, &block_target)
-        .await
-        .unwrap();
+    driver.unpublish_ok(&fs_volume, &fs_target).await;
+    driver.unpublish_ok(&block_volume, &block_target).await;
     driver.delete(&fs_volume.volume_id).await.unwrap();
     driver.delete(&block_volume.volume_id).await.unwrap();
 }

@@ -89,7 +89,7 @@ async fn secrets_never_reach_the_log() {
         driver.node().node_publish_volume(wrong_target).await,
         Code::InvalidArgument,
     );
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     let delete = csi::DeleteVolumeRequest {
         volume_id: volume.volume_id.clone(),
         secrets: secrets(),
@@ -160,10 +160,7 @@ async fn a_non_socket_file_at_the_endpoint_is_never_replaced() {
 #[tokio::test]
 async fn a_second_driver_on_a_live_socket_refuses_and_touches_nothing() {
     let mut driver = TestDriver::start().await;
-    let volume = driver.create_block_volume().await;
-    let target = driver.block_target();
-    let cap = block_cap(Mode::SingleNodeWriter);
-    driver.publish(&volume, &target, cap, false).await.unwrap();
+    let (volume, target) = driver.published_block_volume().await;
     let device = linked_device(&target);
     // Data of a CreateVolume the live driver is in the middle of: not an orphan to it.
     let in_flight = driver.data.join("volumes").join(unknown_volume_id());
@@ -193,7 +190,7 @@ async fn a_second_driver_on_a_live_socket_refuses_and_touches_nothing() {
     let probe = driver.identity().probe(csi::ProbeRequest {}).await.unwrap();
     assert_eq!(probe.into_inner().ready, Some(true));
     assert_eq!(driver.list_all().await.len(), 1);
-    driver.unpublish(&volume.volume_id, &target).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
     assert_eq!(loop_devices_of(&host_path(&volume)), vec![]);
 }
 

@@ -3,26 +3,16 @@
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Ok,
-    Warn,
-    Fail,
-}
+use stickyvol::doctor::{Check, Outcome};
 
-/// One line of the report: `[ok]`, `[warn]` or `[FAIL]` and what was found.
-#[derive(Debug, Clone)]
-pub struct DoctorCheck {
-    pub outcome: Outcome,
-    pub text: String,
-}
-
+/// The report as printed; each check line (`[ok]`, `[warn]` or `[FAIL]` and what was found) read
+/// back into the library's [`Check`].
 #[derive(Debug)]
 pub struct DoctorReport {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
-    pub checks: Vec<DoctorCheck>,
+    pub checks: Vec<Check>,
     /// The final `result: …` line, without `result: `.
     pub result: String,
 }
@@ -30,8 +20,8 @@ pub struct DoctorReport {
 impl DoctorReport {
     /// The one check whose text contains `needle`.
     #[track_caller]
-    pub fn check(&self, needle: &str) -> &DoctorCheck {
-        let mut found = self.checks.iter().filter(|c| c.text.contains(needle));
+    pub fn check(&self, needle: &str) -> &Check {
+        let mut found = self.checks.iter().filter(|c| c.what.contains(needle));
         match (found.next(), found.next()) {
             (Some(check), None) => check,
             (None, _) => panic!("no check mentions {needle:?}:\n{}", self.stdout),
@@ -89,9 +79,9 @@ pub fn run_doctor(kubelet: &Path, data: &Path) -> DoctorReport {
         .into_iter()
         .find_map(|(tag, outcome)| line.strip_prefix(tag).map(|text| (outcome, text)))
         .unwrap_or_else(|| panic!("not a check line: {line:?}\n{stdout}"));
-        checks.push(DoctorCheck {
+        checks.push(Check {
             outcome,
-            text: text.trim().to_string(),
+            what: text.trim().to_string(),
         });
     }
     DoctorReport {

@@ -335,24 +335,42 @@ impl TestDriver {
             .expect("CreateVolume returned no volume")
     }
 
+    /// A fresh volume of [`SIZE`] with `capability` (which decides filesystem or block).
+    pub async fn create_with_capability(&self, capability: csi::VolumeCapability) -> csi::Volume {
+        self.create(create_request(&new_name(), capability, SIZE))
+            .await
+    }
+
     /// A fresh SINGLE_NODE_WRITER filesystem volume of [`SIZE`].
     pub async fn create_fs_volume(&self) -> csi::Volume {
-        self.create(create_request(
-            &new_name(),
-            mount_cap(Mode::SingleNodeWriter),
-            SIZE,
-        ))
-        .await
+        self.create_with_capability(mount_cap(Mode::SingleNodeWriter))
+            .await
     }
 
     /// A fresh SINGLE_NODE_WRITER block volume of [`SIZE`].
     pub async fn create_block_volume(&self) -> csi::Volume {
-        self.create(create_request(
-            &new_name(),
-            block_cap(Mode::SingleNodeWriter),
-            SIZE,
-        ))
-        .await
+        self.create_with_capability(block_cap(Mode::SingleNodeWriter))
+            .await
+    }
+
+    /// A fresh SINGLE_NODE_WRITER filesystem volume of [`SIZE`], published at a new target
+    /// ([`TestDriver::publish_at_new_target`]); the volume and its target.
+    pub async fn published_fs_volume(&self) -> (csi::Volume, PathBuf) {
+        let volume = self.create_fs_volume().await;
+        let target = self
+            .publish_at_new_target(&volume, mount_cap(Mode::SingleNodeWriter))
+            .await;
+        (volume, target)
+    }
+
+    /// A fresh SINGLE_NODE_WRITER block volume of [`SIZE`], published at a new target
+    /// ([`TestDriver::publish_at_new_target`]); the volume and its target.
+    pub async fn published_block_volume(&self) -> (csi::Volume, PathBuf) {
+        let volume = self.create_block_volume().await;
+        let target = self
+            .publish_at_new_target(&volume, block_cap(Mode::SingleNodeWriter))
+            .await;
+        (volume, target)
     }
 
     /// CreateVolume as the provisioner retries it: again while ABORTED, then it must succeed.
@@ -425,6 +443,20 @@ impl TestDriver {
         response.entries
     }
 
+    /// Asserts that one ListVolumes call reports each of `volumes` as published on exactly
+    /// `nodes`.
+    pub async fn assert_published_on(&self, volumes: &[&csi::Volume], nodes: &[&str]) {
+        let entries = self.list_all().await;
+        for volume in volumes {
+            assert_eq!(
+                published_nodes(&entries, &volume.volume_id),
+                nodes,
+                "published_node_ids of {}",
+                volume.volume_id
+            );
+        }
+    }
+
     /// A filesystem target as kubelet makes it: the parent exists, `…/mount` does not.
     pub fn mount_target(&self) -> PathBuf {
         let parent = self
@@ -447,6 +479,45 @@ impl TestDriver {
         parent.join(uuid::Uuid::now_v7().to_string())
     }
 
+    /// A new target of the kind `capability` asks for: [`TestDriver::block_target`] for block
+    /// access, [`TestDriver::mount_target`] otherwise.
+    pub fn target_for(&self, capability: &csi::VolumeCapability) -> PathBuf {
+        match capability.access_type {
+            Some(csi::volume_capability::AccessType::Block(_)) => self.block_target(),
+            _ => self.mount_target(),
+        }
+    }
+
+    /// [`TestDriver::publish_ok`] at a new target ([`TestDriver::target_for`]); the target.
+    pub async fn publish_at_new_target(
+        &self,
+        volume: &csi::Volume,
+        capability: csi::VolumeCapability,
+    ) -> PathBuf {
+        let target = self.target_for(&capability);
+        self.publish_ok(volume, &target, capability).await;
+        target
+    }
+
+    /// NodePublishVolume as kubelet sends it for a pod that did not ask for read-only (the
+    /// access mode may still make it read-only), which must succeed.
+    pub async fn publish_ok(
+        &self,
+        volume: &csi::Volume,
+        target: &Path,
+        capability: csi::VolumeCapability,
+    ) {
+        self.publish(volume, target, capability, false)
+            .await
+            .unwrap_or_else(|s| {
+                panic!(
+                    "NodePublishVolume {} at {}: {s:?}",
+                    volume.volume_id,
+                    target.display()
+                )
+            });
+    }
+
     pub async fn publish(
         &self,
         volume: &csi::Volume,
@@ -458,6 +529,19 @@ impl TestDriver {
             .node_publish_volume(publish_request(volume, target, capability, readonly))
             .await
             .map(drop)
+    }
+
+    /// NodeUnpublishVolume, which must succeed.
+    pub async fn unpublish_ok(&self, volume: &csi::Volume, target: &Path) {
+        self.unpublish(&volume.volume_id, target)
+            .await
+            .unwrap_or_else(|s| {
+                panic!(
+                    "NodeUnpublishVolume {} at {}: {s:?}",
+                    volume.volume_id,
+                    target.display()
+                )
+            });
     }
 
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
