@@ -71,18 +71,32 @@ pub fn set_flags(target: &Path, flags: MountFlags) -> io::Result<()> {
         .map(drop)
 }
 
+/// Per-mount flags as mount(2) takes them and as statvfs(3) reports them.
+const REPORTED_FLAGS: &[(MountFlags, FsFlags)] = &[
+    (MountFlags::RDONLY, FsFlags::ST_RDONLY),
+    (MountFlags::NOSUID, FsFlags::ST_NOSUID),
+    (MountFlags::NODEV, FsFlags::ST_NODEV),
+    (MountFlags::NOEXEC, FsFlags::ST_NOEXEC),
+    (MountFlags::NOATIME, FsFlags::ST_NOATIME),
+    (MountFlags::NODIRATIME, FsFlags::ST_NODIRATIME),
+    (MountFlags::RELATIME, FsFlags::ST_RELATIME),
+];
+
+/// The per-mount flags (except read-only) of the mount holding `source`. A bind mount starts
+/// with them and a remount replaces the whole set, so they must be restated to be kept; in a
+/// user namespace the kernel even refuses to drop them.
+pub fn inherited_flags(source: &Path) -> io::Result<MountFlags> {
+    let current = super::fsstat::mount_flags(source)?;
+    Ok(REPORTED_FLAGS
+        .iter()
+        .filter(|(flag, seen)| *flag != MountFlags::RDONLY && current.contains(*seen))
+        .fold(MountFlags::empty(), |acc, (flag, _)| acc | *flag))
+}
+
 /// Whether the mount at `target` already carries exactly the flags we would set.
 pub fn has_flags(target: &Path, flags: MountFlags) -> io::Result<bool> {
     let current = super::fsstat::mount_flags(target)?;
-    let checks = [
-        (MountFlags::RDONLY, FsFlags::ST_RDONLY),
-        (MountFlags::NOSUID, FsFlags::ST_NOSUID),
-        (MountFlags::NODEV, FsFlags::ST_NODEV),
-        (MountFlags::NOEXEC, FsFlags::ST_NOEXEC),
-        (MountFlags::NOATIME, FsFlags::ST_NOATIME),
-        (MountFlags::NODIRATIME, FsFlags::ST_NODIRATIME),
-    ];
-    Ok(checks
+    Ok(REPORTED_FLAGS
         .iter()
         .all(|(wanted, seen)| flags.contains(*wanted) == current.contains(*seen)))
 }

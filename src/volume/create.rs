@@ -15,6 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tracing::{info, warn};
 
 use super::capacity;
+use super::devices;
 use super::id::VolumeId;
 use super::record::{AccessMode, VolumeKind, VolumeRecord};
 use super::store::sync_dir;
@@ -129,7 +130,7 @@ impl Volumes {
         let path = self.layout.data_path(id, kind);
         if kind == VolumeKind::Block {
             // A device left attached by a crash would keep the file's blocks alive.
-            for device in loopdev::find_by_backing_file(&path).unwrap_or_default() {
+            for device in devices::serving(id).unwrap_or_default() {
                 loopdev::detach(&device).context(|| {
                     format!("detaching {} from volume {id}", device.path().display())
                 })?;

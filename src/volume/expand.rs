@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::Volumes;
 use super::capacity;
+use super::devices;
 use super::id::VolumeId;
 use super::record::VolumeKind;
 use crate::error::{Error, IoContext, Result};
@@ -60,7 +61,7 @@ impl Volumes {
                     .and_then(|()| file.sync_all())
                     .context(|| format!("growing {} to {wanted} bytes", path.display()))?;
             }
-            let devices = loopdev::find_by_backing_file(&path)
+            let devices = devices::serving(id)
                 .context(|| format!("looking for loop devices of volume {id}"))?;
             for device in devices {
                 loopdev::refresh_capacity(&device).context(|| {

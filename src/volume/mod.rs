@@ -8,6 +8,7 @@
 
 pub mod capacity;
 mod create;
+mod devices;
 mod expand;
 pub mod guard;
 pub mod id;

@@ -13,9 +13,11 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use sys_mount::MountFlags;
 use tracing::{info, warn};
 
 use super::Volumes;
+use super::devices;
 use super::id::VolumeId;
 use super::record::{Publication, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
@@ -99,23 +101,29 @@ impl Volumes {
 
     /// Removes the publication at `target`; succeeds when there is nothing (left) to undo.
     pub fn unpublish(&self, id: Option<&VolumeId>, target: &Path) -> Result<()> {
-        let record = id.and_then(|id| self.store.get(id));
-        let (Some(id), Some(_)) = (id, record) else {
+        self.check_target_ancestors(target)?;
+        let Some(id) = id else {
             return unpublish_unknown(target);
         };
         let _guard = self.claim(id)?;
-        let record = self.get(id)?;
+        // Looked up under the guard: a DeleteVolume that just finished makes this volume unknown.
+        let Some(record) = self.store.get(id) else {
+            return unpublish_unknown(target);
+        };
         let data = self.layout.data_path(id, record.kind);
         match record.kind {
             VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
-            VolumeKind::Block => self.unpublish_device(id, &record, &data, target)?,
+            VolumeKind::Block => self.unpublish_device(id, &record, target)?,
         }
         if record.publication(target).is_some() {
             let mut updated = (*record).clone();
             updated.publications.retain(|p| p.target != target);
-            self.store
-                .put(updated)
-                .context(|| format!("recording the unpublication of volume {id}"))?;
+            // The host is clean, which is what kubelet waits for; a stale entry in the record
+            // is harmless (liveness is always checked on the host) and dropped at next start.
+            // Failing here, e.g. on a full disk, would leave the pod Terminating forever.
+            if let Err(err) = self.store.put(updated) {
+                warn!(volume = %id, target = %target.display(), error = %err, "unpublished, but could not update the record");
+            }
         }
         info!(volume = %id, target = %target.display(), "unpublished volume");
         Ok(())
@@ -157,17 +165,25 @@ impl Volumes {
                 };
                 Ok(target.is_symlink()
                     && fs::read_link(&publication.target).ok() == Some(device.path())
-                    && device_backs(&device, &data))
+                    && devices::serves(&device, &record.id))
             }
         }
     }
 
-    /// The target's existing ancestors must resolve (symlinks followed) inside the kubelet dir.
-    fn check_target_parent(&self, target: &Path) -> Result<()> {
+    /// The target's existing ancestors must resolve (symlinks followed) inside the kubelet dir
+    /// and outside the data dir (volumes are never targets of each other).
+    fn check_target_ancestors(&self, target: &Path) -> Result<()> {
         let mut ancestor = target.parent();
         while let Some(dir) = ancestor {
             match dir.canonicalize() {
-                Ok(real) if real.starts_with(&self.kubelet_dir) => break,
+                Ok(real) if real.starts_with(&self.layout.root) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "target {} lies inside the data directory {}",
+                        target.display(),
+                        self.layout.root.display()
+                    )));
+                }
+                Ok(real) if real.starts_with(&self.kubelet_dir) => return Ok(()),
                 Ok(real) => {
                     return Err(Error::InvalidArgument(format!(
                         "target {} resolves through {} outside the kubelet directory {}",
@@ -180,6 +196,12 @@ impl Volumes {
                 Err(err) => return Err(Error::host(format!("resolving {}", dir.display()), err)),
             }
         }
+        Ok(())
+    }
+
+    /// Checks the target's ancestors and creates its parent (kubelet normally has).
+    fn check_target_parent(&self, target: &Path) -> Result<()> {
+        self.check_target_ancestors(target)?;
         let parent = target.parent().unwrap_or(Path::new("/"));
         fs::create_dir_all(parent).context(|| format!("creating {}", parent.display()))
     }
@@ -192,8 +214,8 @@ impl Volumes {
         cap: &Capability,
     ) -> Result<()> {
         let target = &wanted.target;
-        let flags = cap.bind_flags(wanted.readonly);
         let source = fsstat::lstat(data).map_err(|err| missing_data(id, data, err))?;
+        let flags = bind_flags(cap, wanted.readonly, data)?;
         if !source.is_dir() {
             return Err(Error::FailedPrecondition(format!(
                 "data of volume {id} at {} is not a directory",
@@ -268,14 +290,14 @@ impl Volumes {
                     .as_deref()
                     .and_then(loopdev::LoopDevice::from_name)
             })
-            .find(|device| device_backs(device, data));
+            .find(|device| devices::serves(device, id));
         let device = match shared {
             Some(device) => device,
             None => self.attach_device(id, data, wanted.readonly)?,
         };
         wanted.loop_device = Some(device.name().to_string());
         // Any failure from here on must not leave the device we may just have attached behind.
-        if let Err(err) = link_device(&target, &device, data) {
+        if let Err(err) = link_device(&target, &device) {
             self.release_device_if_unused(record, &device, &target);
             return Err(err);
         }
@@ -289,7 +311,7 @@ impl Volumes {
         readonly: bool,
     ) -> Result<loopdev::LoopDevice> {
         // After a crash a device may already be attached and unrecorded: adopt it.
-        let existing = loopdev::find_by_backing_file(data)
+        let existing = devices::serving(id)
             .context(|| format!("looking for loop devices of volume {id}"))?
             .into_iter()
             .find(|device| loopdev::is_read_only(device).ok() == Some(readonly));
@@ -302,13 +324,7 @@ impl Volumes {
         Ok(device)
     }
 
-    fn unpublish_device(
-        &self,
-        id: &VolumeId,
-        record: &VolumeRecord,
-        data: &Path,
-        target: &Path,
-    ) -> Result<()> {
+    fn unpublish_device(&self, id: &VolumeId, record: &VolumeRecord, target: &Path) -> Result<()> {
         let device = match fsstat::lstat_if_exists(target)
             .context(|| format!("inspecting {}", target.display()))?
         {
@@ -324,6 +340,11 @@ impl Volumes {
                 remove_empty_dir(target)?;
                 None
             }
+            // The placeholders publish accepts (and replaces) are tidied the same way.
+            Some(stat) if stat.is_regular_file() && stat.size == 0 => {
+                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                None
+            }
             Some(_) => {
                 return Err(Error::FailedPrecondition(format!(
                     "target {} of volume {id} is not a symlink we made; leaving it alone",
@@ -336,7 +357,7 @@ impl Volumes {
             .and_then(|p| p.loop_device.as_deref())
             .and_then(loopdev::LoopDevice::from_name);
         for device in device.into_iter().chain(recorded) {
-            if device_backs(&device, data) {
+            if devices::serves(&device, id) {
                 self.release_device_if_unused(record, &device, target);
             }
         }
@@ -395,24 +416,17 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
     Ok(())
 }
 
-/// Makes `target` a symlink to `device`, replacing an empty placeholder or a stale link; Ok if
+/// Makes `target` a symlink to `device`, replacing an empty placeholder or another link; Ok if
 /// it already is one.
-fn link_device(target: &Path, device: &loopdev::LoopDevice, data: &Path) -> Result<()> {
+fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
     match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
         Some(stat) if stat.is_symlink() => {
-            let link = fs::read_link(target).ok();
-            if link.as_ref() == Some(&device.path()) {
+            if fs::read_link(target).ok() == Some(device.path()) {
                 return Ok(());
             }
-            if let Some((other, file)) = link.as_deref().and_then(live_device_elsewhere(data)) {
-                return Err(Error::AlreadyExists(format!(
-                    "target {} already links to {}, which serves {}",
-                    target.display(),
-                    other.display(),
-                    file.display()
-                )));
-            }
-            // A link left by an earlier life, e.g. before a reboot renumbered the devices.
+            // Kubelet's block target belongs to one PV and one pod, so a link there to another
+            // device is stale: e.g. a reboot renumbered the devices, and the old number may now
+            // serve another volume.
             fs::remove_file(target)
                 .context(|| format!("replacing the stale link {}", target.display()))?;
         }
@@ -440,6 +454,18 @@ fn link_device(target: &Path, device: &loopdev::LoopDevice, data: &Path) -> Resu
             device.path().display()
         )
     })
+}
+
+/// The flags for a bind of `data`: the ones asked for, plus those the data's own mount has (a
+/// remount replaces the whole set), except atime flags when an atime option was asked for.
+fn bind_flags(cap: &Capability, readonly: bool, data: &Path) -> Result<MountFlags> {
+    let requested = cap.bind_flags(readonly);
+    let mut inherited =
+        mount::inherited_flags(data).context(|| format!("statvfs {}", data.display()))?;
+    if requested.intersects(MountFlags::NOATIME | MountFlags::RELATIME | MountFlags::STRICTATIME) {
+        inherited.remove(MountFlags::NOATIME | MountFlags::RELATIME);
+    }
+    Ok(requested | inherited)
 }
 
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
@@ -477,26 +503,6 @@ fn is_bind_of(target: &Stat, data: &Path) -> io::Result<bool> {
         return Ok(false);
     }
     Ok(fsstat::lstat_if_exists(data)?.is_some_and(|source| source.same_file(target)))
-}
-
-/// For a link to a loop device that serves another file than `data`: (device, its file).
-fn live_device_elsewhere(data: &Path) -> impl Fn(&Path) -> Option<(PathBuf, PathBuf)> + '_ {
-    move |link| {
-        let device = loopdev::LoopDevice::from_path(link)?;
-        let file = loopdev::backing_file(&device).ok()??;
-        (!device_backs(&device, data)).then(|| (device.path(), file))
-    }
-}
-
-/// Whether `device` is attached to `data`. A file deleted while attached still counts (the
-/// kernel then reports "<path> (deleted)"), so its device is still released on unpublish.
-fn device_backs(device: &loopdev::LoopDevice, data: &Path) -> bool {
-    let Ok(Some(file)) = loopdev::backing_file(device) else {
-        return false;
-    };
-    let mut deleted = data.as_os_str().to_owned();
-    deleted.push(" (deleted)");
-    file == data || file.as_os_str() == deleted
 }
 
 fn missing_data(id: &VolumeId, data: &Path, err: io::Error) -> Error {
