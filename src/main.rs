@@ -77,6 +77,21 @@ async fn shutdown_signal() {
     }
 }
 
+/// Lifts the soft open-files limit to the hard one: each concurrent RPC may hold a few
+/// descriptors, and the default soft limit (often 1024) is far below what a busy node needs.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(error = %err, soft, hard, "could not raise the open-files limit");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "could not read the open-files limit"),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
@@ -102,6 +117,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            raise_open_files_limit();
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

@@ -107,19 +107,19 @@ async fn publications_survive_restart_and_kill9() {
 }
 
 #[tokio::test]
-async fn start_removes_orphaned_data_and_temp_records() {
+async fn start_removes_uncommitted_data_and_temp_records() {
     let mut driver = TestDriver::start().await;
     let kept = driver.create_fs_volume().await;
     fs::write(host_path(&kept).join("file"), b"kept").unwrap();
     driver.kill9();
 
-    // What a kill -9 in the middle of CreateVolume (or DeleteVolume) leaves behind.
+    // What a kill -9 in the middle of CreateVolume leaves before its record commits it.
     let volumes = driver.data.join("volumes");
-    let orphan_dir = volumes.join(unknown_volume_id());
-    fs::create_dir_all(orphan_dir.join("sub")).unwrap();
-    fs::write(orphan_dir.join("sub/file"), b"half-made").unwrap();
-    let orphan_file = volumes.join(format!("{}.img", unknown_volume_id()));
-    fs::write(&orphan_file, b"").unwrap();
+    let staged_dir = volumes.join(format!(".creating-{}", unknown_volume_id()));
+    fs::create_dir_all(staged_dir.join("sub")).unwrap();
+    fs::write(staged_dir.join("sub/file"), b"half-made").unwrap();
+    let staged_file = volumes.join(format!(".creating-{}.img", unknown_volume_id()));
+    fs::write(&staged_file, b"").unwrap();
     let temp_record = driver
         .data
         .join("state")
@@ -130,14 +130,65 @@ async fn start_removes_orphaned_data_and_temp_records() {
     fs::write(&stranger, b"admin notes").unwrap();
 
     driver.start_again().await;
-    assert!(!exists_no_follow(&orphan_dir));
-    assert!(!exists_no_follow(&orphan_file));
+    assert!(!exists_no_follow(&staged_dir));
+    assert!(!exists_no_follow(&staged_file));
     assert!(!exists_no_follow(&temp_record));
     assert_eq!(fs::read(&stranger).unwrap(), b"admin notes");
     let entries = driver.list_all().await;
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].volume.as_ref().unwrap(), &kept);
     assert_eq!(fs::read(host_path(&kept).join("file")).unwrap(), b"kept");
+}
+
+#[tokio::test]
+async fn start_finishes_a_create_interrupted_after_its_commit() {
+    let mut driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    let block_volume = driver.create_block_volume().await;
+    fs::write(host_path(&fs_volume).join("file"), b"committed").unwrap();
+    driver.kill9();
+    // Record written, data not yet moved to its final name.
+    for volume in [&fs_volume, &block_volume] {
+        let path = host_path(volume);
+        let staged = path.with_file_name(format!(
+            ".creating-{}",
+            path.file_name().unwrap().to_str().unwrap()
+        ));
+        fs::rename(&path, &staged).unwrap();
+    }
+
+    driver.start_again().await;
+    assert_eq!(
+        fs::read(host_path(&fs_volume).join("file")).unwrap(),
+        b"committed"
+    );
+    assert_eq!(
+        fs::metadata(host_path(&block_volume)).unwrap().len(),
+        block_volume.capacity_bytes as u64
+    );
+    assert_eq!(
+        driver.data_entries().len(),
+        2,
+        "{:?}",
+        driver.data_entries()
+    );
+}
+
+#[tokio::test]
+async fn data_without_any_record_is_moved_aside_never_deleted() {
+    let mut driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    fs::write(host_path(&volume).join("precious"), b"user data").unwrap();
+    driver.kill9();
+    // E.g. the state directory was lost: the data is all that is left.
+    fs::remove_dir_all(driver.data.join("state")).unwrap();
+
+    driver.start_again().await;
+    assert!(!exists_no_follow(&host_path(&volume)));
+    let moved = driver.data.join("lost+found").join(&volume.volume_id);
+    assert_eq!(fs::read(moved.join("precious")).unwrap(), b"user data");
+    assert!(driver.list_all().await.is_empty());
+    assert!(driver.log_text().contains("moved to lost+found"));
 }
 
 #[tokio::test]

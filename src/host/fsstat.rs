@@ -45,12 +45,17 @@ impl Stat {
 pub fn lstat(path: &Path) -> io::Result<Stat> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    statx_raw(libc::AT_FDCWD, &c_path)
+    statx_raw(libc::AT_FDCWD, &c_path, 0)
 }
 
 /// statx of `name` inside the directory `dir` (a symlink is not followed).
 pub fn lstat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
-    statx_raw(dir.as_raw_fd(), name)
+    statx_raw(dir.as_raw_fd(), name, 0)
+}
+
+/// statx of an open file descriptor.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    statx_raw(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
 }
 
 /// Like `lstat`, but a missing path is `Ok(None)`.
@@ -62,9 +67,12 @@ pub fn lstat_if_exists(path: &Path) -> io::Result<Option<Stat>> {
     }
 }
 
-fn statx_raw(dirfd: libc::c_int, name: &CStr) -> io::Result<Stat> {
+fn statx_raw(dirfd: libc::c_int, name: &CStr, extra_flags: libc::c_int) -> io::Result<Stat> {
     let mut buf = MaybeUninit::<libc::statx>::zeroed();
-    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_AS_STAT;
+    let flags = libc::AT_SYMLINK_NOFOLLOW
+        | libc::AT_NO_AUTOMOUNT
+        | libc::AT_STATX_SYNC_AS_STAT
+        | extra_flags;
     let mask = libc::STATX_TYPE
         | libc::STATX_MODE
         | libc::STATX_INO

@@ -1,9 +1,12 @@
 //! CreateVolume and DeleteVolume.
 //!
-//! Crash safety: the data (directory or sparse file) is made first, the record is written last
-//! and is the commit point. A crash in between leaves data without a record, which `recover`
-//! removes at the next start, so a volume is either absent or complete. Deletion runs the other
-//! way: data first, record last, so a retried DeleteVolume finishes the job.
+//! Crash safety: the data (directory or sparse file) is made under a staging name
+//! (`volumes/.creating-<id>`), then the record is written: the commit point. Only then does the
+//! data move to its final name. A crash before the commit leaves staging data without a record,
+//! which `recover` removes; a crash after it leaves a record with staging data, which a retried
+//! CreateVolume or the next start moves into place. So a volume is either absent or complete,
+//! and data under a final name without a record never comes from us (see `recover`). Deletion
+//! runs the other way: data first, record last, so a retried DeleteVolume finishes the job.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -21,7 +24,7 @@ use super::record::{AccessMode, VolumeKind, VolumeRecord};
 use super::store::sync_dir;
 use super::{Volumes, set_mode};
 use crate::error::{Error, IoContext, Result};
-use crate::host::{loopdev, mountinfo, safe_delete, tree::WalkError};
+use crate::host::{fsstat, loopdev, mountinfo, safe_delete, tree::WalkError};
 
 /// A validated CreateVolume request.
 #[derive(Debug, Clone)]
@@ -47,6 +50,7 @@ impl Volumes {
         let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
         if let Some(existing) = self.store.find_by_name(&req.name) {
             check_compatible(&existing, &req)?;
+            self.finish_create(&existing)?;
             return Ok(existing);
         }
         let available = self.space()?.available_bytes;
@@ -58,12 +62,13 @@ impl Volumes {
         }
 
         let id = VolumeId::generate();
+        let staging = self.layout.staging_path(&id, req.kind);
         let path = self.layout.data_path(&id, req.kind);
-        let made = make_data(&path, req.kind, capacity).and_then(|()| {
+        let made = make_data(&staging, req.kind, capacity).and_then(|()| {
             sync_dir(&self.layout.volumes)
                 .context(|| format!("syncing {}", self.layout.volumes.display()))
         });
-        let record = made.and_then(|()| {
+        let committed = made.and_then(|()| {
             let record = VolumeRecord {
                 id: id.clone(),
                 name: req.name.clone(),
@@ -75,22 +80,42 @@ impl Volumes {
                 created_unix_ms: now_ms(),
                 publications: Vec::new(),
             };
-            self.store
-                .put(record)
-                .context(|| format!("writing the record of volume {id}"))
+            self.store.put(record).map_err(|err| {
+                // The rename may have happened before the failure (e.g. the directory fsync):
+                // take the record back so no record points at data about to be removed.
+                let _ = self.store.remove(&id);
+                Error::host(format!("writing the record of volume {id}"), err)
+            })
         });
-        match record {
-            Ok(record) => {
-                info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, path = %path.display(), "created volume");
-                Ok(record)
-            }
+        let record = match committed {
+            Ok(record) => record,
             Err(err) => {
-                if let Err(cleanup) = safe_delete::remove_all(&path) {
+                if let Err(cleanup) = safe_delete::remove_all(&staging) {
                     warn!(volume = %id, error = %cleanup, "could not remove the data of a failed create; it is removed at next start");
                 }
-                Err(err)
+                return Err(err);
             }
+        };
+        // Committed: from here on the volume exists; moving the data in place is finished by a
+        // retry or at the next start if this fails.
+        self.finish_create(&record)?;
+        info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, path = %path.display(), "created volume");
+        Ok(record)
+    }
+
+    /// Moves a committed volume's data from its staging name to its final name, if not done yet.
+    pub(super) fn finish_create(&self, record: &VolumeRecord) -> Result<()> {
+        let staging = self.layout.staging_path(&record.id, record.kind);
+        let path = self.layout.data_path(&record.id, record.kind);
+        if fsstat::lstat_if_exists(&staging)
+            .context(|| format!("inspecting {}", staging.display()))?
+            .is_none()
+        {
+            return Ok(());
         }
+        fs::rename(&staging, &path)
+            .and_then(|()| sync_dir(&self.layout.volumes))
+            .context(|| format!("moving {} into place", staging.display()))
     }
 
     /// Deletes a volume and its data. Unknown ids succeed (deletion is idempotent).
@@ -102,9 +127,16 @@ impl Volumes {
                     "the record of volume {id} is unreadable; refusing to delete its data (see the log at startup)"
                 )));
             }
-            // Data without a record is what an interrupted create or delete leaves: finish the job.
+            // Data without a record (a lost state directory, or an interrupted create): the CO
+            // deletes the volume, so remove whatever carries its id.
             for kind in [VolumeKind::Filesystem, VolumeKind::Block] {
                 self.remove_data(id, kind)?;
+                safe_delete::remove_all(&self.layout.staging_path(id, kind)).map_err(|err| {
+                    Error::host(
+                        format!("deleting the staging data of volume {id}"),
+                        std::io::Error::other(err.to_string()),
+                    )
+                })?;
             }
             return Ok(());
         };

@@ -5,6 +5,8 @@
 //! - `volumes/<id>/`     a filesystem volume's data (mode 0777, like emptyDir)
 //! - `volumes/<id>.img`  a block volume's backing file (sparse)
 //! - `state/<id>.json`   the volume's record, the commit point of its existence
+//! - `volumes/.creating-<id>[.img]`  data of a create not yet committed
+//! - `lost+found/`       data found without a record, kept for an admin
 
 pub mod capacity;
 mod create;
@@ -36,6 +38,9 @@ use id::VolumeId;
 use record::{VolumeKind, VolumeRecord};
 use store::Store;
 
+/// Prefix of data not yet committed by a record.
+pub const STAGING_PREFIX: &str = ".creating-";
+
 /// Paths inside the data directory.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -59,6 +64,19 @@ impl Layout {
             VolumeKind::Filesystem => self.volumes.join(id.as_str()),
             VolumeKind::Block => self.volumes.join(format!("{id}.img")),
         }
+    }
+
+    /// Where a volume's data is made before its record commits it.
+    pub fn staging_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
+        let final_path = self.data_path(id, kind);
+        let name = final_path.file_name().expect("data paths end in a name");
+        self.volumes
+            .join(format!("{STAGING_PREFIX}{}", name.to_string_lossy()))
+    }
+
+    /// Where data found without a record is moved instead of being deleted.
+    pub fn lost_and_found(&self) -> PathBuf {
+        self.root.join("lost+found")
     }
 
     /// The id a file name in `volumes/` belongs to, if it is one of ours.

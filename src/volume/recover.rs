@@ -1,5 +1,6 @@
 //! Reconciling the host with the records at startup, so a kill -9 at any moment converges:
-//! - data without a record (an interrupted create or delete) is removed;
+//! - staged data of an interrupted create is moved into place (committed) or removed (not);
+//! - data under a final name without any record is moved to `lost+found`, never deleted;
 //! - publications the host no longer shows (a reboot, an interrupted unpublish) are forgotten;
 //! - loop devices over our files that no live publication uses are detached.
 //!
@@ -7,11 +8,13 @@
 
 use std::collections::HashSet;
 use std::fs;
+use std::path::Path;
 
 use tracing::{error, info, warn};
 
-use super::Volumes;
+use super::id::VolumeId;
 use super::store::LoadReport;
+use super::{Layout, STAGING_PREFIX, Volumes, devices};
 use crate::error::{IoContext, Result};
 use crate::host::{loopdev, safe_delete};
 
@@ -32,22 +35,62 @@ impl Volumes {
         for entry in fs::read_dir(dir).context(|| format!("listing {}", dir.display()))? {
             let entry = entry.context(|| format!("listing {}", dir.display()))?;
             let name = entry.file_name();
-            let Some(id) = name.to_str().and_then(super::Layout::id_of_data_entry) else {
+            let name = name.to_str().unwrap_or_default();
+            if let Some(staged) = name.strip_prefix(STAGING_PREFIX) {
+                self.settle_staged(&entry.path(), staged)?;
+                continue;
+            }
+            let Some(id) = Layout::id_of_data_entry(name) else {
                 warn!(path = %entry.path().display(), "unknown entry in the volumes directory; leaving it alone");
                 continue;
             };
-            if self.store.has_record_file(&id) {
-                continue;
+            if !self.store.has_record_file(&id) {
+                self.quarantine(&id, &entry.path())?;
             }
-            match safe_delete::remove_all(&entry.path()) {
+        }
+        Ok(())
+    }
+
+    /// Staged data: committed (a record exists) → moved into place; never committed → removed.
+    fn settle_staged(&self, path: &Path, staged_name: &str) -> Result<()> {
+        let Some(id) = Layout::id_of_data_entry(staged_name) else {
+            warn!(path = %path.display(), "unknown entry in the volumes directory; leaving it alone");
+            return Ok(());
+        };
+        if let Some(record) = self.store.get(&id) {
+            self.finish_create(&record)?;
+            info!(volume = %id, "finished a create interrupted after its commit");
+        } else if !self.store.has_record_file(&id) {
+            match safe_delete::remove_all(path) {
                 Ok(()) => {
-                    info!(volume = %id, path = %entry.path().display(), "removed data left by an interrupted create or delete")
+                    info!(volume = %id, path = %path.display(), "removed the data of a create interrupted before its commit")
                 }
                 Err(err) => {
-                    warn!(volume = %id, error = %err, "could not remove orphaned volume data")
+                    warn!(volume = %id, error = %err, "could not remove uncommitted volume data")
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Data under a final name without any record never comes from an interrupted operation of
+    /// ours (see `create`): a lost state directory, a restore, a hand-made entry. It is moved
+    /// aside, never deleted, and the admin is told.
+    fn quarantine(&self, id: &VolumeId, path: &Path) -> Result<()> {
+        let lost = self.layout.lost_and_found();
+        fs::create_dir_all(&lost).context(|| format!("creating {}", lost.display()))?;
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let mut destination = lost.join(&name);
+        if destination.exists() {
+            destination = lost.join(format!("{name}.{}", uuid::Uuid::now_v7().simple()));
+        }
+        fs::rename(path, &destination)
+            .context(|| format!("moving {} to {}", path.display(), destination.display()))?;
+        error!(volume = %id, from = %path.display(), to = %destination.display(), "volume data without a record moved to lost+found; inspect it and remove it by hand");
         Ok(())
     }
 
@@ -87,15 +130,15 @@ impl Volumes {
             }
         };
         for (device, file) in attached {
-            // A file deleted while attached is reported as "<path> (deleted)".
-            let name = file
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            let name = name.strip_suffix(" (deleted)").unwrap_or(name);
-            let ours = file.parent() == Some(self.layout.volumes.as_path())
-                && super::Layout::id_of_data_entry(name).is_some();
-            if !ours || in_use.contains(device.name()) {
+            let Some(id) = devices::volume_of_backing_file(&file) else {
+                continue;
+            };
+            // Ours to release: a volume we know with no live publication on this device, or
+            // data of ours that has no record at all. An unreadable record means hands off.
+            let known = self.store.get(&id).is_some();
+            let recordless_here = !self.store.has_record_file(&id)
+                && file.parent() == Some(self.layout.volumes.as_path());
+            if in_use.contains(device.name()) || !(known || recordless_here) {
                 continue;
             }
             match loopdev::detach(&device) {
