@@ -26,35 +26,44 @@ impl ControllerService {
     fn volumes(&self) -> Result<Arc<Volumes>, Status> {
         self.driver.volumes().map_err(Status::from)
     }
+}
 
-    fn to_csi_volume(&self, volumes: &Volumes, record: &VolumeRecord) -> csi::Volume {
-        let path = volumes.layout().data_path(&record.id, record.kind);
-        csi::Volume {
-            capacity_bytes: record.capacity_bytes,
-            volume_id: record.id.to_string(),
-            volume_context: [
-                (CONTEXT_HOST_PATH.to_string(), path.display().to_string()),
-                (CONTEXT_NODE.to_string(), self.driver.config.node_id.clone()),
-                (
-                    CONTEXT_ACCESS_TYPE.to_string(),
-                    record.kind.as_str().to_string(),
-                ),
-            ]
-            .into(),
-            content_source: None,
-            accessible_topology: vec![self.driver.topology()],
-        }
+fn to_csi_volume(driver: &Driver, volumes: &Volumes, record: &VolumeRecord) -> csi::Volume {
+    let path = volumes.layout().data_path(&record.id, record.kind);
+    csi::Volume {
+        capacity_bytes: record.capacity_bytes,
+        volume_id: record.id.to_string(),
+        volume_context: [
+            (CONTEXT_HOST_PATH.to_string(), path.display().to_string()),
+            (CONTEXT_NODE.to_string(), driver.config.node_id.clone()),
+            (
+                CONTEXT_ACCESS_TYPE.to_string(),
+                record.kind.as_str().to_string(),
+            ),
+        ]
+        .into(),
+        content_source: None,
+        accessible_topology: vec![driver.topology()],
     }
+}
 
-    /// On this node if published anywhere: the node id is what published_node_ids lists.
-    fn published_nodes(&self, volumes: &Volumes, record: &VolumeRecord) -> Vec<String> {
-        let published = volumes.has_live_publication(record);
-        if published {
-            vec![self.driver.config.node_id.clone()]
-        } else {
-            Vec::new()
-        }
-    }
+/// The volume with its status (published here or not, condition): this inspects the host.
+fn with_status(
+    driver: &Driver,
+    volumes: &Volumes,
+    record: &VolumeRecord,
+) -> (csi::Volume, Vec<String>, csi::VolumeCondition) {
+    // On this node if published anywhere: the node id is what published_node_ids lists.
+    let published_nodes = if volumes.has_live_publication(record) {
+        vec![driver.config.node_id.clone()]
+    } else {
+        Vec::new()
+    };
+    (
+        to_csi_volume(driver, volumes, record),
+        published_nodes,
+        to_csi_condition(volumes.condition(record)),
+    )
 }
 
 fn to_csi_condition(condition: Condition) -> csi::VolumeCondition {
@@ -123,7 +132,7 @@ impl Controller for ControllerService {
         let worker = volumes.clone();
         let record = blocking(move || worker.create(create)).await?;
         Ok(Response::new(csi::CreateVolumeResponse {
-            volume: Some(self.to_csi_volume(&volumes, &record)),
+            volume: Some(to_csi_volume(&self.driver, &volumes, &record)),
         }))
     }
 
@@ -211,18 +220,26 @@ impl Controller for ControllerService {
             req.max_entries as usize
         };
         let volumes = self.volumes()?;
-        let worker = volumes.clone();
-        let (page, next) = blocking(move || Ok(worker.list(after.as_ref(), max))).await?;
-        let entries = page
-            .iter()
-            .map(|record| list::Entry {
-                volume: Some(self.to_csi_volume(&volumes, record)),
-                status: Some(list::VolumeStatus {
-                    published_node_ids: self.published_nodes(&volumes, record),
-                    volume_condition: Some(to_csi_condition(volumes.condition(record))),
-                }),
-            })
-            .collect();
+        let driver = self.driver.clone();
+        let (entries, next) = blocking(move || {
+            let (page, next) = volumes.list(after.as_ref(), max);
+            let entries = page
+                .iter()
+                .map(|record| {
+                    let (volume, published_node_ids, condition) =
+                        with_status(&driver, &volumes, record);
+                    list::Entry {
+                        volume: Some(volume),
+                        status: Some(list::VolumeStatus {
+                            published_node_ids,
+                            volume_condition: Some(condition),
+                        }),
+                    }
+                })
+                .collect();
+            Ok((entries, next))
+        })
+        .await?;
         Ok(Response::new(csi::ListVolumesResponse {
             entries,
             next_token: next.map(|id| id.to_string()).unwrap_or_default(),
@@ -235,12 +252,17 @@ impl Controller for ControllerService {
     ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
         let id = request::volume_id(&request.into_inner().volume_id)?;
         let volumes = self.volumes()?;
-        let record = volumes.get(&id)?;
+        let driver = self.driver.clone();
+        let (volume, published_node_ids, condition) = blocking(move || {
+            let record = volumes.get(&id)?;
+            Ok(with_status(&driver, &volumes, &record))
+        })
+        .await?;
         Ok(Response::new(csi::ControllerGetVolumeResponse {
-            volume: Some(self.to_csi_volume(&volumes, &record)),
+            volume: Some(volume),
             status: Some(csi::controller_get_volume_response::VolumeStatus {
-                published_node_ids: self.published_nodes(&volumes, &record),
-                volume_condition: Some(to_csi_condition(volumes.condition(&record))),
+                published_node_ids,
+                volume_condition: Some(condition),
             }),
         }))
     }

@@ -196,6 +196,8 @@ pub async fn serve(
                 Ok(accepted) => accepted,
                 Err(err) => {
                     warn!(error = %err, "metrics: accept failed");
+                    // E.g. out of descriptors: do not spin while it lasts.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
             };

@@ -22,6 +22,8 @@ pub struct Stat {
     pub size: u64,
     /// Bytes allocated on disk (st_blocks × 512).
     pub allocated: u64,
+    /// Hard links to this inode.
+    pub links: u32,
     pub is_mount_root: bool,
 }
 
@@ -99,6 +101,7 @@ fn statx_raw(dirfd: libc::c_int, name: &CStr, extra_flags: libc::c_int) -> io::R
         mode: u32::from(st.stx_mode),
         size: st.stx_size,
         allocated: st.stx_blocks.saturating_mul(512),
+        links: st.stx_nlink,
         is_mount_root: st.stx_attributes & mount_root != 0,
     })
 }

@@ -1,6 +1,7 @@
 //! Measured usage of a directory volume: allocated bytes and inodes of everything inside it,
 //! without following symlinks or counting other mounts. Used until size enforcement gives O(1) figures.
 
+use std::collections::HashSet;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -15,10 +16,20 @@ pub struct Usage {
     pub inodes: u64,
 }
 
-impl Visitor for Usage {
+/// Sums usage, counting a hard-linked inode once however many names it has.
+#[derive(Default)]
+struct Counter {
+    usage: Usage,
+    linked_seen: HashSet<((u32, u32), u64)>,
+}
+
+impl Visitor for Counter {
     fn entry(&mut self, _parent: BorrowedFd<'_>, _name: &CStr, stat: &Stat) -> io::Result<()> {
-        self.bytes = self.bytes.saturating_add(stat.allocated);
-        self.inodes += 1;
+        if stat.links > 1 && !stat.is_dir() && !self.linked_seen.insert((stat.dev, stat.ino)) {
+            return Ok(());
+        }
+        self.usage.bytes = self.usage.bytes.saturating_add(stat.allocated);
+        self.usage.inodes += 1;
         Ok(())
     }
 }
@@ -29,12 +40,15 @@ pub fn measure(dir: &Path) -> Result<Usage, WalkError> {
         path: dir.to_path_buf(),
         source,
     })?;
-    let mut usage = Usage {
-        bytes: root.allocated,
-        inodes: 1,
+    let mut counter = Counter {
+        usage: Usage {
+            bytes: root.allocated,
+            inodes: 1,
+        },
+        ..Counter::default()
     };
-    tree::walk(dir, AtMountPoint::Skip, &mut usage)?;
-    Ok(usage)
+    tree::walk(dir, AtMountPoint::Skip, &mut counter)?;
+    Ok(counter.usage)
 }
 
 #[cfg(test)]
@@ -53,6 +67,9 @@ mod tests {
         std::os::unix::fs::symlink("/usr", dir.path().join("link")).unwrap();
         let usage = measure(dir.path()).unwrap();
         assert_eq!(usage.inodes, 4);
+        // A second name for the same inode adds neither an inode nor bytes.
+        fs::hard_link(dir.path().join("sub/file"), dir.path().join("alias")).unwrap();
+        assert_eq!(measure(dir.path()).unwrap(), usage);
         assert!(usage.bytes >= empty.bytes + (1 << 20), "{usage:?}");
         // The symlink's target (/usr) is not counted: far less than its size.
         assert!(usage.bytes < empty.bytes + (8 << 20), "{usage:?}");
