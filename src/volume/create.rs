@@ -50,8 +50,13 @@ impl Volumes {
         let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
         if let Some(existing) = self.store.find_by_name(&req.name) {
             check_compatible(&existing, &req)?;
-            self.finish_create(&existing)?;
-            return Ok(existing);
+            // Not while a DeleteVolume of it runs: answering with a volume being torn down
+            // would hand the CO an id that is about to vanish.
+            let _busy = self.claim(&existing.id)?;
+            if self.store.get(&existing.id).is_some() {
+                self.finish_create(&existing)?;
+                return Ok(existing);
+            }
         }
         let available = self.space()?.available_bytes;
         if capacity as u64 > available {
