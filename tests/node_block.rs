@@ -251,3 +251,42 @@ async fn stats_report_an_abnormal_condition_when_the_file_disappears() {
         "the device over the deleted file must be detached"
     );
 }
+
+/// The kernel names a loop device's backing file by the path it was attached through. A driver
+/// restarted in another mount namespace (a new container) sees its data dir at another path;
+/// simulated here by a bind mount of the data dir.
+#[tokio::test]
+async fn devices_are_still_recognised_when_the_data_dir_path_changes() {
+    let mut driver = TestDriver::start().await;
+    let (volume, target) = driver.published_block_volume().await;
+    let device = linked_device(&target);
+    driver.stop().await;
+
+    let moved = driver.root.join("data-seen-elsewhere");
+    fs::create_dir(&moved).unwrap();
+    nix::mount::mount(
+        Some(&driver.data),
+        &moved,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .expect("bind-mounting the data dir elsewhere");
+    let original_data = std::mem::replace(&mut driver.data, moved);
+    driver.start_again().await;
+
+    // Still published, same device: not forgotten, not duplicated.
+    driver.assert_published_on(&[&volume], &[NODE_ID]).await;
+    driver
+        .publish(&volume, &target, block_cap(Mode::SingleNodeWriter), false)
+        .await
+        .expect("republishing the same target");
+    assert_eq!(linked_device(&target), device);
+    let original_file = original_data
+        .join("volumes")
+        .join(format!("{}.img", volume.volume_id));
+    assert_eq!(loop_devices_of(&original_file), vec![device]);
+
+    driver.unpublish_ok(&volume, &target).await;
+    assert_eq!(loop_devices_of(&original_file), vec![], "device released");
+}
