@@ -2,9 +2,12 @@
 //! layer, and volume/data-dir figures computed at scrape time from the in-memory index and one
 //! statvfs, so a scrape costs no per-volume system call.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use prost::Message;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -130,6 +133,13 @@ impl Metrics {
 
     /// Records one finished RPC.
     pub fn observe_rpc(&self, method: &str, code: tonic::Code, seconds: f64) {
+        // Label values come from a fixed set: a client sending made-up paths must not be able
+        // to create series without bound.
+        let method = if known_methods().contains(method) {
+            method
+        } else {
+            "unknown"
+        };
         self.rpc_requests
             .get_or_create(&RpcLabels {
                 method: method.to_string(),
@@ -180,6 +190,23 @@ impl Metrics {
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
     }
+}
+
+/// Every RPC name of the CSI schema, plus gRPC reflection's.
+fn known_methods() -> &'static HashSet<String> {
+    static METHODS: OnceLock<HashSet<String>> = OnceLock::new();
+    METHODS.get_or_init(|| {
+        let schema = prost_types::FileDescriptorSet::decode(crate::csi::FILE_DESCRIPTOR_SET)
+            .expect("the embedded CSI descriptor set decodes");
+        schema
+            .file
+            .iter()
+            .flat_map(|file| &file.service)
+            .flat_map(|service| &service.method)
+            .filter_map(|method| method.name.clone())
+            .chain(["ServerReflectionInfo".to_string()])
+            .collect()
+    })
 }
 
 /// Serves GET /metrics on `address` until the process ends.
@@ -246,4 +273,29 @@ async fn respond(
         )
         .body(Full::new(Bytes::from(text)))
         .expect("valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_schema_methods_become_labels() {
+        assert!(known_methods().contains("CreateVolume"));
+        assert!(known_methods().contains("NodePublishVolume"));
+        let metrics = Metrics::new();
+        metrics.observe_rpc("CreateVolume", tonic::Code::Ok, 0.001);
+        metrics.observe_rpc("MadeUp1", tonic::Code::Unimplemented, 0.001);
+        metrics.observe_rpc("MadeUp2", tonic::Code::Unimplemented, 0.001);
+        let mut text = String::new();
+        encode(&mut text, &metrics.registry).unwrap();
+        assert!(text.contains(r#"method="CreateVolume""#));
+        assert!(
+            text.contains(
+                r#"stickyvol_rpc_requests_total{method="unknown",code="Unimplemented"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("MadeUp"));
+    }
 }
