@@ -90,6 +90,29 @@ async fn create_with_a_128_byte_name() {
 }
 
 #[tokio::test]
+async fn names_longer_than_1024_bytes_are_refused() {
+    let driver = TestDriver::start().await;
+    let longest = "n".repeat(1024);
+    driver
+        .create(create_request(
+            &longest,
+            mount_cap(Mode::SingleNodeWriter),
+            SIZE,
+        ))
+        .await;
+    let too_long = driver
+        .controller()
+        .create_volume(create_request(
+            &"n".repeat(1025),
+            mount_cap(Mode::SingleNodeWriter),
+            SIZE,
+        ))
+        .await;
+    expect_code(too_long, Code::InvalidArgument);
+    assert_eq!(driver.list_all().await.len(), 1);
+}
+
+#[tokio::test]
 async fn create_is_idempotent_by_name() {
     let driver = TestDriver::start().await;
     let name = new_name();
@@ -467,6 +490,28 @@ async fn delete_unknown_or_foreign_ids_is_ok() {
             .unwrap_or_else(|s| panic!("{id}: {s:?}"));
     }
     expect_code(driver.delete("").await, Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn delete_of_a_recordless_id_removes_its_data_under_either_name() {
+    let driver = TestDriver::start().await;
+    let volumes = driver.data.join("volumes");
+    let id = unknown_volume_id();
+    // Data carrying the id but no record: a lost state directory, an interrupted create.
+    let final_dir = volumes.join(&id);
+    let staged_file = volumes.join(format!(".creating-{id}.img"));
+    fs::create_dir_all(final_dir.join("sub")).unwrap();
+    fs::write(final_dir.join("sub/file"), b"x").unwrap();
+    fs::write(&staged_file, b"y").unwrap();
+    let neighbour = driver.create_fs_volume().await;
+
+    driver.delete(&id).await.expect("DeleteVolume");
+    assert!(!exists_no_follow(&final_dir));
+    assert!(!exists_no_follow(&staged_file));
+    assert!(
+        exists_no_follow(&host_path(&neighbour)),
+        "other volumes untouched"
+    );
 }
 
 #[tokio::test]

@@ -22,9 +22,9 @@ use super::devices;
 use super::id::VolumeId;
 use super::record::{AccessMode, VolumeKind, VolumeRecord};
 use super::store::sync_dir;
-use super::{Volumes, set_mode};
+use super::{Volumes, set_mode, walk_failure};
 use crate::error::{Error, IoContext, Result};
-use crate::host::{fsstat, loopdev, mountinfo, safe_delete, tree::WalkError};
+use crate::host::{fsstat, loopdev, mountinfo, safe_delete};
 
 /// A validated CreateVolume request.
 #[derive(Debug, Clone)]
@@ -136,12 +136,6 @@ impl Volumes {
             // deletes the volume, so remove whatever carries its id.
             for kind in [VolumeKind::Filesystem, VolumeKind::Block] {
                 self.remove_data(id, kind)?;
-                safe_delete::remove_all(&self.layout.staging_path(id, kind)).map_err(|err| {
-                    Error::host(
-                        format!("deleting the staging data of volume {id}"),
-                        std::io::Error::other(err.to_string()),
-                    )
-                })?;
             }
             return Ok(());
         };
@@ -164,7 +158,6 @@ impl Volumes {
     }
 
     fn remove_data(&self, id: &VolumeId, kind: VolumeKind) -> Result<()> {
-        let path = self.layout.data_path(id, kind);
         if kind == VolumeKind::Block {
             // A device left attached by a crash would keep the file's blocks alive.
             for device in devices::serving(id).unwrap_or_default() {
@@ -173,26 +166,27 @@ impl Volumes {
                 })?;
             }
         }
+        // Data may sit under its final or (an interrupted create) its staging name.
+        let paths = [
+            self.layout.data_path(id, kind),
+            self.layout.staging_path(id, kind),
+        ];
         // Refuse before removing anything: a mount found midway would leave a half-deleted volume.
         let mounts =
             mountinfo::read_self().context(|| "reading /proc/self/mountinfo".to_string())?;
-        if let Some(mount) = mountinfo::mounts_at_or_under(&mounts, &path).next() {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} has a mount at {}; refusing to delete across it",
-                mount.mount_point.display()
-            )));
+        for path in &paths {
+            if let Some(mount) = mountinfo::mounts_at_or_under(&mounts, path).next() {
+                return Err(Error::FailedPrecondition(format!(
+                    "volume {id} has a mount at {}; refusing to delete across it",
+                    mount.mount_point.display()
+                )));
+            }
         }
         // The walk re-checks every directory: a mount made after the look above stops it there.
-        safe_delete::remove_all(&path).map_err(|err| match err {
-            WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
-                "volume {id} contains a mount point at {}; refusing to delete across it",
-                at.display()
-            )),
-            WalkError::Io { path, source } => Error::host(
-                format!("deleting {} of volume {id}", path.display()),
-                source,
-            ),
-        })
+        for path in &paths {
+            safe_delete::remove_all(path).map_err(|err| walk_failure(id, "deleting", err))?;
+        }
+        Ok(())
     }
 }
 

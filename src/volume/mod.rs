@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Space};
+use crate::host::tree::WalkError;
 
 pub use create::CreateRequest;
 pub use publish::PublishRequest;
@@ -300,6 +301,20 @@ fn lock_data_dir(data_dir: &Path) -> Result<Flock<fs::File>> {
             Error::host(format!("locking {}", path.display()), errno.into())
         }
     })
+}
+
+/// A walk over volume `id`'s data that failed. A mount inside the volume is for an admin to
+/// remove (FAILED_PRECONDITION); an io error keeps its errno, so its gRPC code follows it.
+fn walk_failure(id: &VolumeId, doing: &str, err: WalkError) -> Error {
+    match err {
+        WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
+            "volume {id} contains a mount point at {}; refusing to cross it",
+            at.display()
+        )),
+        WalkError::Io { path, source } => {
+            Error::host(format!("{doing} {} of volume {id}", path.display()), source)
+        }
+    }
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<()> {

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use super::id::VolumeId;
 use super::record::VolumeKind;
-use super::{Condition, Volumes};
+use super::{Condition, Volumes, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, usage};
 
@@ -57,12 +57,8 @@ impl Volumes {
         }
         match record.kind {
             VolumeKind::Filesystem => {
-                let measured = usage::measure(&data).map_err(|err| {
-                    Error::host(
-                        format!("measuring volume {id}"),
-                        std::io::Error::other(err.to_string()),
-                    )
-                })?;
+                let measured =
+                    usage::measure(&data).map_err(|err| walk_failure(id, "measuring", err))?;
                 let space = fsstat::space(&publication.target)
                     .context(|| format!("statvfs {}", publication.target.display()))?;
                 if measured.bytes > capacity {
