@@ -75,7 +75,7 @@ fn to_csi_condition(condition: Condition) -> csi::VolumeCondition {
 
 /// Builds the CreateRequest from a CSI request, or the error that answers it.
 fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<CreateRequest, Error> {
-    let name = request::required("name", &req.name)?.to_string();
+    let name = request::volume_name(&req.name)?.to_string();
     let caps = request::capabilities(&req.volume_capabilities)?;
     if let Some(reason) = caps.iter().find_map(request::unsupported_reason) {
         return Err(Error::InvalidArgument(reason));

@@ -57,6 +57,22 @@ pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     }
 }
 
+/// Longest CreateVolume name we keep: far above what COs send (Kubernetes PV names are at most
+/// 253 bytes, csi-sanity sends 128), low enough that a record stays small.
+pub const MAX_NAME_BYTES: usize = 1024;
+
+/// A CreateVolume name: required and bounded.
+pub fn volume_name(value: &str) -> Result<&str> {
+    required("name", value)?;
+    if value.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "name is {} bytes long; at most {MAX_NAME_BYTES} are accepted",
+            value.len()
+        )));
+    }
+    Ok(value)
+}
+
 /// A volume id from a request: empty is INVALID_ARGUMENT, anything not ours NOT_FOUND.
 pub fn volume_id(value: &str) -> Result<VolumeId> {
     required("volume_id", value)?;
