@@ -1,5 +1,6 @@
 //! Host mechanics with no knowledge of gRPC or CSI: each module does one thing to the kernel.
 
+pub mod btrfs;
 pub mod fsstat;
 pub mod loopdev;
 pub mod mount;

@@ -1,0 +1,567 @@
+//! btrfs subvolumes and their qgroup limits, through the kernel's ioctls (no btrfs-progs).
+//!
+//! A volume on btrfs is a subvolume of the pool directory; its size is enforced by a limit on
+//! its level-0 qgroup ("0/<subvolume id>"), which makes writes past it fail with EDQUOT.
+//!
+//! Facts measured on Linux 6.18 (the tests in tests/host_btrfs.rs check them):
+//! - Qgroup numbers (`referenced`, `exclusive`) only change when a transaction commits: right
+//!   after a write they still show the old value. [`sync`] commits; the limit itself is enforced
+//!   at write time regardless, through reservations.
+//! - SNAP_DESTROY removes a subvolume with all its files in one call, but fails with ENOTEMPTY
+//!   while it contains another subvolume.
+//! - The level-0 qgroup of a deleted subvolume stays ("stale") until the cleaner thread has
+//!   dropped the subvolume's tree; then the kernel removes it by itself. Destroying it earlier
+//!   fails with EBUSY (see [`remove_qgroup`]).
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
+use nix::sys::statfs::{BTRFS_SUPER_MAGIC, fstatfs};
+
+use super::fsstat::{self, Stat};
+use uapi::*;
+
+/// The inode number of every subvolume's root directory (BTRFS_FIRST_FREE_OBJECTID).
+const SUBVOLUME_ROOT_INODE: u64 = 256;
+
+/// Longest name a directory entry can have; the kernel's lookup refuses anything longer, so
+/// the ioctls' own bound (BTRFS_PATH_NAME_MAX, 4087) is never the one that matters.
+const NAME_MAX: usize = 255;
+
+/// Creates the subvolume `parent/name` (BTRFS_IOC_SUBVOL_CREATE). `parent` must be a directory
+/// on btrfs and is not followed if it is a symlink. Fails with EEXIST if `name` exists.
+pub fn create_subvolume(parent: &Path, name: &str) -> io::Result<()> {
+    let args = VolArgs::named(validate_name(name)?);
+    let parent = open_dir(parent)?;
+    // SAFETY: the fd is an open directory; `args` is a complete struct btrfs_ioctl_vol_args
+    // that outlives the call and that the kernel only reads.
+    unsafe { btrfs_ioc_subvol_create(parent.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
+/// Whether `path` itself (a symlink is not followed) is the root of a btrfs subvolume: a
+/// directory on btrfs whose inode number is 256. The top-level subvolume (id 5) counts.
+pub fn is_subvolume(path: &Path) -> io::Result<bool> {
+    // O_PATH opens a symlink itself rather than its target, and needs no read permission.
+    let fd = open(
+        path,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = fsstat::stat_fd(fd.as_fd())?;
+    Ok(is_subvolume_root(&stat) && is_btrfs(&fd)?)
+}
+
+/// Deletes the subvolume `parent/name` with everything in it (BTRFS_IOC_SNAP_DESTROY).
+///
+/// Refuses, deleting nothing, when `name` is not a subvolume root (a plain directory, a symlink
+/// even to a subvolume, a file): InvalidInput. A missing `name` is NotFound. The kernel fails
+/// with ENOTEMPTY while the subvolume contains another subvolume: delete those first (rmdir(2)
+/// of an empty nested subvolume, which `safe_delete::remove_all` does, also works) and retry.
+/// The space is freed in the background by the kernel's cleaner thread.
+pub fn delete_subvolume(parent: &Path, name: &str) -> io::Result<()> {
+    let c_name = CString::new(validate_name(name)?).expect("validated names have no NUL");
+    let parent_fd = open_dir(parent)?;
+    let stat = fsstat::lstat_at(parent_fd.as_fd(), &c_name)?;
+    if !is_subvolume_root(&stat) || !is_btrfs(&parent_fd)? {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is not a btrfs subvolume; refusing to delete it",
+                parent.join(name).display()
+            ),
+        ));
+    }
+    // The kernel looks `name` up again and refuses anything but a subvolume root itself, so a
+    // swap after our check cannot make it delete a plain directory or follow a symlink.
+    let args = VolArgs::named(name);
+    // SAFETY: the fd is an open directory; `args` is a complete struct btrfs_ioctl_vol_args
+    // that outlives the call and that the kernel only reads.
+    unsafe { btrfs_ioc_snap_destroy(parent_fd.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
+/// The id of the subvolume whose root is `path` (BTRFS_IOC_INO_LOOKUP of inode 256 in the
+/// fd's own tree). Refuses a directory that is not a subvolume root, which would otherwise
+/// answer with the id of the subvolume containing it.
+pub fn subvolume_id(path: &Path) -> io::Result<u64> {
+    let fd = open_dir(path)?;
+    if !is_subvolume_root(&fsstat::stat_fd(fd.as_fd())?) {
+        return Err(not_a_subvolume(path));
+    }
+    let mut args = InoLookupArgs {
+        treeid: 0, // 0: the tree (subvolume) the fd is in
+        objectid: BTRFS_FIRST_FREE_OBJECTID,
+        name: [0; BTRFS_INO_LOOKUP_PATH_MAX],
+    };
+    // SAFETY: `args` is a complete struct btrfs_ioctl_ino_lookup_args the kernel reads and
+    // fills in; it outlives the call.
+    unsafe { btrfs_ioc_ino_lookup(fd.as_raw_fd(), &mut args) }?;
+    Ok(args.treeid)
+}
+
+/// The filesystem's UUID as the kernel names its /sys/fs/btrfs/<uuid> directory
+/// (BTRFS_IOC_FS_INFO `fsid`, lower-case, hyphenated). `path` is any directory on it.
+pub fn filesystem_id(path: &Path) -> io::Result<String> {
+    let fd = open_dir(path)?;
+    let mut args = FsInfoArgs::zeroed();
+    // SAFETY: `args` is a zeroed struct btrfs_ioctl_fs_info_args (flags 0 asks for nothing
+    // optional) that the kernel fills in; it outlives the call.
+    unsafe { btrfs_ioc_fs_info(fd.as_raw_fd(), &mut args) }?;
+    Ok(uuid::Uuid::from_bytes(args.fsid).hyphenated().to_string())
+}
+
+/// Whether quota (qgroup accounting) is enabled on the filesystem holding `path`, read from
+/// sysfs: the kernel only has /sys/fs/btrfs/<uuid>/qgroups while quota is on.
+pub fn quota_enabled(path: &Path) -> io::Result<bool> {
+    let qgroups = sysfs_dir(path)?.join("qgroups");
+    match fs::read_to_string(qgroups.join("enabled")) {
+        Ok(text) => Ok(text.trim() != "0"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => qgroups.try_exists(),
+        Err(e) => Err(e),
+    }
+}
+
+/// Enables quota on the filesystem holding `path` (BTRFS_IOC_QUOTA_CTL, ENABLE), then waits for
+/// the rescan that enabling starts (BTRFS_IOC_QUOTA_RESCAN_WAIT): until it ends, the qgroups
+/// of existing subvolumes show incomplete numbers. The rescan reads every extent of the
+/// filesystem, so on a big one this takes a while, and qgroup accounting slows every later
+/// transaction commit a little: callers should make enabling a deliberate, logged step.
+/// Enabling an enabled quota is a no-op.
+pub fn enable_quota(path: &Path) -> io::Result<()> {
+    let fd = open_dir(path)?;
+    let mut args = QuotaCtlArgs {
+        cmd: BTRFS_QUOTA_CTL_ENABLE,
+        status: 0,
+    };
+    // SAFETY: `args` is a complete struct btrfs_ioctl_quota_ctl_args that outlives the call.
+    unsafe { btrfs_ioc_quota_ctl(fd.as_raw_fd(), &mut args) }?;
+    // SAFETY: RESCAN_WAIT takes no argument; it returns at once when no rescan runs.
+    unsafe { btrfs_ioc_quota_rescan_wait(fd.as_raw_fd()) }?;
+    Ok(())
+}
+
+/// Limits the bytes the subvolume rooted at `subvolume` may reference (its level-0 qgroup's
+/// max_rfer; BTRFS_IOC_QGROUP_LIMIT with qgroupid 0 = the fd's subvolume). Raising and
+/// lowering both work; a limit below current usage only stops further writes. 0 is refused
+/// (nothing could be written) and so is u64::MAX, which the kernel reads as "remove the
+/// limit" (see [`clear_limit`]). Needs quota enabled (ENOTCONN otherwise).
+pub fn set_limit(subvolume: &Path, max_referenced_bytes: u64) -> io::Result<()> {
+    if max_referenced_bytes == 0 || max_referenced_bytes == QGROUP_CLEAR_VALUE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{max_referenced_bytes} is not a usable qgroup limit"),
+        ));
+    }
+    limit(subvolume, max_referenced_bytes)
+}
+
+/// Removes the subvolume's referenced-bytes limit (max_rfer set to the kernel's clear value).
+pub fn clear_limit(subvolume: &Path) -> io::Result<()> {
+    limit(subvolume, QGROUP_CLEAR_VALUE)
+}
+
+fn limit(subvolume: &Path, max_rfer: u64) -> io::Result<()> {
+    let fd = open_dir(subvolume)?;
+    // qgroupid 0 means "the fd's subvolume", so a plain directory would limit its parent.
+    if !is_subvolume_root(&fsstat::stat_fd(fd.as_fd())?) {
+        return Err(not_a_subvolume(subvolume));
+    }
+    let mut args = QgroupLimitArgs {
+        qgroupid: 0,
+        lim: QgroupLimit {
+            flags: BTRFS_QGROUP_LIMIT_MAX_RFER,
+            max_rfer,
+            max_excl: 0,
+            rsv_rfer: 0,
+            rsv_excl: 0,
+        },
+    };
+    // SAFETY: `args` is a complete struct btrfs_ioctl_qgroup_limit_args that outlives the call.
+    unsafe { btrfs_ioc_qgroup_limit(fd.as_raw_fd(), &mut args) }?;
+    Ok(())
+}
+
+/// A level-0 qgroup's numbers as of the last transaction commit (see [`sync`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QgroupUsage {
+    /// Bytes of all extents the subvolume references, shared ones included.
+    pub referenced: u64,
+    /// Bytes referenced by this subvolume only (what deleting it would free).
+    pub exclusive: u64,
+    /// The max_rfer limit, None when no limit is set.
+    pub max_referenced: Option<u64>,
+}
+
+/// Usage of subvolume `subvolume_id`'s qgroup, read from
+/// /sys/fs/btrfs/<uuid>/qgroups/0_<id>/: a few small files, O(1) whatever the subvolume holds
+/// (the quota tree via TREE_SEARCH would give the same numbers for much more code). sysfs
+/// prints max_referenced as 0 when there is no limit, so `limit_flags` decides. NotFound when
+/// quota is off or the qgroup does not exist.
+pub fn usage(path_in_fs: &Path, subvolume_id: u64) -> io::Result<QgroupUsage> {
+    let dir = sysfs_dir(path_in_fs)?
+        .join("qgroups")
+        .join(format!("0_{subvolume_id}"));
+    let read = |attribute: &str| read_sysfs_number(&dir.join(attribute));
+    let limited = read("limit_flags")? & BTRFS_QGROUP_LIMIT_MAX_RFER != 0;
+    Ok(QgroupUsage {
+        referenced: read("referenced")?,
+        exclusive: read("exclusive")?,
+        max_referenced: if limited {
+            Some(read("max_referenced")?)
+        } else {
+            None
+        },
+    })
+}
+
+/// Commits the running transaction of the filesystem holding `path` (syncfs(2)), after which
+/// [`usage`] is exact. It writes back every dirty page of the whole filesystem, so its cost is
+/// that of all pending writes (any volume's) plus one commit: fine before a usage report,
+/// not on every stats call.
+pub fn sync(path: &Path) -> io::Result<()> {
+    let fd = open_dir(path)?;
+    // SAFETY: syncfs only takes an open fd.
+    if unsafe { libc::syncfs(fd.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Destroys the level-0 qgroup of a deleted subvolume (BTRFS_IOC_QGROUP_CREATE, create = 0),
+/// best effort. Ok when the qgroup is already gone (the kernel removes it by itself once the
+/// cleaner has dropped the subvolume). Fails with EBUSY while the subvolume exists or is still
+/// being dropped, ENOTCONN when quota is off.
+pub fn remove_qgroup(path_in_fs: &Path, subvolume_id: u64) -> io::Result<()> {
+    let fd = open_dir(path_in_fs)?;
+    let args = QgroupCreateArgs {
+        create: 0,
+        qgroupid: subvolume_id, // level 0 in the top 16 bits
+    };
+    // SAFETY: `args` is a complete struct btrfs_ioctl_qgroup_create_args that outlives the call.
+    match unsafe { btrfs_ioc_qgroup_create(fd.as_raw_fd(), &args) } {
+        Ok(_) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+/// Names the ioctls take: one directory entry, not a path.
+fn validate_name(name: &str) -> io::Result<&str> {
+    let valid = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= NAME_MAX
+        && !name.bytes().any(|b| b == b'/' || b == 0);
+    if valid {
+        Ok(name)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a valid subvolume name"),
+        ))
+    }
+}
+
+fn is_subvolume_root(stat: &Stat) -> bool {
+    stat.is_dir() && stat.ino == SUBVOLUME_ROOT_INODE
+}
+
+fn is_btrfs(fd: &OwnedFd) -> io::Result<bool> {
+    Ok(fstatfs(fd)?.filesystem_type() == BTRFS_SUPER_MAGIC)
+}
+
+fn not_a_subvolume(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("{} is not a btrfs subvolume", path.display()),
+    )
+}
+
+/// Ioctls need a real (not O_PATH) descriptor; O_NOFOLLOW keeps a symlink from redirecting us.
+fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    Ok(open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+fn sysfs_dir(path_in_fs: &Path) -> io::Result<PathBuf> {
+    Ok(Path::new("/sys/fs/btrfs").join(filesystem_id(path_in_fs)?))
+}
+
+fn read_sysfs_number(path: &Path) -> io::Result<u64> {
+    let text = fs::read_to_string(path)?;
+    text.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected content {text:?} in {}", path.display()),
+        )
+    })
+}
+
+/// Hand-written mirror of the parts of <linux/btrfs.h> we use, private so that the functions
+/// nix's ioctl macros generate stay out of this module's API.
+mod uapi {
+    use nix::sys::ioctl::ioctl_num_type;
+
+    const BTRFS_IOCTL_MAGIC: u8 = 0x94;
+    pub const BTRFS_PATH_NAME_MAX: usize = 4087;
+    pub const BTRFS_INO_LOOKUP_PATH_MAX: usize = 4080;
+    pub const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+    pub const BTRFS_QUOTA_CTL_ENABLE: u64 = 1;
+    pub const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1;
+    /// A limit of (u64)-1 makes the kernel drop the limit rather than set it (qgroup.c).
+    pub const QGROUP_CLEAR_VALUE: u64 = u64::MAX;
+
+    /// struct btrfs_ioctl_vol_args
+    #[repr(C)]
+    pub struct VolArgs {
+        pub fd: i64,
+        pub name: [u8; BTRFS_PATH_NAME_MAX + 1],
+    }
+
+    impl VolArgs {
+        /// `name` must be shorter than the buffer and free of NUL bytes (validate_name).
+        pub fn named(name: &str) -> VolArgs {
+            let mut args = VolArgs {
+                fd: 0,
+                name: [0; BTRFS_PATH_NAME_MAX + 1],
+            };
+            args.name[..name.len()].copy_from_slice(name.as_bytes());
+            args
+        }
+    }
+
+    /// struct btrfs_ioctl_ino_lookup_args
+    #[repr(C)]
+    pub struct InoLookupArgs {
+        pub treeid: u64,
+        pub objectid: u64,
+        pub name: [u8; BTRFS_INO_LOOKUP_PATH_MAX],
+    }
+
+    /// struct btrfs_ioctl_fs_info_args
+    #[repr(C)]
+    #[allow(dead_code, reason = "filled in by the kernel; only fsid is read")]
+    pub struct FsInfoArgs {
+        pub max_id: u64,
+        pub num_devices: u64,
+        pub fsid: [u8; 16],
+        pub nodesize: u32,
+        pub sectorsize: u32,
+        pub clone_alignment: u32,
+        pub csum_type: u16,
+        pub csum_size: u16,
+        pub flags: u64,
+        pub generation: u64,
+        pub metadata_uuid: [u8; 16],
+        pub reserved: [u8; 944],
+    }
+
+    impl FsInfoArgs {
+        pub fn zeroed() -> FsInfoArgs {
+            FsInfoArgs {
+                max_id: 0,
+                num_devices: 0,
+                fsid: [0; 16],
+                nodesize: 0,
+                sectorsize: 0,
+                clone_alignment: 0,
+                csum_type: 0,
+                csum_size: 0,
+                flags: 0,
+                generation: 0,
+                metadata_uuid: [0; 16],
+                reserved: [0; 944],
+            }
+        }
+    }
+
+    /// struct btrfs_ioctl_quota_ctl_args
+    #[repr(C)]
+    pub struct QuotaCtlArgs {
+        pub cmd: u64,
+        pub status: u64,
+    }
+
+    /// struct btrfs_ioctl_qgroup_create_args
+    #[repr(C)]
+    pub struct QgroupCreateArgs {
+        pub create: u64,
+        pub qgroupid: u64,
+    }
+
+    /// struct btrfs_qgroup_limit
+    #[repr(C)]
+    pub struct QgroupLimit {
+        pub flags: u64,
+        pub max_rfer: u64,
+        pub max_excl: u64,
+        pub rsv_rfer: u64,
+        pub rsv_excl: u64,
+    }
+
+    /// struct btrfs_ioctl_qgroup_limit_args
+    #[repr(C)]
+    pub struct QgroupLimitArgs {
+        pub qgroupid: u64,
+        pub lim: QgroupLimit,
+    }
+
+    pub const BTRFS_IOC_SUBVOL_CREATE: ioctl_num_type =
+        nix::request_code_write!(BTRFS_IOCTL_MAGIC, 14, size_of::<VolArgs>());
+    pub const BTRFS_IOC_SNAP_DESTROY: ioctl_num_type =
+        nix::request_code_write!(BTRFS_IOCTL_MAGIC, 15, size_of::<VolArgs>());
+    pub const BTRFS_IOC_INO_LOOKUP: ioctl_num_type =
+        nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 18, size_of::<InoLookupArgs>());
+    pub const BTRFS_IOC_FS_INFO: ioctl_num_type =
+        nix::request_code_read!(BTRFS_IOCTL_MAGIC, 31, size_of::<FsInfoArgs>());
+    pub const BTRFS_IOC_QUOTA_CTL: ioctl_num_type =
+        nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 40, size_of::<QuotaCtlArgs>());
+    pub const BTRFS_IOC_QGROUP_CREATE: ioctl_num_type =
+        nix::request_code_write!(BTRFS_IOCTL_MAGIC, 42, size_of::<QgroupCreateArgs>());
+    /// Declared _IOR in the header although the kernel only reads the argument.
+    pub const BTRFS_IOC_QGROUP_LIMIT: ioctl_num_type =
+        nix::request_code_read!(BTRFS_IOCTL_MAGIC, 43, size_of::<QgroupLimitArgs>());
+    pub const BTRFS_IOC_QUOTA_RESCAN_WAIT: ioctl_num_type =
+        nix::request_code_none!(BTRFS_IOCTL_MAGIC, 46);
+
+    nix::ioctl_write_ptr_bad!(btrfs_ioc_subvol_create, BTRFS_IOC_SUBVOL_CREATE, VolArgs);
+    nix::ioctl_write_ptr_bad!(btrfs_ioc_snap_destroy, BTRFS_IOC_SNAP_DESTROY, VolArgs);
+    nix::ioctl_readwrite_bad!(btrfs_ioc_ino_lookup, BTRFS_IOC_INO_LOOKUP, InoLookupArgs);
+    nix::ioctl_read_bad!(btrfs_ioc_fs_info, BTRFS_IOC_FS_INFO, FsInfoArgs);
+    nix::ioctl_readwrite_bad!(btrfs_ioc_quota_ctl, BTRFS_IOC_QUOTA_CTL, QuotaCtlArgs);
+    nix::ioctl_write_ptr_bad!(
+        btrfs_ioc_qgroup_create,
+        BTRFS_IOC_QGROUP_CREATE,
+        QgroupCreateArgs
+    );
+    nix::ioctl_read_bad!(
+        btrfs_ioc_qgroup_limit,
+        BTRFS_IOC_QGROUP_LIMIT,
+        QgroupLimitArgs
+    );
+    nix::ioctl_none_bad!(btrfs_ioc_quota_rescan_wait, BTRFS_IOC_QUOTA_RESCAN_WAIT);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uapi::*;
+    use super::*;
+    use nix::sys::ioctl::ioctl_num_type;
+    use std::mem::offset_of;
+
+    #[test]
+    fn struct_layouts_match_linux_btrfs_h() {
+        // Expected values: sizeof/offsetof from a C program including <linux/btrfs.h>. All
+        // fields are fixed-size and naturally aligned, so they hold on every architecture.
+        assert_eq!(size_of::<VolArgs>(), 4096);
+        assert_eq!(offset_of!(VolArgs, name), 8);
+        assert_eq!(size_of::<InoLookupArgs>(), 4096);
+        assert_eq!(offset_of!(InoLookupArgs, objectid), 8);
+        assert_eq!(offset_of!(InoLookupArgs, name), 16);
+        assert_eq!(size_of::<FsInfoArgs>(), 1024);
+        assert_eq!(offset_of!(FsInfoArgs, fsid), 16);
+        assert_eq!(offset_of!(FsInfoArgs, csum_size), 46);
+        assert_eq!(offset_of!(FsInfoArgs, flags), 48);
+        assert_eq!(offset_of!(FsInfoArgs, metadata_uuid), 64);
+        assert_eq!(size_of::<QuotaCtlArgs>(), 16);
+        assert_eq!(size_of::<QgroupCreateArgs>(), 16);
+        assert_eq!(size_of::<QgroupLimitArgs>(), 48);
+        assert_eq!(offset_of!(QgroupLimitArgs, lim), 8);
+        assert_eq!(
+            offset_of!(QgroupLimitArgs, lim) + offset_of!(QgroupLimit, max_rfer),
+            16
+        );
+        assert_eq!(align_of::<QgroupLimitArgs>(), 8);
+    }
+
+    #[test]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn ioctl_numbers_match_linux_btrfs_h() {
+        // Printed by a C program including <linux/btrfs.h> on x86_64 (aarch64 encodes alike).
+        let expected: [(ioctl_num_type, ioctl_num_type); 8] = [
+            (BTRFS_IOC_SUBVOL_CREATE, 0x5000_940E),
+            (BTRFS_IOC_SNAP_DESTROY, 0x5000_940F),
+            (BTRFS_IOC_INO_LOOKUP, 0xD000_9412),
+            (BTRFS_IOC_FS_INFO, 0x8400_941F),
+            (BTRFS_IOC_QUOTA_CTL, 0xC010_9428),
+            (BTRFS_IOC_QGROUP_CREATE, 0x4010_942A),
+            (BTRFS_IOC_QGROUP_LIMIT, 0x8030_942B),
+            (BTRFS_IOC_QUOTA_RESCAN_WAIT, 0x942E),
+        ];
+        for (i, (ours, theirs)) in expected.into_iter().enumerate() {
+            assert_eq!(ours, theirs, "ioctl #{i}");
+        }
+    }
+
+    #[test]
+    fn constants_match_linux_btrfs_h() {
+        assert_eq!(BTRFS_PATH_NAME_MAX, 4087);
+        assert_eq!(BTRFS_INO_LOOKUP_PATH_MAX, 4080);
+        assert_eq!(BTRFS_FIRST_FREE_OBJECTID, SUBVOLUME_ROOT_INODE);
+        assert_eq!(
+            (BTRFS_QUOTA_CTL_ENABLE, BTRFS_QGROUP_LIMIT_MAX_RFER),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn names_are_single_directory_entries() {
+        for good in ["a", "pvc-1", "...", ".hidden", &"x".repeat(NAME_MAX)] {
+            assert!(validate_name(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "/a",
+            "a/",
+            "a\0b",
+            &"x".repeat(NAME_MAX + 1),
+        ] {
+            let err = validate_name(bad).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn vol_args_carry_a_nul_terminated_name() {
+        let args = VolArgs::named(&"n".repeat(NAME_MAX));
+        assert_eq!(args.fd, 0);
+        assert!(args.name[..NAME_MAX].iter().all(|&b| b == b'n'));
+        assert!(args.name[NAME_MAX..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn limits_that_mean_something_else_are_refused() {
+        // Checked before any file is opened, so the path does not matter.
+        let nowhere = Path::new("/nonexistent");
+        for bad in [0, u64::MAX] {
+            let err = set_limit(nowhere, bad).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{bad}");
+        }
+    }
+
+    #[test]
+    fn plain_directories_and_symlinks_are_not_subvolumes() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_subvolume(dir.path()).unwrap());
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/", &link).unwrap();
+        assert!(!is_subvolume(&link).unwrap());
+        assert_eq!(
+            is_subvolume(&dir.path().join("missing"))
+                .unwrap_err()
+                .kind(),
+            io::ErrorKind::NotFound
+        );
+    }
+}
