@@ -5,6 +5,7 @@ pub mod fsstat;
 pub mod loopdev;
 pub mod mount;
 pub mod mountinfo;
+pub mod projquota;
 pub mod safe_delete;
 pub mod tree;
 pub mod usage;

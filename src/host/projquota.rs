@@ -1,0 +1,663 @@
+//! XFS/ext4 project quotas: a volume's directory gets its own project id (inherited by
+//! everything created below it), and a hard block limit on that project enforces its size.
+//!
+//! The project id lives in the inode (FS_IOC_FSGETXATTR/FSSETXATTR); limits and usage go through
+//! quotactl_fd(2) on a descriptor of any directory of the filesystem, so we never need the
+//! block device's path. Ids are handed out by [`ProjectIds`], so two volumes never share one.
+//!
+//! Measured on Linux 6.18, whose kernel cannot mount XFS or ext4 with project quota: Q_GETINFO
+//! fails with ESRCH on ext4 and XFS mounted without quota, and with ENOSYS on filesystems
+//! without any quota support (tmpfs, btrfs). FSGETXATTR works on ext4, XFS, btrfs and tmpfs;
+//! setting a non-zero project id works on XFS and on ext4 with the `project` feature, and
+//! fails with EOPNOTSUPP on btrfs, tmpfs and ext4 without it.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::ops::Range;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
+
+use uapi::*;
+pub use uapi::{FsXattr, IfDqblk, IfDqinfo};
+
+/// Project ids [`ProjectIds::new`] hands out unless configured otherwise. Administrators
+/// number their projects from 1 upwards (/etc/projid), and systemd takes 2^31 and above for
+/// its exec directories; one billion sits far from both, and below 2^31 so tools that print
+/// ids as signed integers show them correctly. Needs 32-bit project ids (XFS: projid32bit,
+/// the mkfs.xfs default for years; ext4: always).
+pub const DEFAULT_PROJECT_ID_RANGE: Range<u32> = 1_000_000_000..1_100_000_000;
+
+/// The project id of `dir` and whether new entries below it inherit it (FS_XFLAG_PROJINHERIT).
+/// `dir` is not followed if it is a symlink.
+pub fn project_of(dir: &Path) -> io::Result<(u32, bool)> {
+    let fd = open_dir(dir)?;
+    let attr = get_xattr(&fd)?;
+    Ok((attr.fsx_projid, attr.fsx_xflags & FS_XFLAG_PROJINHERIT != 0))
+}
+
+/// Puts `dir` into project `project_id` and makes everything created below it inherit the id
+/// (FS_XFLAG_PROJINHERIT). Entries already inside keep their old id: call this on a fresh,
+/// empty directory. `dir` is not followed if it is a symlink. Works without quota enabled on
+/// XFS and on ext4 with the `project` feature; elsewhere a non-zero id fails with EOPNOTSUPP.
+pub fn assign_project(dir: &Path, project_id: u32) -> io::Result<()> {
+    let fd = open_dir(dir)?;
+    let mut attr = get_xattr(&fd)?;
+    attr.fsx_projid = project_id;
+    attr.fsx_xflags |= FS_XFLAG_PROJINHERIT;
+    // SAFETY: `attr` is a complete struct fsxattr, as returned by the kernel, that outlives
+    // the call and that the kernel only reads.
+    unsafe { fs_ioc_fssetxattr(fd.as_raw_fd(), &attr) }?;
+    Ok(())
+}
+
+/// Whether project quota is on (accounting, at least) for the filesystem holding `path`
+/// (Q_GETINFO on PRJQUOTA). "No" answers from the kernel are Ok(false): ESRCH (quota support
+/// present but project quota not turned on, e.g. mounted without prjquota), ENOSYS (no quota
+/// support in the filesystem or the kernel) and EOPNOTSUPP/ENOTTY (refused by the filesystem).
+pub fn project_quota_enabled(path: &Path) -> io::Result<bool> {
+    let mut info = IfDqinfo::default();
+    match quotactl(path, Q_GETINFO, 0, (&raw mut info).cast()) {
+        Ok(()) => Ok(true),
+        Err(Errno::ESRCH | Errno::ENOSYS | Errno::EOPNOTSUPP | Errno::ENOTTY) => Ok(false),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+/// Sets project `project_id`'s hard block limit to `hard_limit_bytes`, rounded up to the quota
+/// block unit (1 KiB), and clears its soft limit (Q_SETQUOTA with QIF_BLIMITS). 0 is refused
+/// (the kernel reads a 0 limit as "unlimited"); so is project 0, which holds every file that
+/// belongs to no project.
+pub fn set_project_limit(
+    path_in_fs: &Path,
+    project_id: u32,
+    hard_limit_bytes: u64,
+) -> io::Result<()> {
+    if hard_limit_bytes == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a project quota limit of 0 bytes would mean \"unlimited\"",
+        ));
+    }
+    set_block_limit(path_in_fs, project_id, quota_blocks(hard_limit_bytes))
+}
+
+/// Removes project `project_id`'s block limits (both 0, "unlimited"); usage stays accounted.
+pub fn clear_project_limit(path_in_fs: &Path, project_id: u32) -> io::Result<()> {
+    set_block_limit(path_in_fs, project_id, 0)
+}
+
+fn set_block_limit(path_in_fs: &Path, project_id: u32, hard_blocks: u64) -> io::Result<()> {
+    if project_id == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "project 0 is the default project of every file; refusing to limit it",
+        ));
+    }
+    let mut dq = IfDqblk {
+        dqb_bhardlimit: hard_blocks,
+        dqb_bsoftlimit: 0,
+        dqb_valid: QIF_BLIMITS,
+        ..IfDqblk::default()
+    };
+    quotactl(path_in_fs, Q_SETQUOTA, project_id, (&raw mut dq).cast())?;
+    Ok(())
+}
+
+/// A project's usage and limit, from the quota subsystem: exact at all times, O(1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectUsage {
+    pub used_bytes: u64,
+    pub inodes: u64,
+    /// The hard block limit, None when unlimited.
+    pub hard_limit_bytes: Option<u64>,
+}
+
+/// Usage of project `project_id` (Q_GETQUOTA). A project the filesystem has never seen (XFS
+/// answers ENOENT) has no usage and no limit.
+pub fn project_usage(path_in_fs: &Path, project_id: u32) -> io::Result<ProjectUsage> {
+    let dq = get_quota(path_in_fs, project_id)?;
+    Ok(ProjectUsage {
+        used_bytes: dq.dqb_curspace,
+        inodes: dq.dqb_curinodes,
+        hard_limit_bytes: (dq.dqb_bhardlimit != 0)
+            .then(|| dq.dqb_bhardlimit.saturating_mul(QIF_DQBLKSIZE)),
+    })
+}
+
+/// Whether anything on the filesystem uses project `project_id`: space or inodes charged to
+/// it, or any limit (block or inode, hard or soft) set on it. The probe for
+/// [`ProjectIds::allocate`].
+pub fn project_in_use(path_in_fs: &Path, project_id: u32) -> io::Result<bool> {
+    let dq = get_quota(path_in_fs, project_id)?;
+    Ok(dq.dqb_curspace != 0
+        || dq.dqb_curinodes != 0
+        || dq.dqb_bhardlimit != 0
+        || dq.dqb_bsoftlimit != 0
+        || dq.dqb_ihardlimit != 0
+        || dq.dqb_isoftlimit != 0)
+}
+
+fn get_quota(path_in_fs: &Path, project_id: u32) -> io::Result<IfDqblk> {
+    let mut dq = IfDqblk::default();
+    match quotactl(path_in_fs, Q_GETQUOTA, project_id, (&raw mut dq).cast()) {
+        Ok(()) => Ok(dq),
+        Err(Errno::ENOENT) => Ok(IfDqblk::default()),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+/// Bytes to quota blocks (QIF_DQBLKSIZE), rounded up so the limit is never below the request.
+fn quota_blocks(bytes: u64) -> u64 {
+    bytes.div_ceil(QIF_DQBLKSIZE)
+}
+
+/// quotactl_fd(fd, QCMD(cmd, PRJQUOTA), id, addr) on a directory of the filesystem.
+fn quotactl(
+    path_in_fs: &Path,
+    cmd: libc::c_int,
+    id: u32,
+    addr: *mut libc::c_void,
+) -> Result<(), Errno> {
+    let fd = open_dir(path_in_fs).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
+    let qcmd = libc::QCMD(cmd, PRJQUOTA) as libc::c_uint;
+    // SAFETY: quotactl_fd reads or fills `addr`, which the callers point at the struct the
+    // command expects (if_dqinfo for Q_GETINFO, if_dqblk for Q_GETQUOTA/Q_SETQUOTA), alive for
+    // the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_QUOTACTL_FD,
+            fd.as_raw_fd() as libc::c_uint,
+            qcmd,
+            id as libc::c_uint,
+            addr,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(Errno::last()) }
+}
+
+fn get_xattr(fd: &OwnedFd) -> io::Result<FsXattr> {
+    let mut attr = FsXattr::default();
+    // SAFETY: `attr` is a complete struct fsxattr the kernel fills in; it outlives the call.
+    unsafe { fs_ioc_fsgetxattr(fd.as_raw_fd(), &mut attr) }?;
+    Ok(attr)
+}
+
+fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    Ok(open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Hands out project ids from a range so that no two volumes ever share one: an id is taken
+/// while a volume record holds it or a [`ProjectIdLease`] reserves it, and an id the
+/// filesystem already uses (the probe says so) is skipped. Cheap to clone (the clones share
+/// one state) and safe to use from many threads.
+///
+/// Allocation is O(log n) amortized: ids below a frontier that were released are kept in a
+/// set, ids above it are handed out in order, each held id being stepped over once.
+#[derive(Debug, Clone)]
+pub struct ProjectIds {
+    range: Range<u32>,
+    state: Arc<Mutex<IdState>>,
+}
+
+#[derive(Debug)]
+struct IdState {
+    /// Held by a record or a lease; may include ids outside the range (old records).
+    held: BTreeSet<u32>,
+    /// The subset of `held` reserved by leases not yet committed.
+    leased: BTreeSet<u32>,
+    /// Released ids below `frontier`, free to hand out again.
+    free: BTreeSet<u32>,
+    /// No id in [frontier, range.end) was handed out, except those in `held`.
+    frontier: u32,
+    /// Ids the probe reported as used by someone else; never offered again by this instance.
+    foreign: u64,
+}
+
+/// How many consecutive ids the probe may report as in use before [`ProjectIds::allocate`]
+/// gives up: more means someone else is allocating from our range.
+const MAX_PROBES_PER_ALLOCATION: usize = 1024;
+
+impl ProjectIds {
+    /// `ids_in_use_by_our_records`: the project ids of the volumes that exist (from their
+    /// records); ids outside `range` are accepted and ignored. Panics if `range` contains
+    /// project 0, the default project of every file.
+    pub fn new(
+        range: Range<u32>,
+        ids_in_use_by_our_records: impl IntoIterator<Item = u32>,
+    ) -> ProjectIds {
+        assert!(range.start > 0, "project 0 cannot be handed out");
+        let held: BTreeSet<u32> = ids_in_use_by_our_records.into_iter().collect();
+        ProjectIds {
+            state: Arc::new(Mutex::new(IdState {
+                held,
+                leased: BTreeSet::new(),
+                free: BTreeSet::new(),
+                frontier: range.start,
+                foreign: 0,
+            })),
+            range,
+        }
+    }
+
+    pub fn range(&self) -> Range<u32> {
+        self.range.clone()
+    }
+
+    /// Reserves the lowest id that is neither held nor reported in use by `probe` (e.g.
+    /// [`project_in_use`] on the volume's filesystem). The reservation lasts until the lease
+    /// is committed (the id now belongs to a record) or dropped (the id is free again). A
+    /// probe error is returned as is and the id stays available. Fails with StorageFull when
+    /// the range is exhausted.
+    pub fn allocate(&self, probe: impl Fn(u32) -> io::Result<bool>) -> io::Result<ProjectIdLease> {
+        let mut state = self.lock();
+        for _ in 0..MAX_PROBES_PER_ALLOCATION {
+            let Some(id) = state.take_lowest(&self.range) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!(
+                        "no free project id left in {}..{}: {} held by volumes, {} found in use \
+                         on the filesystem",
+                        self.range.start,
+                        self.range.end,
+                        state.held.range(self.range.clone()).count(),
+                        state.foreign
+                    ),
+                ));
+            };
+            match probe(id) {
+                Ok(false) => {
+                    state.held.insert(id);
+                    state.leased.insert(id);
+                    return Ok(ProjectIdLease {
+                        id,
+                        state: Some(Arc::clone(&self.state)),
+                    });
+                }
+                // Someone else's project: skip it for good rather than probe it on every call.
+                Ok(true) => state.foreign += 1,
+                Err(err) => {
+                    state.free.insert(id);
+                    return Err(err);
+                }
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!(
+                "{MAX_PROBES_PER_ALLOCATION} project ids in a row are in use on the filesystem; \
+                 is another tool allocating from {}..{}?",
+                self.range.start, self.range.end
+            ),
+        ))
+    }
+
+    /// The volume holding `id` is gone: the id may be handed out again. Ids not held, and
+    /// ids reserved by a live lease (its drop releases them), are left alone.
+    pub fn release(&self, id: u32) {
+        let mut state = self.lock();
+        if !state.leased.contains(&id) {
+            state.release(id, &self.range);
+        }
+    }
+
+    /// Whether `id` is held by a record or a lease.
+    pub fn is_held(&self, id: u32) -> bool {
+        self.lock().held.contains(&id)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, IdState> {
+        // Every update leaves the state consistent, so a panic elsewhere cannot corrupt it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl IdState {
+    fn take_lowest(&mut self, range: &Range<u32>) -> Option<u32> {
+        if let Some(id) = self.free.pop_first() {
+            return Some(id);
+        }
+        while self.frontier < range.end && self.held.contains(&self.frontier) {
+            self.frontier += 1;
+        }
+        if self.frontier >= range.end {
+            return None;
+        }
+        self.frontier += 1;
+        Some(self.frontier - 1)
+    }
+
+    fn release(&mut self, id: u32, range: &Range<u32>) {
+        if self.held.remove(&id) && range.contains(&id) && id < self.frontier {
+            self.free.insert(id);
+        }
+    }
+}
+
+/// A project id reserved by [`ProjectIds::allocate`]: released on drop unless committed.
+#[derive(Debug)]
+pub struct ProjectIdLease {
+    id: u32,
+    /// None once committed.
+    state: Option<Arc<Mutex<IdState>>>,
+}
+
+impl ProjectIdLease {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The id now belongs to a volume record; only [`ProjectIds::release`] frees it.
+    pub fn commit(mut self) -> u32 {
+        if let Some(state) = self.state.take() {
+            lock(&state).leased.remove(&self.id);
+        }
+        self.id
+    }
+}
+
+impl Drop for ProjectIdLease {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.take() {
+            let mut state = lock(&state);
+            state.leased.remove(&self.id);
+            // The range is not known here; an id handed out by allocate is always inside it
+            // and below the frontier, so only those two facts matter.
+            if state.held.remove(&self.id) && self.id < state.frontier {
+                state.free.insert(self.id);
+            }
+        }
+    }
+}
+
+fn lock(state: &Mutex<IdState>) -> MutexGuard<'_, IdState> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Hand-written mirror of the parts of <linux/fs.h> and <linux/quota.h> we use. The quota
+/// command numbers and QCMD come from libc, which has them; the tests pin their values.
+mod uapi {
+    use nix::sys::ioctl::ioctl_num_type;
+
+    pub use libc::{Q_GETINFO, Q_GETQUOTA, Q_SETQUOTA, QIF_BLIMITS};
+
+    pub const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
+    pub const PRJQUOTA: libc::c_int = 2;
+    /// Quota block size of if_dqblk's limits (1 << QIF_DQBLKSIZE_BITS).
+    pub const QIF_DQBLKSIZE: u64 = 1024;
+    /// quotactl_fd(2), Linux 5.14+: the same number on every architecture using the generic
+    /// syscall table, x86_64 and aarch64 included.
+    pub const SYS_QUOTACTL_FD: libc::c_long = libc::SYS_quotactl_fd;
+
+    /// struct fsxattr, the argument of FS_IOC_FSGETXATTR / FS_IOC_FSSETXATTR.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct FsXattr {
+        pub fsx_xflags: u32,
+        pub fsx_extsize: u32,
+        pub fsx_nextents: u32,
+        pub fsx_projid: u32,
+        pub fsx_cowextsize: u32,
+        pub fsx_pad: [u8; 8],
+    }
+
+    /// struct if_dqblk, the argument of Q_GETQUOTA / Q_SETQUOTA. Limits are in QIF_DQBLKSIZE
+    /// blocks, dqb_curspace in bytes; dqb_valid says which groups of fields count (QIF_*).
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct IfDqblk {
+        pub dqb_bhardlimit: u64,
+        pub dqb_bsoftlimit: u64,
+        pub dqb_curspace: u64,
+        pub dqb_ihardlimit: u64,
+        pub dqb_isoftlimit: u64,
+        pub dqb_curinodes: u64,
+        pub dqb_btime: u64,
+        pub dqb_itime: u64,
+        pub dqb_valid: u32,
+    }
+
+    /// struct if_dqinfo, the argument of Q_GETINFO.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct IfDqinfo {
+        pub dqi_bgrace: u64,
+        pub dqi_igrace: u64,
+        pub dqi_flags: u32,
+        pub dqi_valid: u32,
+    }
+
+    pub const FS_IOC_FSGETXATTR: ioctl_num_type =
+        nix::request_code_read!(b'X', 31, size_of::<FsXattr>());
+    pub const FS_IOC_FSSETXATTR: ioctl_num_type =
+        nix::request_code_write!(b'X', 32, size_of::<FsXattr>());
+
+    nix::ioctl_read_bad!(fs_ioc_fsgetxattr, FS_IOC_FSGETXATTR, FsXattr);
+    nix::ioctl_write_ptr_bad!(fs_ioc_fssetxattr, FS_IOC_FSSETXATTR, FsXattr);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::mem::offset_of;
+    use std::sync::Barrier;
+
+    #[test]
+    fn struct_layouts_match_the_kernel_uapi() {
+        // Expected values: sizeof/_Alignof/offsetof from a C program including <linux/fs.h>
+        // and <linux/quota.h>; fixed-size fields, so they hold on every architecture.
+        assert_eq!((size_of::<FsXattr>(), align_of::<FsXattr>()), (28, 4));
+        assert_eq!(offset_of!(FsXattr, fsx_extsize), 4);
+        assert_eq!(offset_of!(FsXattr, fsx_nextents), 8);
+        assert_eq!(offset_of!(FsXattr, fsx_projid), 12);
+        assert_eq!(offset_of!(FsXattr, fsx_cowextsize), 16);
+        assert_eq!(offset_of!(FsXattr, fsx_pad), 20);
+
+        assert_eq!((size_of::<IfDqblk>(), align_of::<IfDqblk>()), (72, 8));
+        assert_eq!(offset_of!(IfDqblk, dqb_bsoftlimit), 8);
+        assert_eq!(offset_of!(IfDqblk, dqb_curspace), 16);
+        assert_eq!(offset_of!(IfDqblk, dqb_curinodes), 40);
+        assert_eq!(offset_of!(IfDqblk, dqb_itime), 56);
+        assert_eq!(offset_of!(IfDqblk, dqb_valid), 64);
+        // libc's `dqblk` is the same struct under glibc's name.
+        assert_eq!(size_of::<IfDqblk>(), size_of::<libc::dqblk>());
+        assert_eq!(
+            offset_of!(IfDqblk, dqb_valid),
+            offset_of!(libc::dqblk, dqb_valid)
+        );
+
+        assert_eq!((size_of::<IfDqinfo>(), align_of::<IfDqinfo>()), (24, 8));
+        assert_eq!(offset_of!(IfDqinfo, dqi_flags), 16);
+        assert_eq!(offset_of!(IfDqinfo, dqi_valid), 20);
+    }
+
+    #[test]
+    fn constants_match_the_kernel_uapi() {
+        assert_eq!(FS_XFLAG_PROJINHERIT, 0x200);
+        assert_eq!(PRJQUOTA, 2);
+        assert_eq!(
+            (Q_GETINFO, Q_GETQUOTA, Q_SETQUOTA),
+            (0x80_0005, 0x80_0007, 0x80_0008)
+        );
+        assert_eq!(QIF_BLIMITS, 1);
+        assert_eq!(QIF_DQBLKSIZE, 1 << 10);
+        // QCMD(cmd, type) = cmd << 8 | type, as an int: the top bit of 0x800000 makes it negative.
+        assert_eq!(libc::QCMD(Q_GETQUOTA, PRJQUOTA) as u32, 0x8000_0702);
+        assert_eq!(libc::QCMD(Q_SETQUOTA, PRJQUOTA) as u32, 0x8000_0802);
+        assert_eq!(libc::QCMD(Q_GETINFO, PRJQUOTA) as u32, 0x8000_0502);
+    }
+
+    #[test]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn syscall_and_ioctl_numbers_match_the_kernel_uapi() {
+        assert_eq!(SYS_QUOTACTL_FD, 443);
+        assert_eq!(FS_IOC_FSGETXATTR, 0x801C_581F);
+        assert_eq!(FS_IOC_FSSETXATTR, 0x401C_5820);
+    }
+
+    #[test]
+    fn limits_round_up_to_whole_quota_blocks() {
+        assert_eq!(quota_blocks(1), 1);
+        assert_eq!(quota_blocks(1024), 1);
+        assert_eq!(quota_blocks(1025), 2);
+        assert_eq!(quota_blocks(10 << 20), 10 << 10);
+        assert_eq!(quota_blocks(u64::MAX), u64::MAX / 1024 + 1);
+    }
+
+    #[test]
+    fn zero_limits_and_project_zero_are_refused() {
+        // Checked before any file is opened, so the path does not matter.
+        let nowhere = Path::new("/nonexistent");
+        let err = set_project_limit(nowhere, 7, 0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let err = set_project_limit(nowhere, 0, 4096).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        let err = clear_project_limit(nowhere, 0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    fn never_used(_: u32) -> io::Result<bool> {
+        Ok(false)
+    }
+
+    #[test]
+    fn ids_are_handed_out_lowest_first_skipping_records() {
+        let ids = ProjectIds::new(100..200, [100, 102, 7]);
+        let got: Vec<u32> = (0..4)
+            .map(|_| ids.allocate(never_used).unwrap().commit())
+            .collect();
+        assert_eq!(got, vec![101, 103, 104, 105]);
+        assert!(ids.is_held(100) && ids.is_held(105) && !ids.is_held(106));
+    }
+
+    #[test]
+    fn released_ids_are_reused_lowest_first() {
+        let ids = ProjectIds::new(10..20, [10, 11]);
+        let a = ids.allocate(never_used).unwrap().commit();
+        let b = ids.allocate(never_used).unwrap().commit();
+        assert_eq!((a, b), (12, 13));
+        ids.release(13);
+        ids.release(10);
+        assert!(!ids.is_held(10));
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 10);
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 13);
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 14);
+        // Releasing what nobody holds changes nothing.
+        ids.release(15);
+        ids.release(99);
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 15);
+    }
+
+    #[test]
+    fn ids_in_use_on_the_filesystem_are_skipped() {
+        let ids = ProjectIds::new(1..100, []);
+        let foreign = [1, 2, 4];
+        let probe = |id| Ok(foreign.contains(&id));
+        assert_eq!(ids.allocate(probe).unwrap().commit(), 3);
+        assert_eq!(ids.allocate(probe).unwrap().commit(), 5);
+        assert!(!ids.is_held(4));
+    }
+
+    #[test]
+    fn a_probe_error_is_returned_and_the_id_stays_available() {
+        let ids = ProjectIds::new(1..100, []);
+        let err = ids
+            .allocate(|_| Err(io::Error::from_raw_os_error(libc::EIO)))
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO));
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 1);
+    }
+
+    #[test]
+    fn a_lease_dropped_without_commit_is_reusable() {
+        let ids = ProjectIds::new(1..100, []);
+        let lease = ids.allocate(never_used).unwrap();
+        assert_eq!(lease.id(), 1);
+        assert!(ids.is_held(1));
+        // A live lease keeps its id, even against a stray release.
+        ids.release(1);
+        assert!(ids.is_held(1));
+        assert_eq!(ids.allocate(never_used).unwrap().id(), 2); // dropped at once
+        drop(lease);
+        assert!(!ids.is_held(1));
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 1);
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 2);
+    }
+
+    #[test]
+    fn exhaustion_is_a_clear_storage_full_error() {
+        let ids = ProjectIds::new(5..8, [5]);
+        let probe = |id| Ok(id == 6);
+        assert_eq!(ids.allocate(probe).unwrap().commit(), 7);
+        let err = ids.allocate(probe).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        let message = err.to_string();
+        assert!(message.contains("5..8"), "{message}");
+        assert!(message.contains("2 held by volumes"), "{message}");
+        assert!(message.contains("1 found in use"), "{message}");
+        ids.release(7);
+        assert_eq!(ids.allocate(probe).unwrap().commit(), 7);
+    }
+
+    #[test]
+    fn a_range_full_of_foreign_projects_stops_the_search() {
+        let ids = ProjectIds::new(1..1_000_000, []);
+        let err = ids.allocate(|_| Ok(true)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(ids.allocate(|id| Ok(id % 2 == 1)).unwrap().commit(), 1026);
+    }
+
+    #[test]
+    fn concurrent_callers_never_get_the_same_id() {
+        const THREADS: usize = 8;
+        const EACH: usize = 200;
+        let ids = ProjectIds::new(
+            DEFAULT_PROJECT_ID_RANGE,
+            [DEFAULT_PROJECT_ID_RANGE.start + 3],
+        );
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let ids = ids.clone();
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let mut mine = Vec::new();
+                    for i in 0..EACH {
+                        let lease = ids.allocate(never_used).unwrap();
+                        // Some leases are abandoned, some committed and later released.
+                        match (t + i) % 4 {
+                            0 => drop(lease),
+                            1 => ids.release(lease.commit()),
+                            _ => mine.push(lease.commit()),
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let all: Vec<u32> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let unique: HashSet<u32> = all.iter().copied().collect();
+        assert_eq!(unique.len(), all.len(), "an id was handed out twice");
+        assert!(!unique.contains(&(DEFAULT_PROJECT_ID_RANGE.start + 3)));
+        assert!(all.iter().all(|id| ids.is_held(*id)));
+    }
+
+    #[test]
+    #[should_panic(expected = "project 0")]
+    fn project_zero_is_never_in_the_range() {
+        ProjectIds::new(0..10, []);
+    }
+}
