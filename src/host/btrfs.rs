@@ -3,23 +3,26 @@
 //! A volume on btrfs is a subvolume of the pool directory; its size is enforced by a limit on
 //! its level-0 qgroup ("0/<subvolume id>"), which makes writes past it fail with EDQUOT.
 //!
-//! Facts measured on Linux 6.18 (the tests in tests/host_btrfs.rs check them):
+//! Facts measured on Linux 6.18 (tests/host_btrfs.rs checks them and prints the numbers):
+//! - A write(2) or fallocate(2) past the limit fails with EDQUOT, at the limit to within a few
+//!   pages. Raising the limit lets writes continue at once.
 //! - Qgroup numbers (`referenced`, `exclusive`) only change when a transaction commits: right
-//!   after a write they still show the old value. [`sync`] commits; the limit itself is enforced
-//!   at write time regardless, through reservations.
-//! - SNAP_DESTROY removes a subvolume with all its files in one call, but fails with ENOTEMPTY
-//!   while it contains another subvolume.
-//! - The level-0 qgroup of a deleted subvolume stays ("stale") until the cleaner thread has
-//!   dropped the subvolume's tree; then the kernel removes it by itself. Destroying it earlier
-//!   fails with EBUSY (see [`remove_qgroup`]).
+//!   after a write they still show the old value. [`sync`] commits. The limit itself is
+//!   enforced at write time regardless, through reservations.
+//! - SNAP_DESTROY removes a subvolume with all its files in one call (no need to empty it), but
+//!   fails with ENOTEMPTY while it contains another subvolume.
+//! - The level-0 qgroup of a deleted subvolume stays until the cleaner thread has dropped the
+//!   subvolume's tree, which happens on the periodic transaction commit (mount option
+//!   `commit`, 30 s by default); then the kernel removes the qgroup by itself. Destroying it
+//!   earlier fails with EBUSY (see [`remove_qgroup`]).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{OFlag, open};
+use nix::fcntl::{OFlag, open, openat};
 use nix::sys::stat::Mode;
 use nix::sys::statfs::{BTRFS_SUPER_MAGIC, fstatfs};
 
@@ -94,8 +97,13 @@ pub fn subvolume_id(path: &Path) -> io::Result<u64> {
     if !is_subvolume_root(&fsstat::stat_fd(fd.as_fd())?) {
         return Err(not_a_subvolume(path));
     }
+    lookup_subvolume_id(&fd)
+}
+
+/// BTRFS_IOC_INO_LOOKUP of inode 256 in the fd's own tree (treeid 0): the fd's subvolume id.
+fn lookup_subvolume_id(fd: &OwnedFd) -> io::Result<u64> {
     let mut args = InoLookupArgs {
-        treeid: 0, // 0: the tree (subvolume) the fd is in
+        treeid: 0,
         objectid: BTRFS_FIRST_FREE_OBJECTID,
         name: [0; BTRFS_INO_LOOKUP_PATH_MAX],
     };
@@ -108,12 +116,16 @@ pub fn subvolume_id(path: &Path) -> io::Result<u64> {
 /// The filesystem's UUID as the kernel names its /sys/fs/btrfs/<uuid> directory
 /// (BTRFS_IOC_FS_INFO `fsid`, lower-case, hyphenated). `path` is any directory on it.
 pub fn filesystem_id(path: &Path) -> io::Result<String> {
-    let fd = open_dir(path)?;
+    let fsid = fs_info(&open_dir(path)?)?.fsid;
+    Ok(uuid::Uuid::from_bytes(fsid).hyphenated().to_string())
+}
+
+fn fs_info(fd: &OwnedFd) -> io::Result<FsInfoArgs> {
     let mut args = FsInfoArgs::zeroed();
     // SAFETY: `args` is a zeroed struct btrfs_ioctl_fs_info_args (flags 0 asks for nothing
     // optional) that the kernel fills in; it outlives the call.
     unsafe { btrfs_ioc_fs_info(fd.as_raw_fd(), &mut args) }?;
-    Ok(uuid::Uuid::from_bytes(args.fsid).hyphenated().to_string())
+    Ok(args)
 }
 
 /// Whether quota (qgroup accounting) is enabled on the filesystem holding `path`, read from
@@ -172,8 +184,27 @@ fn limit(subvolume: &Path, max_rfer: u64) -> io::Result<()> {
     if !is_subvolume_root(&fsstat::stat_fd(fd.as_fd())?) {
         return Err(not_a_subvolume(subvolume));
     }
+    match qgroup_limit(&fd, 0, max_rfer) {
+        // The ioctl runs a transaction in the fd's subvolume, which the kernel refuses with
+        // EDQUOT once that subvolume is over its limit (after lowering it, say): exactly when
+        // the limit most needs changing. The parent directory is in another subvolume, so
+        // going through it with the explicit qgroup id works.
+        Err(e) if e.raw_os_error() == Some(libc::EDQUOT) => {
+            let id = lookup_subvolume_id(&fd)?;
+            let parent = openat_dir(&fd, c"..")?;
+            // The root of the mount has a parent outside this filesystem.
+            if fs_info(&parent).ok().map(|p| p.fsid) != Some(fs_info(&fd)?.fsid) {
+                return Err(e);
+            }
+            qgroup_limit(&parent, id, max_rfer)
+        }
+        result => result,
+    }
+}
+
+fn qgroup_limit(fd: &OwnedFd, qgroupid: u64, max_rfer: u64) -> io::Result<()> {
     let mut args = QgroupLimitArgs {
-        qgroupid: 0,
+        qgroupid,
         lim: QgroupLimit {
             flags: BTRFS_QGROUP_LIMIT_MAX_RFER,
             max_rfer,
@@ -234,9 +265,10 @@ pub fn sync(path: &Path) -> io::Result<()> {
 }
 
 /// Destroys the level-0 qgroup of a deleted subvolume (BTRFS_IOC_QGROUP_CREATE, create = 0),
-/// best effort. Ok when the qgroup is already gone (the kernel removes it by itself once the
-/// cleaner has dropped the subvolume). Fails with EBUSY while the subvolume exists or is still
-/// being dropped, ENOTCONN when quota is off.
+/// best effort. Ok when the qgroup is already gone: this kernel removes it by itself once the
+/// cleaner has dropped the subvolume, so this only matters on kernels that leave it behind.
+/// Fails with EBUSY while the subvolume exists or is still being dropped, ENOTCONN when quota
+/// is off.
 pub fn remove_qgroup(path_in_fs: &Path, subvolume_id: u64) -> io::Result<()> {
     let fd = open_dir(path_in_fs)?;
     let args = QgroupCreateArgs {
@@ -284,12 +316,17 @@ fn not_a_subvolume(path: &Path) -> io::Error {
 
 /// Ioctls need a real (not O_PATH) descriptor; O_NOFOLLOW keeps a symlink from redirecting us.
 fn open_dir(path: &Path) -> io::Result<OwnedFd> {
-    Ok(open(
-        path,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?)
+    Ok(open(path, DIR_FLAGS, Mode::empty())?)
 }
+
+fn openat_dir(dir: &OwnedFd, name: &CStr) -> io::Result<OwnedFd> {
+    Ok(openat(dir, name, DIR_FLAGS, Mode::empty())?)
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
 
 fn sysfs_dir(path_in_fs: &Path) -> io::Result<PathBuf> {
     Ok(Path::new("/sys/fs/btrfs").join(filesystem_id(path_in_fs)?))
