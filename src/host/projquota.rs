@@ -5,11 +5,14 @@
 //! quotactl_fd(2) on a descriptor of any directory of the filesystem, so we never need the
 //! block device's path. Ids are handed out by [`ProjectIds`], so two volumes never share one.
 //!
-//! Measured on Linux 6.18, whose kernel cannot mount XFS or ext4 with project quota: Q_GETINFO
-//! fails with ESRCH on ext4 and XFS mounted without quota, and with ENOSYS on filesystems
-//! without any quota support (tmpfs, btrfs). FSGETXATTR works on ext4, XFS, btrfs and tmpfs;
-//! setting a non-zero project id works on XFS and on ext4 with the `project` feature, and
-//! fails with EOPNOTSUPP on btrfs, tmpfs and ext4 without it.
+//! Measured on Linux 6.18, built without XFS quota and without ext4's quota format (mounting
+//! with prjquota, or ext4 with the `project` feature at all, fails): quotactl_fd answers ESRCH
+//! on ext4 (quota code present, quota off) and ENOSYS on XFS, btrfs and tmpfs (no quota
+//! support). FS_IOC_FSGETXATTR works on all four. Setting a project id with FSSETXATTR works
+//! on XFS without quota; btrfs and tmpfs refuse any change of projid or PROJINHERIT with
+//! EOPNOTSUPP; ext4 without the `project` feature refuses a non-zero id with EOPNOTSUPP (after
+//! having set PROJINHERIT). Limits, usage and EDQUOT are tested where a kernel allows
+//! (tests/host_quota.rs) and otherwise rest on the UAPI facts pinned in the unit tests.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -57,8 +60,9 @@ pub fn assign_project(dir: &Path, project_id: u32) -> io::Result<()> {
 
 /// Whether project quota is on (accounting, at least) for the filesystem holding `path`
 /// (Q_GETINFO on PRJQUOTA). "No" answers from the kernel are Ok(false): ESRCH (quota support
-/// present but project quota not turned on, e.g. mounted without prjquota), ENOSYS (no quota
-/// support in the filesystem or the kernel) and EOPNOTSUPP/ENOTTY (refused by the filesystem).
+/// present but project quota not turned on, e.g. ext4 mounted without prjquota), ENOSYS (no
+/// quota support in the filesystem or the kernel: tmpfs, btrfs, XFS here, or a kernel before
+/// 5.14 without quotactl_fd) and EOPNOTSUPP/ENOTTY (refused by the filesystem).
 pub fn project_quota_enabled(path: &Path) -> io::Result<bool> {
     let mut info = IfDqinfo::default();
     match quotactl(path, Q_GETINFO, 0, (&raw mut info).cast()) {
