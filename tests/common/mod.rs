@@ -16,6 +16,7 @@
 pub mod doctor;
 pub mod mounts;
 pub mod scrape;
+pub mod scratchfs;
 
 use std::collections::HashMap;
 use std::fmt::Debug;

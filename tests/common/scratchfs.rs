@@ -1,0 +1,186 @@
+//! Scratch filesystems of a chosen type for tests that need btrfs, XFS or ext4 features: a
+//! sparse image under /var/tmp, formatted with mkfs.<type>, attached to a loop device
+//! (losetup) and mounted (mount(8)). Dropping a [`ScratchFs`] undoes all three, also when the
+//! test panicked.
+//!
+//! [`ScratchFs::new`] answers Err(reason) when this machine cannot provide the filesystem (no
+//! mkfs.<type>, no loop device, or the kernel refuses the mount, e.g. an option it lacks
+//! support for): the test should print the reason with "SKIPPED" and return.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+#[derive(Debug)]
+pub struct ScratchFs {
+    pub mount_point: PathBuf,
+    /// The loop device, e.g. /dev/loop3.
+    pub device: PathBuf,
+    pub fs_type: String,
+    /// Holds the image and the mount point; None once deliberately leaked.
+    dir: Option<TempDir>,
+    attached: bool,
+    mounted: bool,
+}
+
+impl ScratchFs {
+    /// A fresh `fs_type` filesystem of `size_bytes` (sparse), made with
+    /// `mkfs.<fs_type> <mkfs_args> <image>` and mounted with `-o <mount_options>` ("" for
+    /// none). Panics when mkfs itself fails, which means the test asked for something wrong.
+    pub fn new(
+        fs_type: &str,
+        size_bytes: u64,
+        mkfs_args: &[&str],
+        mount_options: &str,
+    ) -> Result<ScratchFs, String> {
+        let mkfs = format!("mkfs.{fs_type}");
+        let Some(mkfs) = find_tool(&mkfs) else {
+            return Err(format!("{mkfs} is not installed"));
+        };
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("stickyvol-scratch-{fs_type}-"))
+            .tempdir_in("/var/tmp")
+            .expect("creating a temp dir under /var/tmp");
+        let image = dir.path().join("image");
+        let mount_point = dir.path().join("mnt");
+        fs::create_dir(&mount_point).expect("creating the mount point");
+        File::create(&image)
+            .and_then(|f| f.set_len(size_bytes))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", image.display()));
+
+        let out = Command::new(&mkfs)
+            .args(mkfs_args)
+            .arg(&image)
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", mkfs.display()));
+        assert!(
+            out.status.success(),
+            "{} {mkfs_args:?} failed: {}",
+            mkfs.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let mut scratch = ScratchFs {
+            mount_point,
+            device: PathBuf::new(),
+            fs_type: fs_type.to_string(),
+            dir: Some(dir),
+            attached: false,
+            mounted: false,
+        };
+        // From here on, Drop undoes whatever was done.
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&image)
+            .output()
+            .map_err(|e| format!("running losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "losetup --find --show {}: {}",
+                image.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        scratch.device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        scratch.attached = true;
+
+        let mut mount = Command::new("mount");
+        mount.args(["-t", fs_type]);
+        if !mount_options.is_empty() {
+            mount.args(["-o", mount_options]);
+        }
+        let out = mount
+            .arg(&scratch.device)
+            .arg(&scratch.mount_point)
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t {fs_type} -o {mount_options:?}: {}{}",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                kernel_log_about(&scratch.device)
+            ));
+        }
+        scratch.mounted = true;
+        Ok(scratch)
+    }
+
+    /// The mount point joined with `relative`.
+    pub fn path(&self, relative: &str) -> PathBuf {
+        self.mount_point.join(relative)
+    }
+}
+
+impl Drop for ScratchFs {
+    fn drop(&mut self) {
+        let mut clean = true;
+        if self.mounted {
+            let plain = Command::new("umount").arg(&self.mount_point).status();
+            if !plain.is_ok_and(|s| s.success()) {
+                // Still busy (a file left open by a failed test): detach it from the tree so
+                // the device goes away once the last user lets go.
+                let lazy = Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.mount_point)
+                    .status();
+                if !lazy.is_ok_and(|s| s.success()) {
+                    eprintln!("cleanup: cannot unmount {}", self.mount_point.display());
+                    clean = false;
+                }
+            }
+        }
+        if self.attached && clean {
+            // With a lazily unmounted filesystem still open, the kernel detaches on last close.
+            let detach = Command::new("losetup").arg("-d").arg(&self.device).status();
+            if !detach.is_ok_and(|s| s.success()) {
+                eprintln!("cleanup: cannot detach {}", self.device.display());
+            }
+        }
+        if let Some(dir) = self.dir.take() {
+            if clean {
+                drop(dir); // removes the image and the mount point
+            } else {
+                // Never recurse into something still mounted: leave it for a human.
+                eprintln!("cleanup: leaving {} in place", dir.keep().display());
+            }
+        }
+    }
+}
+
+/// What the kernel logged about `device` lately (mount(8) only says "wrong fs type, bad
+/// option, ..."), as " [kernel: ...]", or "" when the log cannot be read.
+fn kernel_log_about(device: &Path) -> String {
+    let Some(name) = device.file_name().and_then(|n| n.to_str()) else {
+        return String::new();
+    };
+    let Ok(out) = Command::new("dmesg").output() else {
+        return String::new();
+    };
+    let tag = format!("({name})");
+    let log = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&tag)).collect();
+    match lines.last() {
+        // Drop the "[   12.345678] " timestamp.
+        Some(line) => format!(
+            " [kernel: {}]",
+            line.split_once("] ").map_or(*line, |(_, text)| text)
+        ),
+        None => String::new(),
+    }
+}
+
+/// `name` in $PATH or the sbin directories (which a non-login root shell may lack).
+fn find_tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
