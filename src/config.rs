@@ -58,6 +58,63 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics on http://HOST:PORT/metrics (off unless given).
     #[arg(long, env = "METRICS_ADDRESS", value_name = "HOST:PORT")]
     pub metrics_address: Option<SocketAddr>,
+
+    /// An extra storage pool (repeatable): a directory, usually on its own disk, that
+    /// StorageClasses choose with `pool: NAME`. The data dir is the pool named "default".
+    #[arg(
+        long = "pool",
+        env = "POOLS",
+        value_name = "NAME=PATH",
+        value_delimiter = ','
+    )]
+    pub pools: Vec<String>,
+
+    /// How a pool enforces filesystem volume sizes (repeatable): auto (btrfs qgroups if quota is
+    /// on, XFS/ext4 project quotas if mounted with them, else none), btrfs (enables quota if
+    /// off), project, or none.
+    #[arg(
+        long = "enforcement",
+        env = "ENFORCEMENT",
+        value_name = "NAME=auto|btrfs|project|none",
+        value_delimiter = ','
+    )]
+    pub enforcement: Vec<String>,
+
+    /// How far a pool may promise more than it holds (repeatable; default 1: every byte a volume
+    /// may still write is backed by free space).
+    #[arg(
+        long = "overcommit",
+        env = "OVERCOMMIT",
+        value_name = "NAME=RATIO",
+        value_delimiter = ','
+    )]
+    pub overcommit: Vec<String>,
+}
+
+/// Name of the pool that lives in the data directory.
+pub const DEFAULT_POOL: &str = "default";
+
+/// How a pool limits the size of filesystem volumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EnforcementChoice {
+    /// Probe the filesystem at start and use what it offers without changing it.
+    Auto,
+    /// A btrfs subvolume per volume with a qgroup limit; quota is enabled if it is off.
+    Btrfs,
+    /// XFS/ext4 project quotas; the filesystem must be mounted with prjquota.
+    Project,
+    /// Plain directories: usage is measured and reported, never limited.
+    None,
+}
+
+/// One storage pool as configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    pub name: String,
+    pub path: PathBuf,
+    pub enforcement: EnforcementChoice,
+    /// ≥ 1: unused promises count 1/ratio against free space.
+    pub overcommit: f64,
 }
 
 /// Validated configuration shared by all services.
@@ -71,6 +128,8 @@ pub struct Config {
     pub mode: Mode,
     pub max_volumes_per_node: i64,
     pub metrics_address: Option<SocketAddr>,
+    /// The default pool (the data dir) first, then the extra pools in flag order.
+    pub pools: Vec<PoolConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +148,12 @@ pub enum ConfigError {
     RelativePath { flag: &'static str, path: PathBuf },
     #[error("--max-volumes-per-node must not be negative")]
     MaxVolumes,
+    #[error("{flag} {value:?}: {why}")]
+    Pool {
+        flag: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 impl Config {
@@ -118,6 +183,7 @@ impl Config {
             )
         });
         let socket_path = parse_unix_endpoint(&endpoint)?;
+        let pools = pools(&data_dir, &args.pools, &args.enforcement, &args.overcommit)?;
         Ok(Config {
             socket_path,
             node_id: args.node_id,
@@ -127,7 +193,13 @@ impl Config {
             mode: args.mode,
             max_volumes_per_node: args.max_volumes_per_node,
             metrics_address: args.metrics_address,
+            pools,
         })
+    }
+
+    /// The pool called `name`, if this node has it.
+    pub fn pool(&self, name: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.name == name)
     }
 
     /// The topology segment key that pins volumes to this node.
@@ -150,6 +222,120 @@ fn require_absolute(flag: &'static str, path: &Path) -> Result<(), ConfigError> 
             path: path.to_path_buf(),
         })
     }
+}
+
+/// The pools from `--pool`, `--enforcement` and `--overcommit`, the data dir first as "default".
+fn pools(
+    data_dir: &Path,
+    pool_flags: &[String],
+    enforcement_flags: &[String],
+    overcommit_flags: &[String],
+) -> Result<Vec<PoolConfig>, ConfigError> {
+    let mut pools = vec![PoolConfig {
+        name: DEFAULT_POOL.into(),
+        path: data_dir.to_path_buf(),
+        enforcement: EnforcementChoice::Auto,
+        overcommit: 1.0,
+    }];
+    for flag in pool_flags {
+        let (name, path) = named_value("--pool", flag)?;
+        let path = PathBuf::from(path);
+        let invalid = |why: String| pool_error("--pool", flag, why);
+        require_absolute("--pool", &path)?;
+        if name == DEFAULT_POOL {
+            return Err(invalid(format!(
+                "{DEFAULT_POOL:?} is the data dir's pool; use --data-dir"
+            )));
+        }
+        if let Some(other) = pools.iter().find(|p| p.name == name) {
+            return Err(invalid(format!("pool {:?} is given twice", other.name)));
+        }
+        if let Some(other) = pools
+            .iter()
+            .find(|p| p.path.starts_with(&path) || path.starts_with(&p.path))
+        {
+            return Err(invalid(format!(
+                "overlaps pool {:?} at {}",
+                other.name,
+                other.path.display()
+            )));
+        }
+        pools.push(PoolConfig {
+            name: name.to_string(),
+            path,
+            enforcement: EnforcementChoice::Auto,
+            overcommit: 1.0,
+        });
+    }
+    for flag in enforcement_flags {
+        let (name, value) = named_value("--enforcement", flag)?;
+        let choice = EnforcementChoice::from_str(value, true).map_err(|_| {
+            pool_error(
+                "--enforcement",
+                flag,
+                "expected auto, btrfs, project or none".into(),
+            )
+        })?;
+        pool_named(&mut pools, "--enforcement", flag, name)?.enforcement = choice;
+    }
+    for flag in overcommit_flags {
+        let (name, value) = named_value("--overcommit", flag)?;
+        let ratio: f64 = value
+            .parse()
+            .ok()
+            .filter(|r: &f64| r.is_finite() && *r >= 1.0)
+            .ok_or_else(|| {
+                pool_error(
+                    "--overcommit",
+                    flag,
+                    "the ratio must be a number ≥ 1".into(),
+                )
+            })?;
+        pool_named(&mut pools, "--overcommit", flag, name)?.overcommit = ratio;
+    }
+    Ok(pools)
+}
+
+/// Splits `NAME=VALUE`, checking NAME is a pool name.
+fn named_value<'a>(flag: &'static str, value: &'a str) -> Result<(&'a str, &'a str), ConfigError> {
+    let (name, rest) = value
+        .split_once('=')
+        .ok_or_else(|| pool_error(flag, value, "expected NAME=VALUE".into()))?;
+    if !is_pool_name(name) {
+        return Err(pool_error(
+            flag,
+            value,
+            "pool names are 1-63 of [a-z0-9-], alphanumeric at both ends".into(),
+        ));
+    }
+    Ok((name, rest))
+}
+
+fn pool_named<'a>(
+    pools: &'a mut [PoolConfig],
+    flag: &'static str,
+    value: &str,
+    name: &str,
+) -> Result<&'a mut PoolConfig, ConfigError> {
+    pools
+        .iter_mut()
+        .find(|p| p.name == name)
+        .ok_or_else(|| pool_error(flag, value, format!("no pool is named {name:?}")))
+}
+
+fn pool_error(flag: &'static str, value: &str, why: String) -> ConfigError {
+    ConfigError::Pool {
+        flag,
+        value: value.to_string(),
+        why,
+    }
+}
+
+/// Pool names appear in StorageClasses, logs and metric labels: keep them plain.
+pub fn is_pool_name(name: &str) -> bool {
+    is_bounded_name(name, |b| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'
+    })
 }
 
 /// Accepts `unix:///abs/path` (and, like other drivers, `unix:/abs/path`).
@@ -204,7 +390,71 @@ mod tests {
             mode: Mode::All,
             max_volumes_per_node: 0,
             metrics_address: None,
+            pools: Vec::new(),
+            enforcement: Vec::new(),
+            overcommit: Vec::new(),
         }
+    }
+
+    #[test]
+    fn pools_come_from_flags_with_the_data_dir_first() {
+        let mut a = args("n");
+        a.data_dir = Some("/data".into());
+        a.pools = vec!["fast=/mnt/nvme".into(), "slow=/mnt/hdd".into()];
+        a.enforcement = vec!["fast=btrfs".into(), "default=none".into()];
+        a.overcommit = vec!["slow=2.5".into()];
+        let config = Config::from_args(a).unwrap();
+        let summary: Vec<_> = config
+            .pools
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_str(),
+                    p.path.to_str().unwrap(),
+                    p.enforcement,
+                    p.overcommit,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("default", "/data", EnforcementChoice::None, 1.0),
+                ("fast", "/mnt/nvme", EnforcementChoice::Btrfs, 1.0),
+                ("slow", "/mnt/hdd", EnforcementChoice::Auto, 2.5),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_pool_flags_are_refused() {
+        let cases: [(&str, &str); 9] = [
+            ("pool", "fast"),
+            ("pool", "fast=relative"),
+            ("pool", "Fast=/mnt/a"),
+            ("pool", "default=/mnt/a"),
+            ("pool", "inside=/data/sub"),
+            ("pool", "outside=/"),
+            ("enforcement", "default=zfs"),
+            ("enforcement", "nosuch=none"),
+            ("overcommit", "default=0.5"),
+        ];
+        for (flag, value) in cases {
+            let mut a = args("n");
+            a.data_dir = Some("/data".into());
+            match flag {
+                "pool" => a.pools = vec![value.into()],
+                "enforcement" => a.enforcement = vec![value.into()],
+                _ => a.overcommit = vec![value.into()],
+            }
+            assert!(Config::from_args(a).is_err(), "--{flag} {value} accepted");
+        }
+        let mut a = args("n");
+        a.pools = vec!["a=/mnt/a".into(), "a=/mnt/b".into()];
+        assert!(
+            Config::from_args(a).is_err(),
+            "a pool name given twice was accepted"
+        );
     }
 
     #[test]

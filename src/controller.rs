@@ -29,12 +29,16 @@ impl ControllerService {
 }
 
 fn to_csi_volume(driver: &Driver, volumes: &Volumes, record: &VolumeRecord) -> csi::Volume {
-    let path = volumes.layout().data_path(&record.id, record.kind);
+    // Empty when the volume's pool is not configured (its condition says so).
+    let path = volumes
+        .data_path(record)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     csi::Volume {
         capacity_bytes: record.capacity_bytes,
         volume_id: record.id.to_string(),
         volume_context: [
-            (CONTEXT_HOST_PATH.to_string(), path.display().to_string()),
+            (CONTEXT_HOST_PATH.to_string(), path),
             (CONTEXT_NODE.to_string(), driver.config.node_id.clone()),
             (
                 CONTEXT_ACCESS_TYPE.to_string(),
@@ -117,7 +121,10 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         kind: caps[0].kind,
         access_modes,
         mount_flags,
-        parameters,
+        pool: parameters.pool,
+        allocation: parameters.allocation,
+        require_enforcement: parameters.require_enforcement,
+        parameters: parameters.raw,
     })
 }
 
@@ -272,7 +279,7 @@ impl Controller for ControllerService {
         request: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
         let req = request.into_inner();
-        request::parameters(&req.parameters)?;
+        let parameters = request::parameters(&req.parameters)?;
         let caps = req
             .volume_capabilities
             .iter()
@@ -290,9 +297,13 @@ impl Controller for ControllerService {
             .iter()
             .all(|cap| request::unsupported_reason(cap).is_none());
         let volumes = self.volumes()?;
+        let kinds: Vec<_> = caps.iter().map(|cap| cap.kind).collect();
         let available = if here && servable {
-            let space = blocking(move || volumes.space()).await?;
-            i64::try_from(space.available_bytes).unwrap_or(i64::MAX)
+            let bytes = blocking(move || {
+                volumes.available_for(&parameters.pool, &kinds, parameters.require_enforcement)
+            })
+            .await?;
+            i64::try_from(bytes).unwrap_or(i64::MAX)
         } else {
             0
         };

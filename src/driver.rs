@@ -24,10 +24,7 @@ impl Driver {
     /// Opens the data directory unless this instance runs in controller mode.
     pub fn new(config: Config) -> Result<Driver> {
         let volumes = if config.mode.works_on_host() {
-            Some(Arc::new(Volumes::open(
-                &config.data_dir,
-                &config.kubelet_dir,
-            )?))
+            Some(Arc::new(Volumes::open(&config.pools, &config.kubelet_dir)?))
         } else {
             None
         };

@@ -45,6 +45,11 @@ struct VolumeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     mode: String,
 }
@@ -64,6 +69,8 @@ pub struct Metrics {
     provisioned_bytes: Family<ModeLabels, Gauge>,
     data_dir_capacity: Gauge,
     data_dir_free: Gauge,
+    pool_available: Family<PoolLabels, Gauge>,
+    pool_unwritten: Family<PoolLabels, Gauge>,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -119,8 +126,22 @@ impl Metrics {
             "Bytes available to new volumes on the data directory's filesystem",
             data_dir_free.clone(),
         );
+        let pool_available = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_available_bytes",
+            "Bytes a pool can still promise to new volumes (what GetCapacity reports)",
+            pool_available.clone(),
+        );
+        let pool_unwritten = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_unwritten_promised_bytes",
+            "Bytes a pool's volumes may still write within their sizes, as last measured",
+            pool_unwritten.clone(),
+        );
         Metrics {
             registry,
+            pool_available,
+            pool_unwritten,
             rpc_requests,
             rpc_duration,
             volumes,
@@ -184,6 +205,24 @@ impl Metrics {
                         .set(i64::try_from(space.available_bytes).unwrap_or(i64::MAX));
                 }
                 Err(err) => warn!(error = %err, "metrics: cannot read data directory space"),
+            }
+            for pool in volumes.pools() {
+                let labels = PoolLabels {
+                    pool: pool.name.clone(),
+                };
+                self.pool_unwritten
+                    .get_or_create(&labels)
+                    .set(i64::try_from(pool.unwritten()).unwrap_or(i64::MAX));
+                match pool.available() {
+                    Ok(bytes) => {
+                        self.pool_available
+                            .get_or_create(&labels)
+                            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                    }
+                    Err(err) => {
+                        warn!(pool = %pool.name, error = %err, "metrics: cannot read pool space")
+                    }
+                }
             }
         }
         let mut text = String::new();

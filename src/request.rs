@@ -9,21 +9,43 @@ use std::path::{Component, Path, PathBuf};
 
 use sys_mount::MountFlags;
 
+use crate::config::{DEFAULT_POOL, is_pool_name};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::error::{Error, Result};
 use crate::host::mount;
 use crate::volume::id::VolumeId;
-use crate::volume::record::{AccessMode, VolumeKind};
+use crate::volume::record::{AccessMode, Allocation, VolumeKind};
 
 /// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
 /// secret references, fstype); accepted and ignored.
 pub const PROVISIONER_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
 
-/// StorageClass parameters stickyvol itself understands. None yet: the set grows with features
-/// (pools, size enforcement); anything else is refused so a typo never goes unnoticed.
-pub const KNOWN_PARAMETERS: &[&str] = &[];
+/// StorageClass parameter: the pool (`--pool NAME=PATH`) that holds the volume.
+pub const PARAM_POOL: &str = "pool";
+/// StorageClass parameter: `thin` (sparse, the default) or `thick` (fallocated) block files.
+pub const PARAM_BLOCK_ALLOCATION: &str = "blockAllocation";
+/// StorageClass parameter: `"true"` refuses filesystem volumes on pools that cannot limit sizes.
+pub const PARAM_REQUIRE_ENFORCEMENT: &str = "requireEnforcement";
+
+/// StorageClass parameters stickyvol itself understands; anything else is refused so a typo
+/// never goes unnoticed.
+pub const KNOWN_PARAMETERS: &[&str] = &[
+    PARAM_POOL,
+    PARAM_BLOCK_ALLOCATION,
+    PARAM_REQUIRE_ENFORCEMENT,
+];
+
+/// Validated StorageClass parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassParameters {
+    /// Every parameter as given (records keep them for idempotency checks).
+    pub raw: BTreeMap<String, String>,
+    pub pool: String,
+    pub allocation: Allocation,
+    pub require_enforcement: bool,
+}
 
 /// One requested way of using a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,7 +207,7 @@ pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
 }
 
 /// Validates StorageClass parameters: provisioner-added keys pass, ours are checked, others refused.
-pub fn parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
     let mut keys: Vec<_> = params.keys().collect();
     keys.sort();
     for key in keys {
@@ -194,15 +216,36 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, S
         {
             return Err(Error::InvalidArgument(format!(
                 "unknown StorageClass parameter {key:?} (stickyvol accepts {} and {PROVISIONER_PARAMETER_PREFIX}* keys)",
-                if KNOWN_PARAMETERS.is_empty() {
-                    "no other parameters".to_string()
-                } else {
-                    KNOWN_PARAMETERS.join(", ")
-                }
+                KNOWN_PARAMETERS.join(", ")
             )));
         }
     }
-    Ok(params.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    let invalid = |key: &str, value: &str, expected: &str| {
+        Err(Error::InvalidArgument(format!(
+            "StorageClass parameter {key}: {value:?} is not {expected}"
+        )))
+    };
+    let pool = match params.get(PARAM_POOL) {
+        None => DEFAULT_POOL.to_string(),
+        Some(name) if is_pool_name(name) => name.clone(),
+        Some(name) => return invalid(PARAM_POOL, name, "a pool name (1-63 of [a-z0-9-])"),
+    };
+    let allocation = match params.get(PARAM_BLOCK_ALLOCATION).map(String::as_str) {
+        None | Some("thin") => Allocation::Thin,
+        Some("thick") => Allocation::Thick,
+        Some(other) => return invalid(PARAM_BLOCK_ALLOCATION, other, "thin or thick"),
+    };
+    let require_enforcement = match params.get(PARAM_REQUIRE_ENFORCEMENT).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return invalid(PARAM_REQUIRE_ENFORCEMENT, other, "\"true\" or \"false\""),
+    };
+    Ok(ClassParameters {
+        raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        pool,
+        allocation,
+        require_enforcement,
+    })
 }
 
 /// A target or staging path: absolute, normalized, strictly beneath `root` (the kubelet dir).
@@ -350,6 +393,49 @@ mod tests {
         let err = parameters(&params).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.to_string().contains("sizeLimit"));
+    }
+
+    #[test]
+    fn class_parameters_are_typed_with_defaults() {
+        let given = |pairs: &[(&str, &str)]| {
+            parameters(
+                &pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        let plain = given(&[]).unwrap();
+        assert_eq!(
+            (
+                plain.pool.as_str(),
+                plain.allocation,
+                plain.require_enforcement
+            ),
+            ("default", Allocation::Thin, false)
+        );
+        let set = given(&[
+            ("pool", "nvme-1"),
+            ("blockAllocation", "thick"),
+            ("requireEnforcement", "true"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (set.pool.as_str(), set.allocation, set.require_enforcement),
+            ("nvme-1", Allocation::Thick, true)
+        );
+        assert_eq!(set.raw.len(), 3);
+        for bad in [
+            ("pool", "NVMe"),
+            ("pool", "../x"),
+            ("pool", ""),
+            ("blockAllocation", "sparse"),
+            ("requireEnforcement", "yes"),
+        ] {
+            let err = given(&[bad]).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");
+            assert!(err.to_string().contains(bad.0), "{err}");
+        }
     }
 
     #[test]

@@ -3,18 +3,10 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 
 use common::*;
-
-fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 fn is_volume_id(id: &str) -> bool {
     id.len() <= 128
@@ -837,58 +829,42 @@ async fn controller_get_volume_reports_condition() {
 
 // ---- GetCapacity ----
 
-async fn capacity(
-    driver: &TestDriver,
-    request: csi::GetCapacityRequest,
-) -> csi::GetCapacityResponse {
-    driver
-        .controller()
-        .get_capacity(request)
-        .await
-        .expect("GetCapacity")
-        .into_inner()
-}
-
 #[tokio::test]
 async fn get_capacity() {
     let driver = TestDriver::start().await;
     // csi-sanity sends a completely empty request.
-    let empty = capacity(&driver, csi::GetCapacityRequest::default()).await;
+    let empty = driver
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await;
     assert!(empty.available_capacity > 0);
     assert!(empty.maximum_volume_size.is_some_and(|m| m > 0));
 
     // external-provisioner --enable-capacity: raw StorageClass parameters, this node's topology.
-    let provisioner = capacity(
-        &driver,
-        csi::GetCapacityRequest {
+    let provisioner = driver
+        .get_capacity(csi::GetCapacityRequest {
             volume_capabilities: vec![],
             parameters: params(&[
                 ("csi.storage.k8s.io/fstype", ""),
                 ("csi.storage.k8s.io/provisioner-secret-name", "x"),
             ]),
             accessible_topology: Some(topology(NODE_ID)),
-        },
-    )
-    .await;
+        })
+        .await;
     assert!(provisioner.available_capacity > 0);
-    let with_caps = capacity(
-        &driver,
-        csi::GetCapacityRequest {
+    let with_caps = driver
+        .get_capacity(csi::GetCapacityRequest {
             volume_capabilities: vec![block_cap(Mode::SingleNodeWriter)],
             ..Default::default()
-        },
-    )
-    .await;
+        })
+        .await;
     assert!(with_caps.available_capacity > 0);
 
-    let elsewhere = capacity(
-        &driver,
-        csi::GetCapacityRequest {
+    let elsewhere = driver
+        .get_capacity(csi::GetCapacityRequest {
             accessible_topology: Some(topology("other-node")),
             ..Default::default()
-        },
-    )
-    .await;
+        })
+        .await;
     assert_eq!(elsewhere.available_capacity, 0);
 
     expect_code(

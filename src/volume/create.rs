@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -20,9 +21,11 @@ use tracing::{info, warn};
 use super::capacity;
 use super::devices;
 use super::id::VolumeId;
-use super::record::{AccessMode, VolumeKind, VolumeRecord};
+use super::limits::{self, NewDirectory};
+use super::pool::Pool;
+use super::record::{AccessMode, Allocation, SizeLimit, VolumeKind, VolumeRecord};
 use super::store::sync_dir;
-use super::{Volumes, set_mode, walk_failure};
+use super::{Volumes, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, loopdev, mountinfo, safe_delete};
 
@@ -37,7 +40,12 @@ pub struct CreateRequest {
     pub access_modes: Vec<AccessMode>,
     /// Sorted and deduplicated.
     pub mount_flags: Vec<String>,
+    /// StorageClass parameters as given (kept for idempotency checks).
     pub parameters: BTreeMap<String, String>,
+    pub pool: String,
+    pub allocation: Allocation,
+    /// Refuse a filesystem volume on a pool that cannot limit its size.
+    pub require_enforcement: bool,
 }
 
 impl Volumes {
@@ -58,60 +66,78 @@ impl Volumes {
                 return Ok(existing);
             }
         }
-        let available = self.space()?.available_bytes;
-        if capacity as u64 > available {
+        let pool = self.pool(&req.pool)?;
+        if req.kind == VolumeKind::Filesystem
+            && req.require_enforcement
+            && !pool.enforcement.enforces()
+        {
             return Err(Error::ResourceExhausted(format!(
-                "volume {:?} needs {capacity} bytes but the data directory has {available} bytes free",
-                req.name
+                "volume {:?} requires an enforced size, but pool {:?} on this node cannot enforce one (its filesystem offers none; see `stickyvol doctor`)",
+                req.name, pool.name
             )));
         }
 
         let id = VolumeId::generate();
-        let staging = self.layout.staging_path(&id, req.kind);
-        let path = self.layout.data_path(&id, req.kind);
-        let made = make_data(&staging, req.kind, capacity).and_then(|()| {
-            sync_dir(&self.layout.volumes)
-                .context(|| format!("syncing {}", self.layout.volumes.display()))
+        self.reserve(pool, &id, capacity as u64, &req.name)?;
+        let staging = pool.staging_path(&id, req.kind);
+        let made = make_data(pool, &staging, req.kind, req.allocation, capacity).and_then(|made| {
+            sync_dir(&pool.volumes).context(|| format!("syncing {}", pool.volumes.display()))?;
+            Ok(made)
         });
-        let committed = made.and_then(|()| {
+        let committed = made.and_then(|made| {
             let record = VolumeRecord {
                 id: id.clone(),
                 name: req.name.clone(),
                 kind: req.kind,
                 capacity_bytes: capacity,
+                pool: pool.name.clone(),
+                size_limit: made.as_ref().map_or(SizeLimit::File, |d| d.limit),
+                allocation: match req.kind {
+                    VolumeKind::Block => req.allocation,
+                    VolumeKind::Filesystem => Allocation::Thin,
+                },
                 access_modes: req.access_modes,
                 mount_flags: req.mount_flags,
                 parameters: req.parameters,
                 created_unix_ms: now_ms(),
                 publications: Vec::new(),
             };
-            self.store.put(record).map_err(|err| {
+            let record = self.store.put(record).map_err(|err| {
                 // The rename may have happened before the failure (e.g. the directory fsync):
                 // take the record back so no record points at data about to be removed.
                 let _ = self.store.remove(&id);
                 Error::host(format!("writing the record of volume {id}"), err)
-            })
+            })?;
+            if let Some(made) = made {
+                made.commit();
+            }
+            Ok(record)
         });
         let record = match committed {
             Ok(record) => record,
             Err(err) => {
+                pool.release(&id);
                 if let Err(cleanup) = safe_delete::remove_all(&staging) {
                     warn!(volume = %id, error = %cleanup, "could not remove the data of a failed create; it is removed at next start");
                 }
                 return Err(err);
             }
         };
+        if record.fully_allocated() {
+            pool.set_used(&id, capacity as u64);
+        }
         // Committed: from here on the volume exists; moving the data in place is finished by a
         // retry or at the next start if this fails.
         self.finish_create(&record)?;
-        info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, path = %path.display(), "created volume");
+        info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, pool = %pool.name, limit = ?record.size_limit, "created volume");
         Ok(record)
     }
 
     /// Moves a committed volume's data from its staging name to its final name, if not done yet.
     pub(super) fn finish_create(&self, record: &VolumeRecord) -> Result<()> {
-        let staging = self.layout.staging_path(&record.id, record.kind);
-        let path = self.layout.data_path(&record.id, record.kind);
+        let pool = self.pool_of(record)?;
+        let staging = pool.staging_path(&record.id, record.kind);
+        let path = pool.data_path(&record.id, record.kind);
         if fsstat::lstat_if_exists(&staging)
             .context(|| format!("inspecting {}", staging.display()))?
             .is_none()
@@ -119,7 +145,7 @@ impl Volumes {
             return Ok(());
         }
         fs::rename(&staging, &path)
-            .and_then(|()| sync_dir(&self.layout.volumes))
+            .and_then(|()| sync_dir(&pool.volumes))
             .context(|| format!("moving {} into place", staging.display()))
     }
 
@@ -133,12 +159,15 @@ impl Volumes {
                 )));
             }
             // Data without a record (a lost state directory, or an interrupted create): the CO
-            // deletes the volume, so remove whatever carries its id.
-            for kind in [VolumeKind::Filesystem, VolumeKind::Block] {
-                self.remove_data(id, kind)?;
+            // deletes the volume, so remove whatever carries its id, in every pool.
+            for pool in self.pools() {
+                for kind in [VolumeKind::Filesystem, VolumeKind::Block] {
+                    self.remove_data(pool, id, kind, SizeLimit::None)?;
+                }
             }
             return Ok(());
         };
+        let pool = self.pool_of(&record)?;
         let live = self.live_targets(&record)?;
         if !live.is_empty() {
             return Err(Error::FailedPrecondition(format!(
@@ -149,15 +178,39 @@ impl Volumes {
                     .join(", ")
             )));
         }
-        self.remove_data(id, record.kind)?;
+        self.remove_data(pool, id, record.kind, record.size_limit)?;
         self.store
             .remove(id)
             .context(|| format!("removing the record of volume {id}"))?;
-        info!(volume = %id, name = %record.name, "deleted volume");
+        pool.release(id);
+        pool.enforcement.forget(record.size_limit);
+        info!(volume = %id, name = %record.name, pool = %pool.name, "deleted volume");
         Ok(())
     }
 
-    fn remove_data(&self, id: &VolumeId, kind: VolumeKind) -> Result<()> {
+    /// Promises `bytes` of `pool` to volume `id`, or RESOURCE_EXHAUSTED. When the cheap check
+    /// fails, usage is measured afresh once (volumes may have written since we last looked,
+    /// which frees promises) before refusing.
+    pub(super) fn reserve(&self, pool: &Pool, id: &VolumeId, bytes: u64, what: &str) -> Result<()> {
+        if pool.reserve(id, bytes)?.is_ok() {
+            return Ok(());
+        }
+        self.refresh_usage(pool);
+        pool.reserve(id, bytes)?.map_err(|available| {
+            Error::ResourceExhausted(format!(
+                "{what} needs {bytes} bytes but pool {:?} can promise only {available} more (free space minus what existing volumes may still write)",
+                pool.name
+            ))
+        })
+    }
+
+    fn remove_data(
+        &self,
+        pool: &Pool,
+        id: &VolumeId,
+        kind: VolumeKind,
+        limit: SizeLimit,
+    ) -> Result<()> {
         if kind == VolumeKind::Block {
             // A device left attached by a crash would keep the file's blocks alive.
             for device in devices::serving(id).unwrap_or_default() {
@@ -167,10 +220,7 @@ impl Volumes {
             }
         }
         // Data may sit under its final or (an interrupted create) its staging name.
-        let paths = [
-            self.layout.data_path(id, kind),
-            self.layout.staging_path(id, kind),
-        ];
+        let paths = [pool.data_path(id, kind), pool.staging_path(id, kind)];
         // Refuse before removing anything: a mount found midway would leave a half-deleted volume.
         let mounts =
             mountinfo::read_self().context(|| "reading /proc/self/mountinfo".to_string())?;
@@ -184,7 +234,8 @@ impl Volumes {
         }
         // The walk re-checks every directory: a mount made after the look above stops it there.
         for path in &paths {
-            safe_delete::remove_all(path).map_err(|err| walk_failure(id, "deleting", err))?;
+            limits::remove_directory(limit, path)
+                .map_err(|err| walk_failure(id, "deleting", err))?;
         }
         Ok(())
     }
@@ -219,16 +270,19 @@ fn check_compatible(existing: &VolumeRecord, req: &CreateRequest) -> Result<()> 
     Ok(())
 }
 
-fn make_data(path: &std::path::Path, kind: VolumeKind, capacity: i64) -> Result<()> {
+/// Makes a volume's data at `path`: a (limited) directory, or a sparse or fallocated file.
+fn make_data(
+    pool: &Pool,
+    path: &Path,
+    kind: VolumeKind,
+    allocation: Allocation,
+    capacity: i64,
+) -> Result<Option<NewDirectory>> {
     match kind {
-        VolumeKind::Filesystem => {
-            fs::DirBuilder::new()
-                .mode(0o777)
-                .create(path)
-                .context(|| format!("creating {}", path.display()))?;
-            // mkdir honours the umask; emptyDir semantics want every user of the pod to write.
-            set_mode(path, 0o777)
-        }
+        VolumeKind::Filesystem => pool
+            .enforcement
+            .make_directory(path, capacity as u64)
+            .map(Some),
         VolumeKind::Block => {
             let file = OpenOptions::new()
                 .write(true)
@@ -236,12 +290,39 @@ fn make_data(path: &std::path::Path, kind: VolumeKind, capacity: i64) -> Result<
                 .mode(0o600)
                 .open(path)
                 .context(|| format!("creating {}", path.display()))?;
-            // Sparse: blocks are allocated as the workload writes.
-            file.set_len(capacity as u64)
-                .and_then(|()| file.sync_all())
-                .context(|| format!("sizing {} to {capacity} bytes", path.display()))
+            size_file(&file, path, allocation, capacity as u64)?;
+            file.sync_all()
+                .context(|| format!("syncing {}", path.display()))?;
+            Ok(None)
         }
     }
+}
+
+/// Grows a block file to `bytes`: sparse (thin), or with every block allocated (thick), so a
+/// thick volume's writes can never meet a full disk.
+pub(super) fn size_file(
+    file: &fs::File,
+    path: &Path,
+    allocation: Allocation,
+    bytes: u64,
+) -> Result<()> {
+    let sized = match allocation {
+        Allocation::Thin => file.set_len(bytes),
+        Allocation::Thick => nix::fcntl::fallocate(
+            file,
+            nix::fcntl::FallocateFlags::empty(),
+            0,
+            bytes as libc::off_t,
+        )
+        .map_err(std::io::Error::from),
+    };
+    sized.context(|| {
+        format!(
+            "sizing {} to {bytes} bytes ({})",
+            path.display(),
+            allocation.as_str()
+        )
+    })
 }
 
 fn now_ms() -> u64 {

@@ -1,17 +1,22 @@
 //! NodeExpandVolume: growing a volume while it may be published.
 //!
-//! Sizes of filesystem volumes are not enforced yet, so growing one records the new size (which
-//! stats and capacity accounting then use). A block volume's file grows (sparsely) and every
-//! loop device over it is told its new size. The file grows before the record changes, so a
-//! crash in between is finished by kubelet's retry. Shrinking is refused.
+//! The pool must be able to promise the growth (RESOURCE_EXHAUSTED otherwise). A filesystem
+//! volume's quota or qgroup is raised; a block volume's file grows (sparsely, or fallocated when
+//! thick) and every loop device over it is told its new size. The host changes before the
+//! record does, and each step is idempotent, so a crash in between is finished by kubelet's
+//! retry. Shrinking is refused.
 
 use tracing::info;
 
+use std::path::Path;
+
 use super::Volumes;
 use super::capacity;
+use super::create::size_file;
 use super::devices;
 use super::id::VolumeId;
-use super::record::VolumeKind;
+use super::limits;
+use super::record::{Allocation, VolumeKind};
 use crate::error::{Error, IoContext, Result};
 use crate::host::loopdev;
 
@@ -43,34 +48,21 @@ impl Volumes {
             return Ok(current); // already that big: a retry, or nothing to do
         }
         let wanted = capacity::choose(required, limit)?;
-        let growth = (wanted - current) as u64;
-        let available = self.space()?.available_bytes;
-        if growth > available {
-            return Err(Error::ResourceExhausted(format!(
-                "growing volume {id} by {growth} bytes needs more than the {available} bytes free"
-            )));
+        let pool = self.pool_of(&record)?;
+        self.reserve(pool, id, wanted as u64, &format!("growing volume {id}"))?;
+        let path = pool.data_path(id, record.kind);
+        let grown = match record.kind {
+            VolumeKind::Filesystem => limits::resize(record.size_limit, &path, wanted as u64)
+                .context(|| format!("raising the size limit of volume {id} to {wanted} bytes")),
+            VolumeKind::Block => grow_file(id, &path, record.allocation, wanted as u64),
+        };
+        if let Err(err) = grown {
+            // Back to the promise the record still states.
+            let _ = pool.reserve(id, current as u64);
+            return Err(err);
         }
-        if record.kind == VolumeKind::Block {
-            let path = self.layout.data_path(id, record.kind);
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .context(|| format!("opening {}", path.display()))?;
-            if file.metadata().map(|m| m.len()).unwrap_or(0) < wanted as u64 {
-                file.set_len(wanted as u64)
-                    .and_then(|()| file.sync_all())
-                    .context(|| format!("growing {} to {wanted} bytes", path.display()))?;
-            }
-            let devices = devices::serving(id)
-                .context(|| format!("looking for loop devices of volume {id}"))?;
-            for device in devices {
-                loopdev::refresh_capacity(&device).context(|| {
-                    format!(
-                        "telling {} about the new size of volume {id}",
-                        device.path().display()
-                    )
-                })?;
-            }
+        if record.fully_allocated() {
+            pool.set_used(id, wanted as u64);
         }
         let mut updated = (*record).clone();
         updated.capacity_bytes = wanted;
@@ -80,4 +72,34 @@ impl Volumes {
         info!(volume = %id, from = current, to = wanted, "expanded volume");
         Ok(wanted)
     }
+}
+
+/// Grows a block volume's file to `bytes` and tells every loop device over it.
+fn grow_file(id: &VolumeId, path: &Path, allocation: Allocation, bytes: u64) -> Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .context(|| format!("opening {}", path.display()))?;
+    let size = file
+        .metadata()
+        .context(|| format!("inspecting {}", path.display()))?
+        .len();
+    // Thick files are fallocated again even at the right size: a crash may have left the
+    // size set but not every block allocated (fallocate of allocated blocks is cheap).
+    if size < bytes || allocation == Allocation::Thick {
+        size_file(&file, path, allocation, bytes)?;
+        file.sync_all()
+            .context(|| format!("syncing {}", path.display()))?;
+    }
+    let devices =
+        devices::serving(id).context(|| format!("looking for loop devices of volume {id}"))?;
+    for device in devices {
+        loopdev::refresh_capacity(&device).context(|| {
+            format!(
+                "telling {} about the new size of volume {id}",
+                device.path().display()
+            )
+        })?;
+    }
+    Ok(())
 }

@@ -1,36 +1,38 @@
 //! The volume domain: where volumes live on disk, what we remember about them, and the
 //! operations kubelet and the provisioner ask for. Nothing here knows about gRPC.
 //!
-//! On-disk layout under the data dir:
-//! - `volumes/<id>/`     a filesystem volume's data (mode 0777, like emptyDir)
-//! - `volumes/<id>.img`  a block volume's backing file (sparse)
-//! - `state/<id>.json`   the volume's record, the commit point of its existence
-//! - `volumes/.creating-<id>[.img]`  data of a create not yet committed
-//! - `lost+found/`       data found without a record, kept for an admin
+//! Records live in `<data-dir>/state/<id>.json`, the commit point of a volume's existence;
+//! the data lives in a pool (see `pool`), the data dir itself being the pool "default".
 
+mod accounting;
 pub mod capacity;
 mod create;
 mod devices;
 mod expand;
 pub mod guard;
 pub mod id;
+pub mod limits;
+pub mod pool;
 mod publish;
 pub mod record;
 mod recover;
+mod space;
 pub mod stats;
 pub mod store;
 
 use std::fs;
 
-use nix::fcntl::{Flock, FlockArg};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Space};
 use crate::host::tree::WalkError;
 
 pub use create::CreateRequest;
+use pool::LockedRoot;
+pub use pool::{Pool, STAGING_PREFIX};
 pub use publish::PublishRequest;
 pub use stats::VolumeStats;
 
@@ -38,53 +40,6 @@ use guard::OperationGuards;
 use id::VolumeId;
 use record::{VolumeKind, VolumeRecord};
 use store::Store;
-
-/// Prefix of data not yet committed by a record.
-pub const STAGING_PREFIX: &str = ".creating-";
-
-/// Paths inside the data directory.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    pub root: PathBuf,
-    pub volumes: PathBuf,
-    pub state: PathBuf,
-}
-
-impl Layout {
-    pub fn new(root: &Path) -> Layout {
-        Layout {
-            root: root.to_path_buf(),
-            volumes: root.join("volumes"),
-            state: root.join("state"),
-        }
-    }
-
-    /// Where a volume's data lives on the host.
-    pub fn data_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
-        match kind {
-            VolumeKind::Filesystem => self.volumes.join(id.as_str()),
-            VolumeKind::Block => self.volumes.join(format!("{id}.img")),
-        }
-    }
-
-    /// Where a volume's data is made before its record commits it.
-    pub fn staging_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
-        let final_path = self.data_path(id, kind);
-        let name = final_path.file_name().expect("data paths end in a name");
-        self.volumes
-            .join(format!("{STAGING_PREFIX}{}", name.to_string_lossy()))
-    }
-
-    /// Where data found without a record is moved instead of being deleted.
-    pub fn lost_and_found(&self) -> PathBuf {
-        self.root.join("lost+found")
-    }
-
-    /// The id a file name in `volumes/` belongs to, if it is one of ours.
-    pub fn id_of_data_entry(file_name: &str) -> Option<VolumeId> {
-        VolumeId::parse(file_name.strip_suffix(".img").unwrap_or(file_name))
-    }
-}
 
 /// Whether a volume is healthy, as CSI's VolumeCondition reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,40 +60,63 @@ pub struct CensusEntry {
 /// All volumes of this node.
 #[derive(Debug)]
 pub struct Volumes {
-    /// Held for our lifetime: one driver per data directory, whatever socket it serves.
-    _lock: Flock<fs::File>,
-    layout: Layout,
+    /// The default pool first; each pool is locked for our lifetime.
+    pools: Vec<Pool>,
+    state: PathBuf,
     kubelet_dir: PathBuf,
     store: Store,
     guards: OperationGuards,
 }
 
 impl Volumes {
-    /// Opens (creating if needed) the data directory, loads every record and reconciles the
-    /// host with them: see `recover`.
-    pub fn open(data_dir: &Path, kubelet_dir: &Path) -> Result<Volumes> {
-        for dir in [kubelet_dir, data_dir] {
-            fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
-        }
-        // The data dir holds every volume: only root may look inside; pods reach their own
-        // volume through its bind mount.
-        set_mode(data_dir, 0o700)?;
-        // Canonical paths: the kernel reports loop backing files and mounts that way.
-        let data_dir = data_dir
-            .canonicalize()
-            .context(|| format!("resolving {}", data_dir.display()))?;
+    /// Opens (creating if needed) every pool, loads every record from `<data-dir>/state` and
+    /// reconciles the host with them: see `recover`. `pools[0]` is the data dir.
+    pub fn open(pools: &[PoolConfig], kubelet_dir: &Path) -> Result<Volumes> {
+        fs::create_dir_all(kubelet_dir)
+            .context(|| format!("creating {}", kubelet_dir.display()))?;
         let kubelet_dir = kubelet_dir
             .canonicalize()
             .context(|| format!("resolving {}", kubelet_dir.display()))?;
-        let lock = lock_data_dir(&data_dir)?;
-        let layout = Layout::new(&data_dir);
-        fs::create_dir_all(&layout.volumes)
-            .context(|| format!("creating {}", layout.volumes.display()))?;
-        let (store, report) = Store::open(&layout.state)
-            .context(|| format!("loading records from {}", layout.state.display()))?;
+        // Every pool is locked before records are read (loading removes temp files).
+        let locked = pools
+            .iter()
+            .map(LockedRoot::lock)
+            .collect::<Result<Vec<_>>>()?;
+        for (i, a) in locked.iter().enumerate() {
+            if let Some(b) = locked[..i]
+                .iter()
+                .find(|b| a.root.starts_with(&b.root) || b.root.starts_with(&a.root))
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "pools at {} and {} overlap",
+                    a.root.display(),
+                    b.root.display()
+                )));
+            }
+        }
+        let state = locked[0].root.join("state");
+        let (store, report) =
+            Store::open(&state).context(|| format!("loading records from {}", state.display()))?;
+        let all = store.all();
+        let mut opened = Vec::with_capacity(pools.len());
+        for (config, root) in pools.iter().zip(locked) {
+            let records: Vec<&VolumeRecord> = all
+                .iter()
+                .map(|r| &**r)
+                .filter(|r| r.pool == config.name)
+                .collect();
+            opened.push(Pool::open(config, root, &records)?);
+        }
+        for record in all
+            .iter()
+            .filter(|r| !pools.iter().any(|p| p.name == r.pool))
+        {
+            tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this driver was not started with; it stays unusable until the pool is configured again");
+        }
+        drop(all);
         let volumes = Volumes {
-            _lock: lock,
-            layout,
+            pools: opened,
+            state,
             kubelet_dir,
             store,
             guards: OperationGuards::default(),
@@ -147,8 +125,46 @@ impl Volumes {
         Ok(volumes)
     }
 
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    /// The data dir's pool.
+    pub fn default_pool(&self) -> &Pool {
+        &self.pools[0]
+    }
+
+    pub fn pools(&self) -> &[Pool] {
+        &self.pools
+    }
+
+    /// The pool called `name`, or RESOURCE_EXHAUSTED: a class naming a pool this node lacks
+    /// cannot be served here, and the provisioner should try another node.
+    pub fn pool(&self, name: &str) -> Result<&Pool> {
+        self.pools.iter().find(|p| p.name == name).ok_or_else(|| {
+            Error::ResourceExhausted(format!(
+                "this node has no pool {name:?} (pools: {})",
+                self.pools
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    /// The pool holding an existing volume (FAILED_PRECONDITION if it is not configured).
+    pub fn pool_of(&self, record: &VolumeRecord) -> Result<&Pool> {
+        self.pools
+            .iter()
+            .find(|p| p.name == record.pool)
+            .ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "volume {} is in pool {:?}, which this driver was not started with",
+                    record.id, record.pool
+                ))
+            })
+    }
+
+    /// Where a volume's data lives on the host.
+    pub fn data_path(&self, record: &VolumeRecord) -> Result<PathBuf> {
+        Ok(self.pool_of(record)?.data_path(&record.id, record.kind))
     }
 
     pub fn kubelet_dir(&self) -> &Path {
@@ -210,13 +226,13 @@ impl Volumes {
 
     /// Free space of the data directory's filesystem.
     pub fn space(&self) -> Result<Space> {
-        fsstat::space(&self.layout.root)
-            .context(|| format!("statvfs {}", self.layout.root.display()))
+        self.default_pool().space()
     }
 
     /// Ready when the data and state directories exist, are writable and not on a read-only mount.
     pub fn check_ready(&self) -> Result<()> {
-        for dir in [&self.layout.volumes, &self.layout.state] {
+        let pool = self.default_pool();
+        for dir in [&pool.volumes, &self.state] {
             nix::unistd::access(dir.as_path(), nix::unistd::AccessFlags::W_OK)
                 .map_err(std::io::Error::from)
                 .context(|| format!("data directory {} is not writable", dir.display()))?;
@@ -225,7 +241,7 @@ impl Volumes {
         if space.read_only {
             return Err(Error::FailedPrecondition(format!(
                 "data directory {} is on a read-only filesystem",
-                self.layout.root.display()
+                pool.root.display()
             )));
         }
         Ok(())
@@ -233,7 +249,15 @@ impl Volumes {
 
     /// Healthy unless the volume's data is missing or of the wrong type.
     pub fn condition(&self, record: &VolumeRecord) -> Condition {
-        let path = self.layout.data_path(&record.id, record.kind);
+        let path = match self.data_path(record) {
+            Ok(path) => path,
+            Err(err) => {
+                return Condition {
+                    abnormal: true,
+                    message: err.to_string(),
+                };
+            }
+        };
         let problem = match fsstat::lstat_if_exists(&path) {
             Ok(None) => Some(format!(
                 "data of volume {} is missing at {}",
@@ -279,28 +303,6 @@ impl Volumes {
         self.guards
             .acquire(format!("volume:{id}"), &format!("volume {id}"))
     }
-}
-
-/// Takes `<data-dir>/.lock`, or fails naming the reason: two drivers reconciling one data
-/// directory would undo each other's work (e.g. remove a create in progress as an orphan).
-fn lock_data_dir(data_dir: &Path) -> Result<Flock<fs::File>> {
-    let path = data_dir.join(".lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .context(|| format!("opening {}", path.display()))?;
-    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-        if errno == nix::errno::Errno::EWOULDBLOCK {
-            Error::FailedPrecondition(format!(
-                "another stickyvol instance is using the data directory {}",
-                data_dir.display()
-            ))
-        } else {
-            Error::host(format!("locking {}", path.display()), errno.into())
-        }
-    })
 }
 
 /// A walk over volume `id`'s data that failed. A mount inside the volume is for an admin to

@@ -77,7 +77,7 @@ impl Volumes {
         }
         self.check_target_parent(&wanted.target)?;
 
-        let data = self.layout.data_path(id, record.kind);
+        let data = self.data_path(&record)?;
         let published = match record.kind {
             VolumeKind::Filesystem => {
                 self.publish_directory(id, &data, &wanted, cap)?;
@@ -110,7 +110,7 @@ impl Volumes {
         let Some(record) = self.store.get(id) else {
             return unpublish_unknown(target);
         };
-        let data = self.layout.data_path(id, record.kind);
+        let data = self.data_path(&record)?;
         match record.kind {
             VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
             VolumeKind::Block => self.unpublish_device(id, &record, target)?,
@@ -142,7 +142,7 @@ impl Volumes {
 
     /// Whether `publication` is still in place on the host.
     pub(super) fn is_live(&self, record: &VolumeRecord, publication: &Publication) -> Result<bool> {
-        let data = self.layout.data_path(&record.id, record.kind);
+        let data = self.data_path(record)?;
         let context = || {
             format!(
                 "inspecting {} of volume {}",
@@ -175,14 +175,20 @@ impl Volumes {
     fn check_target_ancestors(&self, target: &Path) -> Result<()> {
         let mut ancestor = target.parent();
         while let Some(dir) = ancestor {
-            match dir.canonicalize() {
-                Ok(real) if real.starts_with(&self.layout.root) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "target {} lies inside the data directory {}",
-                        target.display(),
-                        self.layout.root.display()
-                    )));
-                }
+            let resolved = dir.canonicalize();
+            let pool = resolved
+                .as_ref()
+                .ok()
+                .and_then(|real| self.pools().iter().find(|p| real.starts_with(&p.root)));
+            if let Some(pool) = pool {
+                return Err(Error::InvalidArgument(format!(
+                    "target {} lies inside the data directory {} (pool {:?})",
+                    target.display(),
+                    pool.root.display(),
+                    pool.name
+                )));
+            }
+            match resolved {
                 Ok(real) if real.starts_with(&self.kubelet_dir) => return Ok(()),
                 Ok(real) => {
                     return Err(Error::InvalidArgument(format!(

@@ -24,6 +24,47 @@ impl VolumeKind {
     }
 }
 
+/// How a block volume's file holds its space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Allocation {
+    /// Sparse: blocks are allocated as the workload writes (the promise is kept by accounting).
+    #[default]
+    Thin,
+    /// Fallocated at creation and on growth: writes can never fail for lack of space.
+    Thick,
+}
+
+impl Allocation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allocation::Thin => "thin",
+            Allocation::Thick => "thick",
+        }
+    }
+}
+
+/// What keeps a volume within its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum SizeLimit {
+    /// Nothing: a plain directory, usage measured but not limited.
+    #[default]
+    None,
+    /// A block volume: the file's size is the device's size.
+    File,
+    /// The volume is a btrfs subvolume whose qgroup is limited to the volume's size.
+    BtrfsQgroup,
+    /// The directory carries an XFS/ext4 project id whose quota is the volume's size.
+    ProjectQuota { project_id: u32 },
+}
+
+impl SizeLimit {
+    pub fn is_enforced(self) -> bool {
+        self != SizeLimit::None
+    }
+}
+
 /// CSI access modes, as stored in records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -83,6 +124,14 @@ pub struct VolumeRecord {
     pub name: String,
     pub kind: VolumeKind,
     pub capacity_bytes: i64,
+    /// The pool holding the data (records from before pools existed are in the default pool).
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    #[serde(default)]
+    pub size_limit: SizeLimit,
+    /// Block volumes only.
+    #[serde(default, skip_serializing_if = "is_thin")]
+    pub allocation: Allocation,
     /// Access modes asked for at creation, sorted and deduplicated.
     pub access_modes: Vec<AccessMode>,
     /// Mount flags asked for at creation (filesystem volumes), sorted and deduplicated.
@@ -96,7 +145,20 @@ pub struct VolumeRecord {
     pub publications: Vec<Publication>,
 }
 
+fn default_pool() -> String {
+    crate::config::DEFAULT_POOL.to_string()
+}
+
+fn is_thin(allocation: &Allocation) -> bool {
+    *allocation == Allocation::Thin
+}
+
 impl VolumeRecord {
+    /// A thick block file: every byte of its size is allocated.
+    pub fn fully_allocated(&self) -> bool {
+        self.kind == VolumeKind::Block && self.allocation == Allocation::Thick
+    }
+
     pub fn publication(&self, target: &std::path::Path) -> Option<&Publication> {
         self.publications.iter().find(|p| p.target == target)
     }

@@ -13,8 +13,9 @@ use std::path::Path;
 use tracing::{error, info, warn};
 
 use super::id::VolumeId;
+use super::pool::{Pool, id_of_data_entry};
 use super::store::LoadReport;
-use super::{Layout, STAGING_PREFIX, Volumes, devices};
+use super::{STAGING_PREFIX, Volumes, devices};
 use crate::error::{IoContext, Result};
 use crate::host::{loopdev, safe_delete};
 
@@ -26,12 +27,19 @@ impl Volumes {
         self.remove_orphaned_data()?;
         let in_use = self.forget_stale_publications()?;
         self.detach_unused_devices(&in_use);
-        info!(volumes = self.store.len(), data_dir = %self.layout.root.display(), "volume state loaded");
+        info!(volumes = self.store.len(), data_dir = %self.default_pool().root.display(), "volume state loaded");
         Ok(())
     }
 
     fn remove_orphaned_data(&self) -> Result<()> {
-        let dir = &self.layout.volumes;
+        for pool in self.pools() {
+            self.remove_orphaned_data_of(pool)?;
+        }
+        Ok(())
+    }
+
+    fn remove_orphaned_data_of(&self, pool: &Pool) -> Result<()> {
+        let dir = &pool.volumes;
         for entry in fs::read_dir(dir).context(|| format!("listing {}", dir.display()))? {
             let entry = entry.context(|| format!("listing {}", dir.display()))?;
             let name = entry.file_name();
@@ -40,12 +48,12 @@ impl Volumes {
                 self.settle_staged(&entry.path(), staged)?;
                 continue;
             }
-            let Some(id) = Layout::id_of_data_entry(name) else {
+            let Some(id) = id_of_data_entry(name) else {
                 warn!(path = %entry.path().display(), "unknown entry in the volumes directory; leaving it alone");
                 continue;
             };
             if !self.store.has_record_file(&id) {
-                self.quarantine(&id, &entry.path())?;
+                self.quarantine(pool, &id, &entry.path())?;
             }
         }
         Ok(())
@@ -53,7 +61,7 @@ impl Volumes {
 
     /// Staged data: committed (a record exists) → moved into place; never committed → removed.
     fn settle_staged(&self, path: &Path, staged_name: &str) -> Result<()> {
-        let Some(id) = Layout::id_of_data_entry(staged_name) else {
+        let Some(id) = id_of_data_entry(staged_name) else {
             warn!(path = %path.display(), "unknown entry in the volumes directory; leaving it alone");
             return Ok(());
         };
@@ -76,8 +84,8 @@ impl Volumes {
     /// Data under a final name without any record never comes from an interrupted operation of
     /// ours (see `create`): a lost state directory, a restore, a hand-made entry. It is moved
     /// aside, never deleted, and the admin is told.
-    fn quarantine(&self, id: &VolumeId, path: &Path) -> Result<()> {
-        let lost = self.layout.lost_and_found();
+    fn quarantine(&self, pool: &Pool, id: &VolumeId, path: &Path) -> Result<()> {
+        let lost = pool.lost_and_found();
         fs::create_dir_all(&lost).context(|| format!("creating {}", lost.display()))?;
         let name = path
             .file_name()
@@ -98,7 +106,8 @@ impl Volumes {
     fn forget_stale_publications(&self) -> Result<HashSet<String>> {
         let mut in_use = HashSet::new();
         for record in self.store.all() {
-            if record.publications.is_empty() {
+            // A volume of a pool not configured now is left exactly as it is.
+            if record.publications.is_empty() || self.pool_of(&record).is_err() {
                 continue;
             }
             let mut live = Vec::new();
@@ -135,9 +144,15 @@ impl Volumes {
             };
             // Ours to release: a volume we know with no live publication on this device, or
             // data of ours that has no record at all. An unreadable record means hands off.
-            let known = self.store.get(&id).is_some();
+            let known = self
+                .store
+                .get(&id)
+                .is_some_and(|record| self.pool_of(&record).is_ok());
             let recordless_here = !self.store.has_record_file(&id)
-                && file.parent() == Some(self.layout.volumes.as_path());
+                && self
+                    .pools()
+                    .iter()
+                    .any(|pool| file.parent() == Some(pool.volumes.as_path()));
             if in_use.contains(device.name()) || !(known || recordless_here) {
                 continue;
             }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use super::id::VolumeId;
+use super::limits;
 use super::record::VolumeKind;
 use super::{Condition, Volumes, walk_failure};
 use crate::error::{Error, IoContext, Result};
@@ -35,7 +36,8 @@ impl Volumes {
             ))
         };
         let publication = record.publication(path).ok_or_else(not_published)?;
-        let data = self.layout.data_path(id, record.kind);
+        let pool = self.pool_of(&record)?;
+        let data = pool.data_path(id, record.kind);
         let capacity = record.capacity_bytes as u64;
         let mut condition = self.condition(&record);
         // Checked before liveness, which needs the data: a published volume whose data vanished
@@ -57,30 +59,52 @@ impl Volumes {
         }
         match record.kind {
             VolumeKind::Filesystem => {
-                let measured =
-                    usage::measure(&data).map_err(|err| walk_failure(id, "measuring", err))?;
                 let space = fsstat::space(&publication.target)
                     .context(|| format!("statvfs {}", publication.target.display()))?;
-                if measured.bytes > capacity {
+                let (used, inodes) = match limits::usage(record.size_limit, &data)
+                    .context(|| format!("reading the quota of volume {id}"))?
+                {
+                    Some(quota) => {
+                        if quota.limit_bytes.is_none() {
+                            condition = Condition {
+                                abnormal: true,
+                                message: format!(
+                                    "the size limit of volume {id} is gone ({:?}); it can fill the disk",
+                                    record.size_limit
+                                ),
+                            };
+                        }
+                        (quota.used_bytes, quota.inodes)
+                    }
+                    None => {
+                        let measured = usage::measure(&data)
+                            .map_err(|err| walk_failure(id, "measuring", err))?;
+                        (measured.bytes, Some(measured.inodes))
+                    }
+                };
+                pool.set_used(id, used);
+                if used > capacity && !condition.abnormal {
                     condition = Condition {
                         abnormal: true,
                         message: format!(
-                            "volume {id} uses {} bytes, more than its size of {capacity} bytes (sizes are not enforced on this data directory)",
-                            measured.bytes
+                            "volume {id} uses {used} bytes, more than its size of {capacity} bytes{}",
+                            if record.size_limit.is_enforced() {
+                                ""
+                            } else {
+                                " (sizes are not enforced on its pool)"
+                            }
                         ),
                     };
                 }
                 Ok(VolumeStats {
                     bytes: Amounts {
                         total: capacity,
-                        used: measured.bytes,
-                        available: capacity
-                            .saturating_sub(measured.bytes)
-                            .min(space.available_bytes),
+                        used,
+                        available: capacity.saturating_sub(used).min(space.available_bytes),
                     },
-                    inodes: Some(Amounts {
-                        total: measured.inodes + space.available_inodes,
-                        used: measured.inodes,
+                    inodes: inodes.map(|used| Amounts {
+                        total: used + space.available_inodes,
+                        used,
                         available: space.available_inodes,
                     }),
                     condition,
@@ -89,6 +113,7 @@ impl Volumes {
             VolumeKind::Block => {
                 let file =
                     fsstat::lstat(&data).context(|| format!("inspecting {}", data.display()))?;
+                pool.set_used(id, file.allocated);
                 Ok(VolumeStats {
                     bytes: Amounts {
                         total: capacity,

@@ -189,7 +189,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::volume::record::{AccessMode, VolumeKind};
+    use crate::volume::record::{AccessMode, Allocation, SizeLimit, VolumeKind};
 
     fn record(name: &str) -> VolumeRecord {
         VolumeRecord {
@@ -197,12 +197,31 @@ mod tests {
             name: name.into(),
             kind: VolumeKind::Filesystem,
             capacity_bytes: 1 << 20,
+            pool: "default".into(),
+            size_limit: SizeLimit::ProjectQuota { project_id: 7 },
+            allocation: Allocation::Thin,
             access_modes: vec![AccessMode::SingleNodeWriter],
             mount_flags: vec![],
             parameters: Default::default(),
             created_unix_ms: 1,
             publications: vec![],
         }
+    }
+
+    #[test]
+    fn records_written_before_pools_existed_load_with_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = VolumeId::generate();
+        let old = format!(
+            r#"{{"id":"{id}","name":"pv-1","kind":"block","capacity_bytes":4096,"access_modes":["SINGLE_NODE_WRITER"],"created_unix_ms":1}}"#
+        );
+        fs::write(dir.path().join(format!("{id}.json")), old).unwrap();
+        let (store, report) = Store::open(dir.path()).unwrap();
+        assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
+        let loaded = store.get(&id).unwrap();
+        assert_eq!(loaded.pool, "default");
+        assert_eq!(loaded.size_limit, SizeLimit::None);
+        assert_eq!(loaded.allocation, Allocation::Thin);
     }
 
     #[test]

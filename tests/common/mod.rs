@@ -67,6 +67,9 @@ const DRIVER_ENV: &[&str] = &[
     "STICKYVOL_MODE",
     "MAX_VOLUMES_PER_NODE",
     "METRICS_ADDRESS",
+    "POOLS",
+    "ENFORCEMENT",
+    "OVERCOMMIT",
     "LOG_FORMAT",
     "RUST_LOG",
 ];
@@ -82,6 +85,8 @@ pub struct Options {
     /// `--metrics-address`; metrics are off when None. [`TestDriver::start_with_metrics`]
     /// picks a free port itself.
     pub metrics_address: Option<SocketAddr>,
+    /// More `serve` flags, e.g. `--pool NAME=PATH`.
+    pub extra_args: Vec<String>,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -157,6 +162,18 @@ impl TestDriver {
         }
     }
 
+    /// The options the next start uses.
+    pub fn options_mut(&mut self) -> &mut Options {
+        &mut self.options
+    }
+
+    /// Adds `serve` flags for the next start (e.g. pools beneath [`TestDriver::root`]).
+    pub fn add_args<I: IntoIterator<Item = S>, S: Into<String>>(&mut self, args: I) {
+        self.options
+            .extra_args
+            .extend(args.into_iter().map(Into::into));
+    }
+
     /// The command that starts a driver on this test's socket and directories.
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_stickyvol"));
@@ -177,6 +194,7 @@ impl TestDriver {
         if let Some(address) = self.options.metrics_address {
             cmd.arg("--metrics-address").arg(address.to_string());
         }
+        cmd.args(&self.options.extra_args);
         for var in DRIVER_ENV {
             cmd.env_remove(var);
         }
@@ -412,6 +430,30 @@ impl TestDriver {
     }
 
     /// The capacity ControllerGetVolume reports for a volume that must exist.
+    /// GetCapacity's answer (panics on an error status).
+    pub async fn get_capacity(&self, request: csi::GetCapacityRequest) -> csi::GetCapacityResponse {
+        self.controller()
+            .get_capacity(request)
+            .await
+            .expect("GetCapacity")
+            .into_inner()
+    }
+
+    /// What GetCapacity offers for StorageClass `parameters` and `capability` on this node.
+    pub async fn available_capacity(
+        &self,
+        parameters: &[(&str, &str)],
+        capability: csi::VolumeCapability,
+    ) -> i64 {
+        self.get_capacity(csi::GetCapacityRequest {
+            volume_capabilities: vec![capability],
+            parameters: params(parameters),
+            accessible_topology: Some(topology(NODE_ID)),
+        })
+        .await
+        .available_capacity
+    }
+
     pub async fn capacity_of(&self, volume_id: &str) -> i64 {
         self.get_volume(volume_id)
             .await
@@ -697,6 +739,14 @@ fn dir_names(dir: &Path) -> Vec<String> {
 }
 
 // ---- request builders ----
+
+/// StorageClass parameters from pairs.
+pub fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
 
 /// A PV-like name, unique across tests.
 pub fn new_name() -> String {

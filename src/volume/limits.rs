@@ -1,0 +1,306 @@
+//! Keeping filesystem volumes within their size: which mechanism a pool uses, and the four
+//! things each one does (make a limited directory, resize the limit, read usage, clean up).
+//!
+//! - btrfs: every volume is a subvolume whose qgroup is limited to the volume's size.
+//! - XFS/ext4: every volume's directory carries its own project id (inherited by everything
+//!   created below it) whose project quota is the volume's size.
+//! - none: plain directories; usage is measured by walking the tree and never limited.
+//!
+//! The mechanism a volume was made with is kept in its record (`SizeLimit`), so a pool whose
+//! setting changes later still handles its existing volumes the way they were made.
+
+use std::io;
+use std::path::Path;
+
+use tracing::{info, warn};
+
+use super::record::{SizeLimit, VolumeRecord};
+use crate::config::EnforcementChoice;
+use crate::error::{Error, IoContext, Result};
+use crate::host::fsstat::{self, FsKind};
+use crate::host::projquota::{self, ProjectIdLease, ProjectIds};
+use crate::host::tree::WalkError;
+use crate::host::{btrfs, safe_delete};
+
+/// How one pool limits the size of new filesystem volumes.
+#[derive(Debug)]
+pub enum Enforcement {
+    None,
+    Btrfs,
+    Project(ProjectIds),
+}
+
+/// A filesystem volume's directory just made; `commit` once its record is written.
+pub struct NewDirectory {
+    pub limit: SizeLimit,
+    lease: Option<ProjectIdLease>,
+}
+
+impl NewDirectory {
+    /// The project id now belongs to a record: it is not offered again.
+    pub fn commit(self) {
+        if let Some(lease) = self.lease {
+            lease.commit();
+        }
+    }
+}
+
+/// Usage read from the mechanism that limits the volume: O(1), no tree walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitUsage {
+    pub used_bytes: u64,
+    /// Files and directories charged to the volume, where the mechanism counts them.
+    pub inodes: Option<u64>,
+    /// The limit in force; `None` when it has gone missing.
+    pub limit_bytes: Option<u64>,
+}
+
+impl Enforcement {
+    /// Picks the mechanism for the pool at `root` (see `EnforcementChoice`). `records` are the
+    /// pool's volumes: their project ids are never handed out again.
+    pub fn choose(
+        pool: &str,
+        root: &Path,
+        choice: EnforcementChoice,
+        records: &[&VolumeRecord],
+    ) -> Result<Enforcement> {
+        if choice == EnforcementChoice::None {
+            return Ok(Enforcement::None);
+        }
+        let kind = fsstat::filesystem_kind(root)
+            .context(|| format!("probing the filesystem of {}", root.display()))?;
+        let refuse = |why: String| {
+            Err(Error::FailedPrecondition(format!(
+                "pool {pool:?} at {}: {why}",
+                root.display()
+            )))
+        };
+        let project_ids = || {
+            let in_use = records.iter().filter_map(|r| match r.size_limit {
+                SizeLimit::ProjectQuota { project_id } => Some(project_id),
+                _ => None,
+            });
+            Enforcement::Project(ProjectIds::new(projquota::DEFAULT_PROJECT_ID_RANGE, in_use))
+        };
+        let quota_on = |probe: fn(&Path) -> io::Result<bool>| {
+            probe(root).context(|| format!("checking quota on {}", root.display()))
+        };
+        match (choice, kind) {
+            (EnforcementChoice::Btrfs, FsKind::Btrfs) => {
+                if !quota_on(btrfs::quota_enabled)? {
+                    // Quota has a cost on big filesystems: done only when asked for by name.
+                    info!(pool, root = %root.display(), "enabling btrfs quota (--enforcement {pool}=btrfs)");
+                    btrfs::enable_quota(root)
+                        .context(|| format!("enabling btrfs quota on {}", root.display()))?;
+                }
+                Ok(Enforcement::Btrfs)
+            }
+            (EnforcementChoice::Btrfs, other) => refuse(format!(
+                "--enforcement btrfs needs a btrfs filesystem, this is {}",
+                other.name()
+            )),
+            (EnforcementChoice::Project, FsKind::Xfs | FsKind::Ext4) => {
+                if quota_on(projquota::project_quota_enabled)? {
+                    Ok(project_ids())
+                } else {
+                    refuse(
+                        "--enforcement project needs the filesystem mounted with prjquota".into(),
+                    )
+                }
+            }
+            (EnforcementChoice::Project, other) => refuse(format!(
+                "--enforcement project needs XFS or ext4, this is {}",
+                other.name()
+            )),
+            (_, FsKind::Btrfs) => {
+                if quota_on(btrfs::quota_enabled)? {
+                    Ok(Enforcement::Btrfs)
+                } else {
+                    warn!(pool, root = %root.display(), "btrfs quota is off: filesystem volume sizes are NOT enforced; start with --enforcement {pool}=btrfs to enable quota");
+                    Ok(Enforcement::None)
+                }
+            }
+            (_, FsKind::Xfs | FsKind::Ext4) => {
+                if quota_on(projquota::project_quota_enabled)? {
+                    Ok(project_ids())
+                } else {
+                    warn!(pool, root = %root.display(), filesystem = kind.name(), "no project quota (mount with prjquota): filesystem volume sizes are NOT enforced");
+                    Ok(Enforcement::None)
+                }
+            }
+            (_, other) => {
+                warn!(pool, root = %root.display(), filesystem = other.name(), "this filesystem cannot limit directory sizes: filesystem volume sizes are NOT enforced");
+                Ok(Enforcement::None)
+            }
+        }
+    }
+
+    pub fn enforces(&self) -> bool {
+        !matches!(self, Enforcement::None)
+    }
+
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Enforcement::None => "none (sizes measured, not enforced)",
+            Enforcement::Btrfs => "btrfs qgroups",
+            Enforcement::Project(_) => "project quotas",
+        }
+    }
+
+    /// Makes the (staging) directory `dir` of a filesystem volume, limited to `capacity` bytes
+    /// where this pool can. On error nothing needs undoing but removing `dir`.
+    pub fn make_directory(&self, dir: &Path, capacity: u64) -> Result<NewDirectory> {
+        let made = match self {
+            Enforcement::None => {
+                mkdir(dir)?;
+                NewDirectory {
+                    limit: SizeLimit::None,
+                    lease: None,
+                }
+            }
+            Enforcement::Btrfs => {
+                let (parent, name) = split(dir)?;
+                btrfs::create_subvolume(parent, name)
+                    .context(|| format!("creating subvolume {}", dir.display()))?;
+                btrfs::set_limit(dir, capacity)
+                    .context(|| format!("limiting {} to {capacity} bytes", dir.display()))?;
+                NewDirectory {
+                    limit: SizeLimit::BtrfsQgroup,
+                    lease: None,
+                }
+            }
+            Enforcement::Project(ids) => {
+                mkdir(dir)?;
+                let lease = ids
+                    .allocate(|id| projquota::project_in_use(dir, id))
+                    .context(|| format!("choosing a project id for {}", dir.display()))?;
+                let project_id = lease.id();
+                projquota::assign_project(dir, project_id)
+                    .and_then(|()| projquota::set_project_limit(dir, project_id, capacity))
+                    .context(|| {
+                        format!(
+                            "limiting {} to {capacity} bytes (project {project_id})",
+                            dir.display()
+                        )
+                    })?;
+                NewDirectory {
+                    limit: SizeLimit::ProjectQuota { project_id },
+                    lease: Some(lease),
+                }
+            }
+        };
+        // mkdir honours the umask; emptyDir semantics want every user of the pod to write.
+        super::set_mode(dir, 0o777)?;
+        Ok(made)
+    }
+
+    /// The volume with this limit was deleted: its project id may be handed out again.
+    pub fn forget(&self, limit: SizeLimit) {
+        if let (Enforcement::Project(ids), SizeLimit::ProjectQuota { project_id }) = (self, limit) {
+            ids.release(project_id);
+        }
+    }
+}
+
+/// Sets the limit of the volume at `dir` to `capacity` bytes (growing it online).
+pub fn resize(limit: SizeLimit, dir: &Path, capacity: u64) -> io::Result<()> {
+    match limit {
+        SizeLimit::None | SizeLimit::File => Ok(()),
+        SizeLimit::BtrfsQgroup => btrfs::set_limit(dir, capacity),
+        SizeLimit::ProjectQuota { project_id } => {
+            projquota::set_project_limit(dir, project_id, capacity)
+        }
+    }
+}
+
+/// The volume's usage as its limit counts it; `None` where nothing counts it (plain
+/// directories, which only a tree walk can measure).
+pub fn usage(limit: SizeLimit, dir: &Path) -> io::Result<Option<LimitUsage>> {
+    match limit {
+        SizeLimit::None | SizeLimit::File => Ok(None),
+        SizeLimit::BtrfsQgroup => {
+            if !btrfs::is_subvolume(dir)? {
+                return Ok(Some(LimitUsage {
+                    used_bytes: 0,
+                    inodes: None,
+                    limit_bytes: None,
+                }));
+            }
+            let qgroup = btrfs::usage(dir, btrfs::subvolume_id(dir)?)?;
+            Ok(Some(LimitUsage {
+                used_bytes: qgroup.referenced,
+                inodes: None,
+                limit_bytes: qgroup.max_referenced,
+            }))
+        }
+        SizeLimit::ProjectQuota { project_id } => {
+            let (assigned, _) = projquota::project_of(dir)?;
+            let quota = projquota::project_usage(dir, project_id)?;
+            Ok(Some(LimitUsage {
+                used_bytes: quota.used_bytes,
+                inodes: Some(quota.inodes),
+                limit_bytes: quota.hard_limit_bytes.filter(|_| assigned == project_id),
+            }))
+        }
+    }
+}
+
+/// Removes the data of a filesystem volume at `dir`, then what its limit leaves behind.
+/// The caller has checked that no mount lies at or below `dir`.
+pub fn remove_directory(limit: SizeLimit, dir: &Path) -> Result<(), WalkError> {
+    if limit == SizeLimit::BtrfsQgroup && destroy_subvolume(dir)? {
+        return Ok(());
+    }
+    // The tree walk never follows a symlink nor crosses a mount; it also empties nested
+    // subvolumes and removes them (and a btrfs volume's own) as directories.
+    safe_delete::remove_all(dir)?;
+    if let (SizeLimit::ProjectQuota { project_id }, Some(parent)) = (limit, dir.parent())
+        && let Err(err) = projquota::clear_project_limit(parent, project_id)
+    {
+        warn!(project_id, error = %err, "could not clear the quota of a deleted volume");
+    }
+    // A btrfs qgroup goes by itself once the kernel has dropped the subvolume.
+    Ok(())
+}
+
+/// Destroys the subvolume at `dir` in one call (whatever it holds, it cannot reach outside
+/// itself); false when that is not possible (not a subvolume, or subvolumes nested inside).
+fn destroy_subvolume(dir: &Path) -> Result<bool, WalkError> {
+    let failed = |source| WalkError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    match btrfs::is_subvolume(dir) {
+        Ok(true) => {}
+        Ok(false) => return Ok(false),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(failed(err)),
+    }
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+    else {
+        return Ok(false);
+    };
+    match btrfs::delete_subvolume(parent, name) {
+        Ok(()) => Ok(true),
+        Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => Ok(false),
+        Err(err) => Err(failed(err)),
+    }
+}
+
+fn mkdir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o777)
+        .create(dir)
+        .context(|| format!("creating {}", dir.display()))
+}
+
+fn split(dir: &Path) -> Result<(&Path, &str)> {
+    match (dir.parent(), dir.file_name().and_then(|n| n.to_str())) {
+        (Some(parent), Some(name)) => Ok((parent, name)),
+        _ => Err(Error::host(
+            format!("making {}", dir.display()),
+            io::Error::from(io::ErrorKind::InvalidInput),
+        )),
+    }
+}

@@ -1,0 +1,184 @@
+//! Storage pools: directories (usually on separate disks) that hold volume data. Each pool has
+//! its own way of limiting volume sizes and its own accounting of what it has promised.
+//!
+//! Layout under a pool's root (the data dir is the root of the pool named "default"):
+//! - `volumes/<id>/`     a filesystem volume's data (a btrfs subvolume on btrfs pools)
+//! - `volumes/<id>.img`  a block volume's backing file
+//! - `volumes/.creating-<id>[.img]`  data of a create not yet committed
+//! - `lost+found/`       data found without a record, kept for an admin
+//! - `.lock`             held while a driver uses the pool
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use nix::fcntl::{Flock, FlockArg};
+use tracing::info;
+
+use super::accounting::Ledger;
+use super::id::VolumeId;
+use super::limits::Enforcement;
+use super::record::{VolumeKind, VolumeRecord};
+use super::set_mode;
+use crate::config::PoolConfig;
+use crate::error::{Error, IoContext, Result};
+use crate::host::fsstat::{self, Space};
+
+/// Prefix of data not yet committed by a record.
+pub const STAGING_PREFIX: &str = ".creating-";
+
+#[derive(Debug)]
+pub struct Pool {
+    pub name: String,
+    /// Canonical: the kernel reports loop backing files and mounts that way.
+    pub root: PathBuf,
+    pub volumes: PathBuf,
+    pub enforcement: Enforcement,
+    overcommit: f64,
+    ledger: Mutex<Ledger>,
+    /// Held for our lifetime: two drivers reconciling one pool would undo each other's work
+    /// (e.g. remove a create in progress as an orphan).
+    _lock: Flock<fs::File>,
+}
+
+/// A pool's root directory, made and locked: the first step of opening a pool, taken for
+/// every pool before any record is read.
+#[derive(Debug)]
+pub struct LockedRoot {
+    pub root: PathBuf,
+    lock: Flock<fs::File>,
+}
+
+impl LockedRoot {
+    pub fn lock(config: &PoolConfig) -> Result<LockedRoot> {
+        let path = &config.path;
+        fs::create_dir_all(path).context(|| format!("creating {}", path.display()))?;
+        // Only root may look inside; pods reach their own volume through its bind mount.
+        set_mode(path, 0o700)?;
+        let root = path
+            .canonicalize()
+            .context(|| format!("resolving {}", path.display()))?;
+        let lock = lock_pool(&root)?;
+        Ok(LockedRoot { root, lock })
+    }
+}
+
+impl Pool {
+    /// Chooses how the pool limits sizes and loads its promises. `records` are the volumes
+    /// the store knows in this pool.
+    pub fn open(
+        config: &PoolConfig,
+        locked: LockedRoot,
+        records: &[&VolumeRecord],
+    ) -> Result<Pool> {
+        let LockedRoot { root, lock } = locked;
+        let volumes = root.join("volumes");
+        fs::create_dir_all(&volumes).context(|| format!("creating {}", volumes.display()))?;
+        let enforcement = Enforcement::choose(&config.name, &root, config.enforcement, records)?;
+        let mut ledger = Ledger::default();
+        for record in records {
+            // Usage is learnt at the first measurement; until then every promise counts whole
+            // (the safe side). Thick files are fully used from the start.
+            let used = record
+                .fully_allocated()
+                .then_some(record.capacity_bytes as u64);
+            ledger.insert(&record.id, record.capacity_bytes as u64, used.unwrap_or(0));
+        }
+        info!(pool = %config.name, root = %root.display(), enforcement = enforcement.describe(), overcommit = config.overcommit, volumes = records.len(), "pool ready");
+        Ok(Pool {
+            name: config.name.clone(),
+            root,
+            volumes,
+            enforcement,
+            overcommit: config.overcommit,
+            ledger: Mutex::new(ledger),
+            _lock: lock,
+        })
+    }
+
+    /// Where a volume's data lives on the host.
+    pub fn data_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
+        self.volumes.join(data_name(id, kind))
+    }
+
+    /// Where a volume's data is made before its record commits it.
+    pub fn staging_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
+        self.volumes
+            .join(format!("{STAGING_PREFIX}{}", data_name(id, kind)))
+    }
+
+    /// Where data found without a record is moved instead of being deleted.
+    pub fn lost_and_found(&self) -> PathBuf {
+        self.root.join("lost+found")
+    }
+
+    /// Free space of the pool's filesystem.
+    pub fn space(&self) -> Result<Space> {
+        fsstat::space(&self.root).context(|| format!("statvfs {}", self.root.display()))
+    }
+
+    /// What a new volume can be promised now: free space minus unused promises.
+    pub fn available(&self) -> Result<u64> {
+        let free = self.space()?.available_bytes;
+        Ok(self.ledger().available(free, self.overcommit))
+    }
+
+    /// Promises `bytes` to volume `id` (replacing an earlier promise to it), or says how much
+    /// is available instead.
+    pub fn reserve(&self, id: &VolumeId, bytes: u64) -> Result<std::result::Result<(), u64>> {
+        let free = self.space()?.available_bytes;
+        Ok(self.ledger().reserve(id, bytes, free, self.overcommit))
+    }
+
+    /// What the pool's volumes may still write within their sizes, as last measured.
+    pub fn unwritten(&self) -> u64 {
+        self.ledger().outstanding()
+    }
+
+    pub fn set_used(&self, id: &VolumeId, used: u64) {
+        self.ledger().set_used(id, used);
+    }
+
+    pub fn release(&self, id: &VolumeId) {
+        self.ledger().release(id);
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        // A panic while holding it cannot leave the sum half-updated (plain arithmetic).
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The file name of a volume's data in `volumes/`.
+fn data_name(id: &VolumeId, kind: VolumeKind) -> String {
+    match kind {
+        VolumeKind::Filesystem => id.to_string(),
+        VolumeKind::Block => format!("{id}.img"),
+    }
+}
+
+/// The id a file name in `volumes/` belongs to, if it is one of ours.
+pub fn id_of_data_entry(file_name: &str) -> Option<VolumeId> {
+    VolumeId::parse(file_name.strip_suffix(".img").unwrap_or(file_name))
+}
+
+/// Takes `<root>/.lock`, or fails naming the reason.
+fn lock_pool(root: &Path) -> Result<Flock<fs::File>> {
+    let path = root.join(".lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .context(|| format!("opening {}", path.display()))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        if errno == nix::errno::Errno::EWOULDBLOCK {
+            Error::FailedPrecondition(format!(
+                "another stickyvol instance is using the data directory {}",
+                root.display()
+            ))
+        } else {
+            Error::host(format!("locking {}", path.display()), errno.into())
+        }
+    })
+}

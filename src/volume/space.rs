@@ -1,0 +1,60 @@
+//! What a pool can still promise (GetCapacity), and the usage measurements that keep the
+//! promises honest (see `accounting`).
+
+use tracing::debug;
+
+use super::Volumes;
+use super::limits;
+use super::pool::Pool;
+use super::record::{SizeLimit, VolumeKind, VolumeRecord};
+use crate::host::fsstat;
+
+impl Volumes {
+    /// What pool `pool_name` can promise to new volumes of `kinds`, measured afresh. Zero when
+    /// this node lacks the pool, or when `require_enforcement` asks for limited filesystem
+    /// volumes and the pool cannot limit them (so the scheduler looks elsewhere).
+    pub fn available_for(
+        &self,
+        pool_name: &str,
+        kinds: &[VolumeKind],
+        require_enforcement: bool,
+    ) -> crate::error::Result<u64> {
+        let Ok(pool) = self.pool(pool_name) else {
+            return Ok(0);
+        };
+        // No capability given: the answer must hold for any volume, so filesystem too.
+        let wants_directories = kinds.is_empty() || kinds.contains(&VolumeKind::Filesystem);
+        if require_enforcement && wants_directories && !pool.enforcement.enforces() {
+            return Ok(0);
+        }
+        self.refresh_usage(pool);
+        pool.available()
+    }
+
+    /// Measures what every volume of `pool` uses where that is cheap (block files, quotas);
+    /// plain directories keep their last measurement (NodeGetVolumeStats walks them).
+    pub(super) fn refresh_usage(&self, pool: &Pool) {
+        for record in self.store.all().iter().filter(|r| r.pool == pool.name) {
+            if let Some(used) = cheap_usage(pool, record) {
+                pool.set_used(&record.id, used);
+            }
+        }
+    }
+}
+
+/// A volume's usage without walking its tree, if its kind or limit allows.
+fn cheap_usage(pool: &Pool, record: &VolumeRecord) -> Option<u64> {
+    let path = pool.data_path(&record.id, record.kind);
+    let measured = match (record.kind, record.size_limit) {
+        (VolumeKind::Block, _) => fsstat::lstat(&path).map(|stat| Some(stat.allocated)),
+        (VolumeKind::Filesystem, SizeLimit::None | SizeLimit::File) => Ok(None),
+        (VolumeKind::Filesystem, limit) => {
+            limits::usage(limit, &path).map(|usage| usage.map(|u| u.used_bytes))
+        }
+    };
+    measured.unwrap_or_else(|err| {
+        // Gone or unreadable: keep the last figure (the safe side), the condition reports it.
+        debug!(volume = %record.id, error = %err, "cannot measure usage");
+        None
+    })
+}

@@ -1,0 +1,288 @@
+//! Enforced sizes on a real btrfs filesystem (loop-backed, made per test; `.ci/run` installs
+//! btrfs-progs for mkfs.btrfs): every filesystem volume is a subvolume whose qgroup limit is
+//! its size. Driven through the gRPC API the way kubelet and the provisioner call it.
+
+mod common;
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use common::scratchfs::ScratchFs;
+use common::*;
+use csi::volume_usage::Unit;
+use stickyvol::host::btrfs;
+use tonic::Code;
+
+const FS_SIZE: u64 = 1 << 30;
+
+/// A driver whose pool "fast" lives on a fresh btrfs filesystem. Field order matters: the
+/// driver (and its mounts) goes before the filesystem is unmounted.
+struct BtrfsDriver {
+    driver: TestDriver,
+    pool: PathBuf,
+    _fs: ScratchFs,
+}
+
+fn btrfs_fs() -> ScratchFs {
+    // Not a skip: CI installs btrfs-progs, and a silently skipped test proves nothing.
+    ScratchFs::new("btrfs", FS_SIZE, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"))
+}
+
+async fn start_on_btrfs(enforcement: Option<&str>) -> BtrfsDriver {
+    let fs = btrfs_fs();
+    let pool = fs.mount_point.join("pool");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args(["--pool".to_string(), format!("fast={}", pool.display())]);
+    if let Some(choice) = enforcement {
+        driver.add_args(["--enforcement".to_string(), format!("fast={choice}")]);
+    }
+    driver.start_again().await;
+    BtrfsDriver {
+        driver,
+        pool,
+        _fs: fs,
+    }
+}
+
+const FAST: [(&str, &str); 1] = [("pool", "fast")];
+
+fn snw_mount() -> csi::VolumeCapability {
+    mount_cap(Mode::SingleNodeWriter)
+}
+
+fn fast_request(bytes: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        parameters: params(&FAST),
+        ..create_request(&new_name(), snw_mount(), bytes)
+    }
+}
+
+impl BtrfsDriver {
+    async fn published(&self, bytes: i64) -> (csi::Volume, PathBuf) {
+        let volume = self.driver.create(fast_request(bytes)).await;
+        let target = self
+            .driver
+            .publish_at_new_target(&volume, snw_mount())
+            .await;
+        (volume, target)
+    }
+
+    /// Bytes used per NodeGetVolumeStats, after committing btrfs's transaction (qgroup numbers
+    /// change at commit time).
+    async fn used(&self, volume: &csi::Volume, target: &Path) -> (csi::VolumeUsage, String) {
+        btrfs::sync(&self.pool).unwrap();
+        let stats = self
+            .driver
+            .stats(&volume.volume_id, &path_str(target))
+            .await
+            .unwrap();
+        let condition = stats.volume_condition.clone().unwrap();
+        assert!(!condition.abnormal, "{condition:?}");
+        (usage_of(&stats, Unit::Bytes).unwrap(), condition.message)
+    }
+}
+
+/// Writes `bytes` in 1 MiB chunks into a new file; returns how much went in and the error
+/// that stopped it, if any.
+fn fill(path: &Path, bytes: i64) -> (i64, Option<std::io::Error>) {
+    let mut file = File::create(path).unwrap();
+    let chunk = pattern(MIB as usize, 7);
+    let mut written = 0;
+    while written < bytes {
+        if let Err(err) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
+            return (written, Some(err));
+        }
+        written += MIB;
+    }
+    (written, None)
+}
+
+fn assert_quota_error(err: Option<std::io::Error>, written: i64, limit: i64) {
+    let err = err.unwrap_or_else(|| panic!("{written} bytes fit in a volume of {limit}"));
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EDQUOT) | Some(libc::ENOSPC)),
+        "writing past the size failed with {err}, not EDQUOT/ENOSPC"
+    );
+    assert!(
+        written <= limit && written >= limit - 4 * MIB,
+        "stopped after {written} bytes, limit {limit}"
+    );
+}
+
+#[tokio::test]
+async fn writes_past_a_volume_size_fail_and_the_neighbour_is_unaffected() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (full, full_target) = setup.published(16 * MIB).await;
+    let (neighbour, neighbour_target) = setup.published(16 * MIB).await;
+    assert!(btrfs::is_subvolume(&host_path(&full)).unwrap());
+
+    let (written, err) = fill(&full_target.join("big"), 32 * MIB);
+    assert_quota_error(err, written, 16 * MIB);
+    let (written, err) = fill(&neighbour_target.join("small"), 8 * MIB);
+    assert!(err.is_none(), "neighbour refused after {written}: {err:?}");
+
+    let (usage, _) = setup.used(&full, &full_target).await;
+    assert_eq!(usage.total, 16 * MIB);
+    assert!(
+        usage.used >= 12 * MIB && usage.used <= 16 * MIB,
+        "{usage:?}"
+    );
+    assert_eq!(usage.available, usage.total - usage.used);
+    let (usage, _) = setup.used(&neighbour, &neighbour_target).await;
+    assert!(usage.used >= 8 * MIB && usage.used < 9 * MIB, "{usage:?}");
+    assert_eq!(usage.available, 16 * MIB - usage.used);
+}
+
+#[tokio::test]
+async fn expansion_lets_more_data_in_while_published_and_survives_a_restart() {
+    let mut setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    let (written, err) = fill(&target.join("first"), 32 * MIB);
+    assert_quota_error(err, written, 16 * MIB);
+
+    let grown = setup
+        .driver
+        .expand(expand_request(&volume.volume_id, &target, 48 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(grown, 48 * MIB);
+    // Idempotent: kubelet retries the same expansion.
+    let again = setup
+        .driver
+        .expand(expand_request(&volume.volume_id, &target, 48 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(again, 48 * MIB);
+    let (more, err) = fill(&target.join("second"), 16 * MIB);
+    assert!(
+        err.is_none(),
+        "only {more} more bytes after growing: {err:?}"
+    );
+    expect_code(
+        setup
+            .driver
+            .expand(expand_request(&volume.volume_id, &target, 0, 16 * MIB))
+            .await,
+        Code::OutOfRange,
+    );
+
+    setup.driver.restart().await;
+    let (usage, _) = setup.used(&volume, &target).await;
+    assert_eq!(usage.total, 48 * MIB);
+    let (written, err) = fill(&target.join("third"), 32 * MIB);
+    assert_quota_error(err, written + usage.used, 48 * MIB);
+}
+
+#[tokio::test]
+async fn capacity_falls_as_volumes_are_created_and_rises_as_they_are_deleted() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let driver = &setup.driver;
+    let before = driver.available_capacity(&FAST, snw_mount()).await;
+    assert!(before > 512 * MIB && before <= FS_SIZE as i64, "{before}");
+    let a = driver.create(fast_request(256 * MIB)).await;
+    let b = driver.create(fast_request(128 * MIB)).await;
+    let during = driver.available_capacity(&FAST, snw_mount()).await;
+    let slack = 16 * MIB; // btrfs metadata of two subvolumes
+    assert!(
+        (before - 384 * MIB - during).abs() < slack,
+        "before {before}, with 384 MiB promised {during}"
+    );
+    // More than is left is refused, so the provisioner tries another node.
+    expect_code(
+        driver
+            .controller()
+            .create_volume(fast_request(during + 64 * MIB))
+            .await,
+        Code::ResourceExhausted,
+    );
+    driver.delete(&a.volume_id).await.unwrap();
+    driver.delete(&b.volume_id).await.unwrap();
+    assert!(!host_path(&a).exists() && !host_path(&b).exists());
+    let after = driver.available_capacity(&FAST, snw_mount()).await;
+    assert!(
+        (before - after).abs() < slack,
+        "before {before}, after {after}"
+    );
+}
+
+#[tokio::test]
+async fn a_volume_with_nested_subvolumes_and_links_is_deleted_whole() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    let outside = setup.driver.root.join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("keep"), b"x").unwrap();
+    fs::write(target.join("file"), b"data").unwrap();
+    std::os::unix::fs::symlink(&outside, target.join("link")).unwrap();
+    // A pod running as root can make subvolumes inside its volume.
+    btrfs::create_subvolume(&target, "nested").unwrap();
+    fs::write(target.join("nested/inner"), b"data").unwrap();
+    setup.driver.unpublish_ok(&volume, &target).await;
+    setup.driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!host_path(&volume).exists());
+    assert!(outside.join("keep").exists(), "deletion followed a symlink");
+}
+
+#[tokio::test]
+async fn a_volume_whose_limit_was_removed_is_reported_abnormal() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    btrfs::clear_limit(&host_path(&volume)).unwrap();
+    let stats = setup
+        .driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let condition = stats.volume_condition.unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("limit"),
+        "{condition:?}"
+    );
+}
+
+#[tokio::test]
+async fn quota_is_enabled_only_when_asked_for_by_name() {
+    // auto on a btrfs filesystem whose quota is off: sizes are not enforced, and a class
+    // that requires enforcement is refused.
+    let mut setup = start_on_btrfs(None).await;
+    assert!(!btrfs::quota_enabled(&setup.pool).unwrap());
+    assert!(setup.driver.log_text().contains("btrfs quota is off"));
+    let required = [("pool", "fast"), ("requireEnforcement", "true")];
+    let refused = csi::CreateVolumeRequest {
+        parameters: params(&required),
+        ..create_request(&new_name(), snw_mount(), 16 * MIB)
+    };
+    expect_code(
+        setup
+            .driver
+            .controller()
+            .create_volume(refused.clone())
+            .await,
+        Code::ResourceExhausted,
+    );
+    let plain = setup.driver.create(fast_request(16 * MIB)).await;
+    assert!(!btrfs::is_subvolume(&host_path(&plain)).unwrap());
+
+    // Named: quota is enabled and new volumes are limited subvolumes.
+    setup.driver.stop().await;
+    setup.driver.add_args(["--enforcement", "fast=btrfs"]);
+    setup.driver.start_again().await;
+    assert!(btrfs::quota_enabled(&setup.pool).unwrap());
+    let limited = setup.driver.create(refused).await;
+    assert!(btrfs::is_subvolume(&host_path(&limited)).unwrap());
+    // The plain volume made before keeps working as what it is.
+    let target = setup
+        .driver
+        .publish_at_new_target(&plain, snw_mount())
+        .await;
+    let (written, err) = fill(&target.join("free"), 24 * MIB);
+    assert!(
+        err.is_none(),
+        "unlimited volume refused after {written}: {err:?}"
+    );
+    setup.driver.unpublish_ok(&plain, &target).await;
+    setup.driver.delete(&plain.volume_id).await.unwrap();
+    setup.driver.delete(&limited.volume_id).await.unwrap();
+}

@@ -1,0 +1,302 @@
+//! Capacity for the scheduler and pools, on filesystems that cannot limit directory sizes (the
+//! test machine's /var/tmp): GetCapacity subtracts what volumes were promised but have not
+//! written, CreateVolume refuses what would break a promise, thick block files are allocated,
+//! a class can require enforcement, and volumes live in (and remember) the pool they ask for.
+//! Enforced sizes on a real btrfs filesystem are in tests/btrfs.rs.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::*;
+use tonic::Code;
+
+const GIB: i64 = 1 << 30;
+
+/// Slack for free-space comparisons: other tests write to the same filesystem meanwhile.
+const NOISE: i64 = 512 * MIB;
+
+fn snw_block() -> csi::VolumeCapability {
+    block_cap(Mode::SingleNodeWriter)
+}
+
+fn snw_mount() -> csi::VolumeCapability {
+    mount_cap(Mode::SingleNodeWriter)
+}
+
+fn request_in(
+    parameters: &[(&str, &str)],
+    capability: csi::VolumeCapability,
+    bytes: i64,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        parameters: params(parameters),
+        ..create_request(&new_name(), capability, bytes)
+    }
+}
+
+fn allocated_bytes(path: &Path) -> i64 {
+    let meta = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    meta.blocks() as i64 * 512
+}
+
+fn assert_near(actual: i64, expected: i64, what: &str) {
+    assert!(
+        (actual - expected).abs() < NOISE,
+        "{what}: {actual} is not within {NOISE} of {expected}"
+    );
+}
+
+#[tokio::test]
+async fn unwritten_promises_lower_capacity_until_the_volume_is_deleted() {
+    let driver = TestDriver::start().await;
+    let before = driver.available_capacity(&[], snw_block()).await;
+    let size = (before / 4).min(8 * GIB) / 4096 * 4096;
+    let volume = driver.create(request_in(&[], snw_block(), size)).await;
+    // A thin file takes no space yet, but its pod may fill it at any moment.
+    let file = host_path(&volume);
+    assert!(allocated_bytes(&file) < MIB, "thin file is allocated");
+    let during = driver.available_capacity(&[], snw_block()).await;
+    assert_near(during, before - size, "capacity with one thin volume");
+    let response = driver
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await;
+    assert_eq!(
+        response.maximum_volume_size,
+        Some(response.available_capacity),
+        "one volume can take everything that is available"
+    );
+
+    driver.delete(&volume.volume_id).await.unwrap();
+    let after = driver.available_capacity(&[], snw_block()).await;
+    assert_near(after, before, "capacity after the delete");
+}
+
+#[tokio::test]
+async fn creates_beyond_the_promised_space_are_refused_until_space_is_freed() {
+    let driver = TestDriver::start().await;
+    let available = driver.available_capacity(&[], snw_block()).await;
+    let size = available * 6 / 10 / 4096 * 4096;
+    let first = driver.create(request_in(&[], snw_block(), size)).await;
+    // Free space alone would allow it: the files are sparse.
+    let second = request_in(&[], snw_block(), size);
+    let status = expect_code(
+        driver.controller().create_volume(second.clone()).await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        status.message().contains("can promise only"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(driver.data_entries().len(), 1, "a refused create left data");
+
+    // Growing past the promise is refused the same way, while published.
+    let target = driver.publish_at_new_target(&first, snw_block()).await;
+    expect_code(
+        driver
+            .expand(expand_request(&first.volume_id, &target, size * 2, 0))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert_eq!(driver.capacity_of(&first.volume_id).await, size);
+    driver.unpublish_ok(&first, &target).await;
+
+    driver.delete(&first.volume_id).await.unwrap();
+    driver.create(second).await;
+}
+
+#[tokio::test]
+async fn overcommit_lets_a_pool_promise_more_than_it_holds() {
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args(["--overcommit", "default=2"]);
+    driver.start_again().await;
+    let available = driver.available_capacity(&[], snw_block()).await;
+    let size = available * 6 / 10 / 4096 * 4096;
+    driver.create(request_in(&[], snw_block(), size)).await;
+    // Half of the first promise is backed: 0.3 of the space is taken, 0.7 remains.
+    driver.create(request_in(&[], snw_block(), size)).await;
+    let left = driver.available_capacity(&[], snw_block()).await;
+    assert_near(
+        left,
+        available - size,
+        "capacity with two volumes at ratio 2",
+    );
+}
+
+#[tokio::test]
+async fn thick_block_volumes_are_allocated_when_created_and_grown() {
+    let driver = TestDriver::start().await;
+    let before = driver.available_capacity(&[], snw_block()).await;
+    let size = 64 * MIB;
+    let thick = [("blockAllocation", "thick")];
+    let volume = driver.create(request_in(&thick, snw_block(), size)).await;
+    let file = host_path(&volume);
+    assert!(
+        allocated_bytes(&file) >= size,
+        "thick file is not allocated"
+    );
+    assert_near(
+        driver.available_capacity(&[], snw_block()).await,
+        before - size,
+        "capacity with a thick volume",
+    );
+
+    let target = driver.publish_at_new_target(&volume, snw_block()).await;
+    let grown = driver
+        .expand(expand_request(&volume.volume_id, &target, 2 * size, 0))
+        .await
+        .unwrap();
+    assert_eq!(grown, 2 * size);
+    assert!(
+        allocated_bytes(&file) >= 2 * size,
+        "grown thick file is not allocated"
+    );
+    assert_eq!(fs::metadata(&file).unwrap().len(), 2 * size as u64);
+    driver.unpublish_ok(&volume, &target).await;
+
+    expect_code(
+        driver
+            .controller()
+            .create_volume(request_in(
+                &[("blockAllocation", "sparse")],
+                snw_block(),
+                size,
+            ))
+            .await,
+        Code::InvalidArgument,
+    );
+}
+
+#[tokio::test]
+async fn a_class_requiring_enforcement_is_refused_by_a_pool_without_it() {
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args(["--enforcement", "default=none"]);
+    driver.start_again().await;
+    let required = [("requireEnforcement", "true")];
+    let status = expect_code(
+        driver
+            .controller()
+            .create_volume(request_in(&required, snw_mount(), SIZE))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        status.message().contains("cannot enforce"),
+        "{}",
+        status.message()
+    );
+    assert!(driver.data_entries().is_empty());
+    // Nodes that would refuse report no capacity, so the scheduler looks elsewhere...
+    assert_eq!(driver.available_capacity(&required, snw_mount()).await, 0);
+    assert!(driver.available_capacity(&[], snw_mount()).await > 0);
+    // ...but a block volume is always limited by its file.
+    assert!(driver.available_capacity(&required, snw_block()).await > 0);
+    driver
+        .create(request_in(&required, snw_block(), SIZE))
+        .await;
+}
+
+#[tokio::test]
+async fn usage_measured_by_stats_releases_promised_space() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let unwritten = |driver: &TestDriver| {
+        driver.scrape().value(
+            "stickyvol_pool_unwritten_promised_bytes",
+            &[("pool", "default")],
+        ) as i64
+    };
+    let (volume, target) = driver.published_fs_volume().await;
+    assert_eq!(unwritten(&driver), SIZE);
+    write_synced(&target.join("data"), &pattern(4 * MIB as usize, 1));
+    let stats = driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let used = usage_of(&stats, csi::volume_usage::Unit::Bytes)
+        .unwrap()
+        .used;
+    assert!(used >= 4 * MIB, "stats report {used} bytes used");
+    assert_eq!(unwritten(&driver), SIZE - used);
+}
+
+#[tokio::test]
+async fn volumes_live_in_the_pool_their_class_names() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let fast = driver.root.join("fast");
+    driver.add_args(["--pool".to_string(), format!("fast={}", fast.display())]);
+    driver.start_again().await;
+    let in_fast = [("pool", "fast")];
+    let volume = driver.create(request_in(&in_fast, snw_mount(), SIZE)).await;
+    let data = host_path(&volume);
+    assert_eq!(data, fast.join("volumes").join(&volume.volume_id));
+    assert!(
+        driver.data_entries().is_empty(),
+        "data landed in the data dir"
+    );
+    let target = driver.publish_at_new_target(&volume, snw_mount()).await;
+    fs::write(target.join("hello"), b"fast").unwrap();
+    assert_eq!(fs::read(data.join("hello")).unwrap(), b"fast");
+    driver.unpublish_ok(&volume, &target).await;
+    assert!(driver.available_capacity(&in_fast, snw_mount()).await > 0);
+
+    // A pool this node lacks: no capacity, and a create goes elsewhere.
+    let missing = [("pool", "nvme")];
+    assert_eq!(driver.available_capacity(&missing, snw_mount()).await, 0);
+    let status = expect_code(
+        driver
+            .controller()
+            .create_volume(request_in(&missing, snw_mount(), SIZE))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        status.message().contains("no pool \"nvme\""),
+        "{}",
+        status.message()
+    );
+
+    // The volume remembers its pool across restarts; without the pool it is unusable but
+    // untouched, and comes back with it.
+    driver.stop().await;
+    let args = std::mem::take(&mut driver.options_mut().extra_args);
+    driver.start_again().await;
+    let condition = driver
+        .get_volume(&volume.volume_id)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .volume_condition
+        .unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("fast"),
+        "{condition:?}"
+    );
+    expect_code(
+        driver.delete(&volume.volume_id).await,
+        Code::FailedPrecondition,
+    );
+    assert!(data.join("hello").exists());
+    driver.stop().await;
+    driver.add_args(args);
+    driver.start_again().await;
+    driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!data.exists());
+}
+
+#[tokio::test]
+async fn bad_pool_flags_stop_the_driver_with_a_reason() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let inside = driver.data.join("sub");
+    driver.add_args(["--pool".to_string(), format!("sub={}", inside.display())]);
+    let status = driver.try_start_again().await.unwrap_err();
+    assert!(!status.success());
+    assert!(
+        driver.log_text().contains("overlaps"),
+        "{}",
+        driver.log_text()
+    );
+}
