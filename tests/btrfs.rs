@@ -286,3 +286,55 @@ async fn quota_is_enabled_only_when_asked_for_by_name() {
     setup.driver.delete(&plain.volume_id).await.unwrap();
     setup.driver.delete(&limited.volume_id).await.unwrap();
 }
+
+#[tokio::test]
+async fn an_expansion_interrupted_after_raising_the_limit_is_finished_by_the_retry() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    // The state a crash leaves between the two steps: the qgroup raised, the record not.
+    btrfs::set_limit(&host_path(&volume), 32 * MIB as u64).unwrap();
+    assert_eq!(setup.driver.capacity_of(&volume.volume_id).await, 16 * MIB);
+    let grown = setup
+        .driver
+        .expand(expand_request(&volume.volume_id, &target, 32 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(grown, 32 * MIB);
+    assert_eq!(setup.driver.capacity_of(&volume.volume_id).await, 32 * MIB);
+    let (usage, _) = setup.used(&volume, &target).await;
+    assert_eq!(usage.total, 32 * MIB);
+}
+
+#[tokio::test]
+async fn a_create_interrupted_before_its_commit_leaves_no_subvolume_behind() {
+    let mut setup = start_on_btrfs(Some("btrfs")).await;
+    setup.driver.stop().await;
+    // What a kill -9 between making the subvolume and writing the record leaves.
+    let staged = format!(".creating-{}", unknown_volume_id());
+    btrfs::create_subvolume(&setup.pool.join("volumes"), &staged).unwrap();
+    fs::write(setup.pool.join("volumes").join(&staged).join("f"), b"x").unwrap();
+    setup.driver.start_again().await;
+    assert!(!setup.pool.join("volumes").join(&staged).exists());
+}
+
+#[tokio::test]
+async fn the_condition_the_controller_reports_follows_the_limit() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let volume = setup.driver.create(fast_request(16 * MIB)).await;
+    let healthy = volume_condition(&setup.driver, &volume.volume_id).await;
+    assert!(!healthy.abnormal, "{healthy:?}");
+    btrfs::clear_limit(&host_path(&volume)).unwrap();
+    let lost = volume_condition(&setup.driver, &volume.volume_id).await;
+    assert!(lost.abnormal && lost.message.contains("limit"), "{lost:?}");
+}
+
+async fn volume_condition(driver: &TestDriver, id: &str) -> csi::VolumeCondition {
+    driver
+        .get_volume(id)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .volume_condition
+        .unwrap()
+}

@@ -48,6 +48,88 @@ pub struct Condition {
     pub message: String,
 }
 
+impl Condition {
+    fn from_problem(problem: Option<String>) -> Condition {
+        match problem {
+            Some(message) => Condition {
+                abnormal: true,
+                message,
+            },
+            None => Condition {
+                abnormal: false,
+                message: "volume data is present".into(),
+            },
+        }
+    }
+}
+
+/// Why the data at `path` is not usable as `record`'s volume, if it is not.
+fn data_problem(record: &VolumeRecord, path: &Path) -> Option<String> {
+    match fsstat::lstat_if_exists(path) {
+        Ok(None) => Some(format!(
+            "data of volume {} is missing at {}",
+            record.id,
+            path.display()
+        )),
+        Ok(Some(stat)) => {
+            let right_type = match record.kind {
+                VolumeKind::Filesystem => stat.is_dir(),
+                VolumeKind::Block => stat.is_regular_file(),
+            };
+            (!right_type).then(|| {
+                format!(
+                    "data of volume {} at {} is not a {}",
+                    record.id,
+                    path.display(),
+                    match record.kind {
+                        VolumeKind::Filesystem => "directory",
+                        VolumeKind::Block => "regular file",
+                    }
+                )
+            })
+        }
+        Err(err) => Some(format!(
+            "cannot inspect data of volume {}: {err}",
+            record.id
+        )),
+    }
+}
+
+/// Why a volume with an enforced size is not held to it, if it is not (O(1): quota figures).
+fn limit_problem(record: &VolumeRecord, path: &Path) -> Option<String> {
+    match limits::usage(record.size_limit, path) {
+        Ok(None) => None,
+        Ok(Some(usage)) => usage_problem(record, usage.used_bytes, usage.limit_bytes.is_some()),
+        Err(err) => Some(format!(
+            "cannot read the size limit of volume {}: {err}",
+            record.id
+        )),
+    }
+}
+
+/// What is wrong with a volume using `used` bytes (`limited`: its limit is in force).
+fn usage_problem(record: &VolumeRecord, used: u64, limited: bool) -> Option<String> {
+    let capacity = record.capacity_bytes as u64;
+    if record.size_limit.is_enforced() && !limited {
+        Some(format!(
+            "the size limit of volume {} is gone; it can fill its pool",
+            record.id
+        ))
+    } else if used > capacity {
+        Some(format!(
+            "volume {} uses {used} bytes, more than its size of {capacity} bytes{}",
+            record.id,
+            if record.size_limit.is_enforced() {
+                ""
+            } else {
+                " (sizes are not enforced on its pool)"
+            }
+        ))
+    } else {
+        None
+    }
+}
+
 /// How many volumes of one kind and publication state exist, and their summed capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CensusEntry {
@@ -247,55 +329,14 @@ impl Volumes {
         Ok(())
     }
 
-    /// Healthy unless the volume's data is missing or of the wrong type.
+    /// Healthy unless the volume's data is missing or of the wrong type, or its size limit is
+    /// gone or exceeded.
     pub fn condition(&self, record: &VolumeRecord) -> Condition {
-        let path = match self.data_path(record) {
-            Ok(path) => path,
-            Err(err) => {
-                return Condition {
-                    abnormal: true,
-                    message: err.to_string(),
-                };
-            }
-        };
-        let problem = match fsstat::lstat_if_exists(&path) {
-            Ok(None) => Some(format!(
-                "data of volume {} is missing at {}",
-                record.id,
-                path.display()
-            )),
-            Ok(Some(stat)) => {
-                let right_type = match record.kind {
-                    VolumeKind::Filesystem => stat.is_dir(),
-                    VolumeKind::Block => stat.is_regular_file(),
-                };
-                (!right_type).then(|| {
-                    format!(
-                        "data of volume {} at {} is not a {}",
-                        record.id,
-                        path.display(),
-                        match record.kind {
-                            VolumeKind::Filesystem => "directory",
-                            VolumeKind::Block => "regular file",
-                        }
-                    )
-                })
-            }
-            Err(err) => Some(format!(
-                "cannot inspect data of volume {}: {err}",
-                record.id
-            )),
-        };
-        match problem {
-            Some(message) => Condition {
-                abnormal: true,
-                message,
-            },
-            None => Condition {
-                abnormal: false,
-                message: "volume data is present".into(),
-            },
-        }
+        let problem = self.data_path(record).map_or_else(
+            |err| Some(err.to_string()),
+            |path| data_problem(record, &path).or_else(|| limit_problem(record, &path)),
+        );
+        Condition::from_problem(problem)
     }
 
     /// Claims the per-volume operation slot (ABORTED for a concurrent second caller).

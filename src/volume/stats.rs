@@ -5,7 +5,7 @@ use std::path::Path;
 use super::id::VolumeId;
 use super::limits;
 use super::record::VolumeKind;
-use super::{Condition, Volumes, walk_failure};
+use super::{Condition, Volumes, data_problem, usage_problem, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, usage};
 
@@ -39,63 +39,38 @@ impl Volumes {
         let pool = self.pool_of(&record)?;
         let data = pool.data_path(id, record.kind);
         let capacity = record.capacity_bytes as u64;
-        let mut condition = self.condition(&record);
         // Checked before liveness, which needs the data: a published volume whose data vanished
         // must show up as abnormal in kubelet's volume health, not as NOT_FOUND.
-        if !condition.abnormal && !self.is_live(&record, publication).unwrap_or(false) {
-            return Err(not_published());
-        }
-        if condition.abnormal {
-            let zero = Amounts {
-                total: capacity,
-                used: 0,
-                available: 0,
-            };
+        if let Some(problem) = data_problem(&record, &data) {
             return Ok(VolumeStats {
-                bytes: zero,
+                bytes: Amounts {
+                    total: capacity,
+                    used: 0,
+                    available: 0,
+                },
                 inodes: None,
-                condition,
+                condition: Condition::from_problem(Some(problem)),
             });
+        }
+        if !self.is_live(&record, publication).unwrap_or(false) {
+            return Err(not_published());
         }
         match record.kind {
             VolumeKind::Filesystem => {
                 let space = fsstat::space(&publication.target)
                     .context(|| format!("statvfs {}", publication.target.display()))?;
-                let (used, inodes) = match limits::usage(record.size_limit, &data)
-                    .context(|| format!("reading the quota of volume {id}"))?
+                // O(1) from the quota where the size is enforced; a walk otherwise.
+                let (used, inodes, limited) = match limits::usage(record.size_limit, &data)
+                    .context(|| format!("reading the size limit of volume {id}"))?
                 {
-                    Some(quota) => {
-                        if quota.limit_bytes.is_none() {
-                            condition = Condition {
-                                abnormal: true,
-                                message: format!(
-                                    "the size limit of volume {id} is gone ({:?}); it can fill the disk",
-                                    record.size_limit
-                                ),
-                            };
-                        }
-                        (quota.used_bytes, quota.inodes)
-                    }
+                    Some(quota) => (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some()),
                     None => {
                         let measured = usage::measure(&data)
                             .map_err(|err| walk_failure(id, "measuring", err))?;
-                        (measured.bytes, Some(measured.inodes))
+                        (measured.bytes, Some(measured.inodes), false)
                     }
                 };
                 pool.set_used(id, used);
-                if used > capacity && !condition.abnormal {
-                    condition = Condition {
-                        abnormal: true,
-                        message: format!(
-                            "volume {id} uses {used} bytes, more than its size of {capacity} bytes{}",
-                            if record.size_limit.is_enforced() {
-                                ""
-                            } else {
-                                " (sizes are not enforced on its pool)"
-                            }
-                        ),
-                    };
-                }
                 Ok(VolumeStats {
                     bytes: Amounts {
                         total: capacity,
@@ -107,7 +82,7 @@ impl Volumes {
                         used,
                         available: space.available_inodes,
                     }),
-                    condition,
+                    condition: Condition::from_problem(usage_problem(&record, used, limited)),
                 })
             }
             VolumeKind::Block => {
@@ -121,7 +96,7 @@ impl Volumes {
                         available: capacity.saturating_sub(file.allocated),
                     },
                     inodes: None,
-                    condition,
+                    condition: Condition::from_problem(None),
                 })
             }
         }
