@@ -109,7 +109,7 @@ async fn project_quotas_enforce_sizes_where_the_kernel_supports_them() {
         assert!(written <= 32 * MIB, "32 MiB fit in a 16 MiB volume");
     };
     assert_eq!(err.raw_os_error(), Some(libc::EDQUOT), "{err}");
-    assert!(written <= 16 * MIB && written >= 12 * MIB, "{written}");
+    assert!((12 * MIB..=16 * MIB).contains(&written), "{written}");
     std::fs::write(other.join("small"), pattern(MIB as usize, 4)).unwrap();
 
     let stats = driver
