@@ -8,6 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::host::fsstat::{self, FsKind};
+use crate::host::{btrfs, projquota};
 use crate::host::mountinfo::{self, MountEntry};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +46,7 @@ fn check(outcome: Outcome, what: impl Into<String>) -> Check {
 pub fn run(kubelet_dir: &Path, data_dir: &Path) -> Vec<Check> {
     let mounts = mountinfo::read_self();
     let mut checks = vec![privileges(), mount_roots(), loop_control()];
-    checks.extend(data_directory(data_dir, mounts.as_deref().ok()));
+    checks.extend(data_directory(data_dir));
     checks.push(match &mounts {
         Ok(mounts) => propagation(kubelet_dir, mounts),
         Err(err) => check(
@@ -117,7 +118,7 @@ fn loop_control() -> Check {
     }
 }
 
-fn data_directory(data_dir: &Path, mounts: Option<&[MountEntry]>) -> Vec<Check> {
+fn data_directory(data_dir: &Path) -> Vec<Check> {
     // The driver creates the data dir at start; before that, judge the nearest existing ancestor.
     let existing = nearest_existing(data_dir);
     let mut checks = Vec::new();
@@ -162,16 +163,12 @@ fn data_directory(data_dir: &Path, mounts: Option<&[MountEntry]>) -> Vec<Check> 
             return checks;
         }
     };
-    let super_options = mounts
-        .and_then(|m| containing_mount(m, &existing))
-        .map(|m| m.super_options.clone())
-        .unwrap_or_default();
     checks.push(check(
         Outcome::Ok,
         format!(
             "data directory filesystem: {}; size enforcement it offers: {}",
             kind.name(),
-            size_enforcement(kind, &super_options)
+            size_enforcement(kind, quota_on(kind, &existing))
         ),
     ));
     match kind {
@@ -200,15 +197,30 @@ fn data_directory(data_dir: &Path, mounts: Option<&[MountEntry]>) -> Vec<Check> 
     checks
 }
 
-fn size_enforcement(kind: FsKind, super_options: &str) -> &'static str {
-    let has = |opt: &str| super_options.split(',').any(|o| o == opt);
+/// Whether the quota the filesystem's enforcement needs is on, asked the way `serve` asks
+/// (None: the filesystem has no such quota, or the kernel would not say).
+fn quota_on(kind: FsKind, dir: &Path) -> Option<bool> {
     match kind {
-        FsKind::Btrfs => "btrfs qgroups (subvolume per volume)",
-        FsKind::Xfs if has("prjquota") || has("pquota") => "XFS project quotas",
-        FsKind::Xfs => "none (mount with prjquota for project quotas)",
-        FsKind::Ext4 if has("prjquota") => "ext4 project quotas",
-        FsKind::Ext4 => "none (needs the project feature and the prjquota mount option)",
-        _ => "none",
+        FsKind::Btrfs => btrfs::quota_enabled(dir).ok(),
+        FsKind::Xfs | FsKind::Ext4 => projquota::project_quota_enabled(dir).ok(),
+        _ => None,
+    }
+}
+
+/// What `serve --enforcement NAME=auto` would use on this filesystem, and how to get more.
+fn size_enforcement(kind: FsKind, quota_on: Option<bool>) -> String {
+    let on = quota_on == Some(true);
+    match kind {
+        FsKind::Btrfs if on => "btrfs qgroups (a subvolume per volume)".into(),
+        FsKind::Btrfs => {
+            "none until btrfs quota is on (`serve --enforcement NAME=btrfs` turns it on)".into()
+        }
+        FsKind::Xfs | FsKind::Ext4 if on => format!("{} project quotas", kind.name()),
+        FsKind::Xfs => "none (mount with prjquota for project quotas)".into(),
+        FsKind::Ext4 => {
+            "none (needs the project and quota features and the prjquota mount option)".into()
+        }
+        _ => "none (sizes are measured, not enforced)".into(),
     }
 }
 
@@ -324,9 +336,12 @@ mod tests {
 
     #[test]
     fn size_enforcement_follows_filesystem_and_options() {
-        assert!(size_enforcement(FsKind::Xfs, "rw,prjquota").contains("project"));
-        assert!(size_enforcement(FsKind::Xfs, "rw").starts_with("none"));
-        assert!(size_enforcement(FsKind::Btrfs, "rw").contains("qgroups"));
+        assert!(size_enforcement(FsKind::Xfs, Some(true)).contains("project"));
+        assert!(size_enforcement(FsKind::Xfs, Some(false)).starts_with("none"));
+        assert!(size_enforcement(FsKind::Ext4, None).starts_with("none"));
+        assert!(size_enforcement(FsKind::Btrfs, Some(true)).contains("qgroups"));
+        assert!(size_enforcement(FsKind::Btrfs, Some(false)).contains("--enforcement"));
+        assert!(size_enforcement(FsKind::Tmpfs, None).starts_with("none"));
     }
 
     #[test]
