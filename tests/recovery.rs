@@ -9,11 +9,20 @@ use std::time::Duration;
 use common::*;
 use stickyvol::host::loopdev;
 
-/// The publications the driver remembers for `id`, from its record on disk.
+/// The publications the driver remembers for `id`, from the file it keeps them in (none when
+/// the file is absent).
 fn recorded_publications(driver: &TestDriver, id: &str) -> usize {
-    let record = fs::read(driver.data.join("state").join(format!("{id}.json"))).unwrap();
-    let record: serde_json::Value = serde_json::from_slice(&record).unwrap();
-    record["publications"].as_array().map_or(0, Vec::len)
+    let path = driver
+        .data
+        .join("state")
+        .join(format!("{id}.publications.json"));
+    match fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<Vec<serde_json::Value>>(&bytes)
+            .unwrap()
+            .len(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(err) => panic!("{}: {err}", path.display()),
+    }
 }
 
 #[tokio::test]

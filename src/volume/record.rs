@@ -141,7 +141,8 @@ pub struct VolumeRecord {
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
     pub created_unix_ms: u64,
-    #[serde(default)]
+    /// Kept in a file of its own by the store (records of older versions carry them inline).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,
 }
 
@@ -154,6 +155,14 @@ fn is_thin(allocation: &Allocation) -> bool {
 }
 
 impl VolumeRecord {
+    /// The record as stored durably: everything but the publications.
+    pub fn without_publications(&self) -> VolumeRecord {
+        VolumeRecord {
+            publications: Vec::new(),
+            ..self.clone()
+        }
+    }
+
     /// A thick block file: every byte of its size is allocated.
     pub fn fully_allocated(&self) -> bool {
         self.kind == VolumeKind::Block && self.allocation == Allocation::Thick

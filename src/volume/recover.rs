@@ -24,6 +24,9 @@ impl Volumes {
         for (id, why) in &report.unreadable {
             error!(volume = %id, reason = %why, "volume record is unreadable; the volume is left untouched until an admin repairs or removes the record");
         }
+        for (id, why) in &report.unreadable_publications {
+            warn!(volume = %id, reason = %why, "publications file is unreadable (a power loss while it was written?); treating the volume as unpublished");
+        }
         self.remove_orphaned_data()?;
         let in_use = self.forget_stale_publications()?;
         self.detach_unused_devices(&in_use);

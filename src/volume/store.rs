@@ -4,6 +4,12 @@
 //! A record is written atomically (temp file → fsync → rename → fsync the directory), so after a
 //! crash each record is either the old or the new version, never a torn one. The record is the
 //! commit point of a volume's existence: see `volume::create`.
+//!
+//! Publications are kept beside the record, in `<id>.publications.json`, written atomically but
+//! without fsync: they describe mounts and loop devices, which a power loss (the only thing that
+//! can lose unsynced writes) takes away too. A driver crash leaves the page cache, and so the
+//! file, intact. This keeps two disk flushes off every NodePublish and NodeUnpublish, and a
+//! torn publications file can never damage the record itself.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
@@ -13,9 +19,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use super::id::VolumeId;
-use super::record::VolumeRecord;
+use super::record::{Publication, VolumeRecord};
 
 const RECORD_SUFFIX: &str = ".json";
+const PUBLICATIONS_SUFFIX: &str = ".publications.json";
 const TEMP_SUFFIX: &str = ".tmp";
 
 #[derive(Debug)]
@@ -37,6 +44,8 @@ pub struct LoadReport {
     pub unreadable: Vec<(VolumeId, String)>,
     /// Leftover temp files from an interrupted write, removed.
     pub removed_temp_files: usize,
+    /// Publications files that could not be read (after a power loss): treated as none.
+    pub unreadable_publications: Vec<(VolumeId, String)>,
 }
 
 impl Store {
@@ -56,6 +65,9 @@ impl Store {
                 report.removed_temp_files += 1;
                 continue;
             }
+            if file_name.ends_with(PUBLICATIONS_SUFFIX) {
+                continue; // read with its record
+            }
             let Some(id) = file_name
                 .strip_suffix(RECORD_SUFFIX)
                 .and_then(VolumeId::parse)
@@ -63,7 +75,17 @@ impl Store {
                 continue;
             };
             match read_record(&entry.path()) {
-                Ok(record) if record.id == id => index.insert(Arc::new(record)),
+                Ok(mut record) if record.id == id => {
+                    match read_publications(&dir.join(format!("{id}{PUBLICATIONS_SUFFIX}"))) {
+                        Ok(Some(publications)) => record.publications = publications,
+                        Ok(None) => {} // none, or kept in the record by an older version
+                        Err(err) => {
+                            record.publications.clear();
+                            report.unreadable_publications.push((id, err.to_string()));
+                        }
+                    }
+                    index.insert(Arc::new(record))
+                }
                 Ok(record) => report.unreadable.push((
                     id,
                     format!("record names a different volume id {}", record.id),
@@ -119,21 +141,48 @@ impl Store {
         (page, more)
     }
 
-    /// Durably writes `record`, then makes it visible.
+    /// Writes what changed of `record` (durably, publications aside), then makes it visible.
+    /// Callers hold the volume's operation guard, so writes of one volume never interleave.
     pub fn put(&self, record: VolumeRecord) -> io::Result<Arc<VolumeRecord>> {
-        let bytes = serde_json::to_vec_pretty(&record)?;
-        let path = self.record_path(&record.id);
-        let temp = self
-            .dir
-            .join(format!(".{}{RECORD_SUFFIX}{TEMP_SUFFIX}", record.id));
-        write_durably(&temp, &path, &bytes)?;
+        let id = record.id.clone();
+        let old = self.get(&id);
+        let durable = record.without_publications();
+        if old.as_ref().is_none_or(|o| o.without_publications() != durable) {
+            let bytes = serde_json::to_vec_pretty(&durable)?;
+            let temp = self.dir.join(format!(".{id}{RECORD_SUFFIX}{TEMP_SUFFIX}"));
+            write_durably(&temp, &self.record_path(&id), &bytes)?;
+        }
+        let old_publications = old.as_ref().map_or(&[][..], |o| &o.publications[..]);
+        if old_publications != record.publications.as_slice() {
+            self.write_publications(&id, &record.publications)?;
+        }
         let record = Arc::new(record);
         self.write_index().insert(record.clone());
         Ok(record)
     }
 
+    /// Atomically, without fsync (see the module comment); no file when there are none.
+    fn write_publications(&self, id: &VolumeId, publications: &[Publication]) -> io::Result<()> {
+        let path = self.publications_path(id);
+        if publications.is_empty() {
+            return match fs::remove_file(&path) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+                _ => Ok(()),
+            };
+        }
+        let temp = self
+            .dir
+            .join(format!(".{id}{PUBLICATIONS_SUFFIX}{TEMP_SUFFIX}"));
+        fs::write(&temp, serde_json::to_vec(publications)?)?;
+        fs::rename(&temp, &path)
+    }
+
     /// Durably removes the record of `id`; a missing record is fine.
     pub fn remove(&self, id: &VolumeId) -> io::Result<()> {
+        match fs::remove_file(self.publications_path(id)) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+            _ => {}
+        }
         match fs::remove_file(self.record_path(id)) {
             Ok(()) => sync_dir(&self.dir)?,
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
@@ -148,6 +197,10 @@ impl Store {
 
     fn record_path(&self, id: &VolumeId) -> PathBuf {
         self.dir.join(format!("{id}{RECORD_SUFFIX}"))
+    }
+
+    fn publications_path(&self, id: &VolumeId) -> PathBuf {
+        self.dir.join(format!("{id}{PUBLICATIONS_SUFFIX}"))
     }
 
     fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
@@ -169,6 +222,17 @@ impl Index {
 fn read_record(path: &Path) -> io::Result<VolumeRecord> {
     let bytes = fs::read(path)?;
     serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// None when there is no publications file.
+fn read_publications(path: &Path) -> io::Result<Option<Vec<Publication>>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(err),
+    }
 }
 
 /// temp file → fsync → rename over `path` → fsync the directory.
@@ -206,6 +270,61 @@ mod tests {
             created_unix_ms: 1,
             publications: vec![],
         }
+    }
+
+    fn publication(target: &str) -> Publication {
+        Publication {
+            target: target.into(),
+            readonly: false,
+            access_mode: AccessMode::SingleNodeWriter,
+            mount_flags: vec![],
+            loop_device: None,
+        }
+    }
+
+    #[test]
+    fn publications_live_beside_the_record_and_a_torn_file_means_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let created = store.put(record("a")).unwrap();
+        let record_file = dir.path().join(format!("{}.json", created.id));
+        let pub_file = dir.path().join(format!("{}.publications.json", created.id));
+        let durable_before = fs::read(&record_file).unwrap();
+        let mut published = (*created).clone();
+        published.publications.push(publication("/k/pods/1/mount"));
+        store.put(published.clone()).unwrap();
+        // Publishing leaves the durable record alone.
+        assert_eq!(fs::read(&record_file).unwrap(), durable_before);
+        assert!(pub_file.exists());
+        let (reopened, report) = Store::open(dir.path()).unwrap();
+        assert!(report.unreadable_publications.is_empty());
+        assert_eq!(*reopened.get(&created.id).unwrap(), published);
+
+        fs::write(&pub_file, b"[{\"target\":").unwrap();
+        let (reopened, report) = Store::open(dir.path()).unwrap();
+        assert_eq!(report.unreadable_publications.len(), 1);
+        let loaded = reopened.get(&created.id).unwrap();
+        assert!(loaded.publications.is_empty());
+        assert_eq!(loaded.without_publications(), created.without_publications());
+
+        // Unpublishing the last target removes the file; deleting removes both.
+        store.put((*created).clone()).unwrap();
+        assert!(!pub_file.exists());
+        store.put(published).unwrap();
+        store.remove(&created.id).unwrap();
+        assert!(!pub_file.exists() && !record_file.exists());
+    }
+
+    #[test]
+    fn publications_kept_inline_by_older_versions_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = record("a");
+        old.publications.push(publication("/k/t"));
+        let inline = serde_json::to_vec(&old).unwrap();
+        assert!(String::from_utf8_lossy(&inline).contains("/k/t"));
+        fs::write(dir.path().join(format!("{}.json", old.id)), inline).unwrap();
+        let (store, _) = Store::open(dir.path()).unwrap();
+        assert_eq!(*store.get(&old.id).unwrap(), old);
     }
 
     #[test]
