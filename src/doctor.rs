@@ -8,8 +8,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::host::fsstat::{self, FsKind};
-use crate::host::{btrfs, projquota};
 use crate::host::mountinfo::{self, MountEntry};
+use crate::host::{btrfs, projquota};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

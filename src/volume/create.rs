@@ -144,9 +144,9 @@ impl Volumes {
         {
             return Ok(());
         }
-        fs::rename(&staging, &path)
-            .and_then(|()| sync_dir(&pool.volumes))
-            .context(|| format!("moving {} into place", staging.display()))
+        // No directory sync: if a power loss undoes the rename, the record and the (synced)
+        // staging entry survive, and the next start redoes the move with the data inside.
+        fs::rename(&staging, &path).context(|| format!("moving {} into place", staging.display()))
     }
 
     /// Deletes a volume and its data. Unknown ids succeed (deletion is idempotent).

@@ -147,7 +147,10 @@ impl Store {
         let id = record.id.clone();
         let old = self.get(&id);
         let durable = record.without_publications();
-        if old.as_ref().is_none_or(|o| o.without_publications() != durable) {
+        if old
+            .as_ref()
+            .is_none_or(|o| o.without_publications() != durable)
+        {
             let bytes = serde_json::to_vec_pretty(&durable)?;
             let temp = self.dir.join(format!(".{id}{RECORD_SUFFIX}{TEMP_SUFFIX}"));
             write_durably(&temp, &self.record_path(&id), &bytes)?;
@@ -305,7 +308,10 @@ mod tests {
         assert_eq!(report.unreadable_publications.len(), 1);
         let loaded = reopened.get(&created.id).unwrap();
         assert!(loaded.publications.is_empty());
-        assert_eq!(loaded.without_publications(), created.without_publications());
+        assert_eq!(
+            loaded.without_publications(),
+            created.without_publications()
+        );
 
         // Unpublishing the last target removes the file; deleting removes both.
         store.put((*created).clone()).unwrap();
