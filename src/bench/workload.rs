@@ -661,11 +661,19 @@ pub async fn startup(args: &StartupArgs) -> Result<StartupReport, Fatal> {
         preload_phase = Some(phase);
         errors_total += errors;
     }
-    session.close().await?;
+    if let Err(err) = session.close().await {
+        leftovers.push(format!("after the preload: {err}"));
+    }
 
     let mut runs = Vec::new();
     for run in 1..=args.runs {
-        let (mut process, ready) = start(command, common).await?;
+        let (mut process, ready) = match start(command, common).await {
+            Ok(started) => started,
+            Err(err) => {
+                leftovers.push(format!("run {run}: {err}"));
+                break;
+            }
+        };
         let rss_kib = status_kib(ready.pid, "VmRSS");
         eprintln!(
             "run {run}: ready after {:.1} ms, RSS {}",
@@ -677,7 +685,9 @@ pub async fn startup(args: &StartupArgs) -> Result<StartupReport, Fatal> {
             rss_kib,
         });
         drop(ready.channel);
-        process.stop().await?;
+        if let Err(err) = process.stop().await {
+            leftovers.push(format!("run {run}: {err}"));
+        }
     }
 
     let mut cleanup_phase = None;
