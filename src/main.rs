@@ -1,5 +1,6 @@
 //! The `stickyvol` command line.
 
+use std::future::Future;
 use std::process::ExitCode;
 
 use std::path::PathBuf;
@@ -67,13 +68,19 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now (inside the runtime `handle`), so a signal that
+/// arrives as soon as the socket answers still shuts down gracefully; the future completes on
+/// the first of them.
+fn shutdown_signal(handle: &tokio::runtime::Handle) -> impl Future<Output = ()> + use<> {
     use tokio::signal::unix::{SignalKind, signal};
+    let _runtime = handle.enter();
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        }
     }
 }
 
@@ -122,7 +129,8 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .expect("building the tokio runtime");
-            match runtime.block_on(stickyvol::server::serve(config, shutdown_signal())) {
+            let shutdown = shutdown_signal(runtime.handle());
+            match runtime.block_on(stickyvol::server::serve(config, shutdown)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     error!("{err}");

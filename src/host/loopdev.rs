@@ -144,13 +144,20 @@ fn retry_attach(
 pub fn backing_file(dev: &LoopDevice) -> io::Result<Option<PathBuf>> {
     let mut printed = match fs::read(dev.sysfs_attribute("loop/backing_file")) {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if detached_meanwhile(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
     if printed.last() == Some(&b'\n') {
         printed.pop();
     }
     Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(&printed))))
+}
+
+/// Whether reading a device's `loop/` attribute failed because the device is not (or no longer)
+/// attached: the attribute is missing (NotFound), or the detach removed it between our open and
+/// read (sysfs then answers ENODEV). Seen with concurrent block unpublishes.
+fn detached_meanwhile(err: &io::Error) -> bool {
+    err.kind() == io::ErrorKind::NotFound || err.raw_os_error() == Some(libc::ENODEV)
 }
 
 /// All attached loop devices with their backing files (scan /sys/block/loop*), ordered by
@@ -828,6 +835,19 @@ mod tests {
         let mut deleted = canonical.into_os_string();
         deleted.push(" (deleted)");
         assert_eq!(backing_file(dev).unwrap(), Some(PathBuf::from(deleted)));
+    }
+
+    #[test]
+    fn a_device_detached_during_the_read_counts_as_unattached() {
+        assert!(detached_meanwhile(&io::Error::from_raw_os_error(
+            libc::ENODEV
+        )));
+        assert!(detached_meanwhile(&io::Error::from(
+            io::ErrorKind::NotFound
+        )));
+        assert!(!detached_meanwhile(&io::Error::from_raw_os_error(
+            libc::EIO
+        )));
     }
 
     #[test]

@@ -210,6 +210,39 @@ impl TestDriver {
         cmd
     }
 
+    /// [`TestDriver::command`] as one `sh -c` line (environment, program, flags, log
+    /// redirection), for tools that start the driver themselves.
+    pub fn shell_command(&self) -> String {
+        let command = self.command();
+        let mut words = vec!["exec".to_string(), "env".to_string()];
+        // env takes its options (-u) before any assignment.
+        let mut assignments = Vec::new();
+        for (key, value) in command.get_envs() {
+            let key = key.to_str().expect("UTF-8 variable names");
+            match value {
+                None => words.extend(["-u".to_string(), shell_quote(key)]),
+                Some(value) => assignments.push(shell_quote(&format!(
+                    "{key}={}",
+                    value.to_str().expect("UTF-8 values")
+                ))),
+            }
+        }
+        words.extend(assignments);
+        words.push(shell_quote(
+            command.get_program().to_str().expect("UTF-8 program path"),
+        ));
+        for arg in command.get_args() {
+            words.push(shell_quote(arg.to_str().expect("UTF-8 arguments")));
+        }
+        let log = shell_quote(&path_str(&self.log));
+        format!("{} >>{log} 2>&1", words.join(" "))
+    }
+
+    /// The running driver's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the driver is not running").id()
+    }
+
     /// Starts the driver on the existing directories and waits until it answers Probe.
     pub async fn start_again(&mut self) {
         if let Err(status) = self.try_start_again().await {
@@ -622,6 +655,24 @@ impl TestDriver {
         dir_names(&self.data.join("state"))
     }
 
+    /// Mount points at or under this test's directory.
+    pub fn mounts_left(&self) -> Vec<PathBuf> {
+        let entries = mountinfo::read_self().expect("reading mountinfo");
+        mountinfo::mounts_at_or_under(&entries, &self.root)
+            .map(|e| e.mount_point.clone())
+            .collect()
+    }
+
+    /// Loop devices backed by a file under this test's directory.
+    pub fn loop_devices_left(&self) -> Vec<LoopDevice> {
+        loopdev::list_attached()
+            .expect("listing loop devices")
+            .into_iter()
+            .filter(|(_, file)| file.starts_with(&self.root))
+            .map(|(device, _)| device)
+            .collect()
+    }
+
     /// Unmounts, detaches and removes everything of this test. Idempotent.
     fn cleanup(&mut self) {
         self.channel = None;
@@ -721,12 +772,18 @@ pub async fn wait_bounded(child: &mut Child, timeout: Duration) -> Option<ExitSt
     }
 }
 
+/// `word` in single quotes for sh.
+pub fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
 fn unmount(path: &Path) -> nix::Result<()> {
     use nix::mount::{MntFlags, umount2};
     umount2(path, MntFlags::empty()).or_else(|_| umount2(path, MntFlags::MNT_DETACH))
 }
 
-fn dir_names(dir: &Path) -> Vec<String> {
+/// Names in `dir`, sorted (none when it does not exist).
+pub fn dir_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match fs::read_dir(dir) {
         Ok(entries) => entries
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -1,0 +1,181 @@
+//! Command-line flags of `stickyvol-bench`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Benchmarks a CSI driver over its unix socket, calling it the way external-provisioner and
+/// kubelet do. Works with any CSI driver: it follows the capabilities the driver advertises.
+///
+/// Exit status: 0 when every call succeeded, 1 when any call failed (the report says which),
+/// 2 when the benchmark could not run at all.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub workload: Workload,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Workload {
+    /// Per volume: CreateVolume → (ControllerPublish) → (NodeStage) → NodePublish →
+    /// NodeUnpublish → (NodeUnstage) → (ControllerUnpublish) → DeleteVolume.
+    Lifecycle(LifecycleArgs),
+    /// Time from starting --driver-cmd to its first successful Probe, with --preload volumes on disk.
+    Startup(StartupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct Common {
+    /// The driver's CSI socket.
+    #[arg(long, value_name = "unix:///PATH")]
+    pub endpoint: String,
+
+    /// Kubelet's root directory: target and staging paths follow kubelet's layout beneath it.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+
+    /// Start the driver with this shell command (run by `sh -c`), wait until Probe says ready,
+    /// and SIGTERM it at the end.
+    #[arg(long, value_name = "COMMAND")]
+    pub driver_cmd: Option<String>,
+
+    /// Pid of an already running driver, to report its memory (VmRSS, VmHWM).
+    #[arg(long, conflicts_with = "driver_cmd")]
+    pub driver_pid: Option<u32>,
+
+    /// Access type of the volumes.
+    #[arg(long, value_enum, default_value_t = AccessType::Mount)]
+    pub access_type: AccessType,
+
+    /// Requested capacity of each volume, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub size: i64,
+
+    /// fsType of mount volumes (empty: the driver's default).
+    #[arg(long, default_value = "")]
+    pub fs_type: String,
+
+    /// A CreateVolume parameter (StorageClass parameter), KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// Volumes created before the measurement and left in place during it (concurrently).
+    #[arg(long, default_value_t = 0)]
+    pub preload: usize,
+
+    /// Leave the preloaded volumes in place at the end.
+    #[arg(long)]
+    pub keep_preload: bool,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LifecycleArgs {
+    #[command(flatten)]
+    pub common: Common,
+
+    /// Number of full lifecycle cycles (one fresh volume each).
+    #[arg(long, default_value_t = 100)]
+    pub volumes: usize,
+
+    /// Concurrent clients, each running whole cycles over distinct volumes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct StartupArgs {
+    #[command(flatten)]
+    pub common: Common,
+
+    /// Measured restarts.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AccessType {
+    Mount,
+    Block,
+}
+
+impl AccessType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccessType::Mount => "mount",
+            AccessType::Block => "block",
+        }
+    }
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// `250ms`, `30s`, `2m` or a plain number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(at) => s.split_at(at),
+        None => (s, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 250ms, 30s or 2m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
+    };
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(format!("{s:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "stickyvol-bench",
+            "lifecycle",
+            "--endpoint",
+            "unix:///x.sock",
+            "--parameter",
+            "a=b=c",
+            "--concurrency",
+            "4",
+        ])
+        .unwrap();
+        let Workload::Lifecycle(args) = cli.workload else {
+            panic!("lifecycle expected")
+        };
+        assert_eq!(args.common.parameters, [("a".into(), "b=c".into())]);
+        assert_eq!(args.concurrency, 4);
+    }
+}

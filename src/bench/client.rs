@@ -1,0 +1,209 @@
+//! The CSI client: one HTTP/2 channel over the unix socket shared by every task, a deadline on
+//! every call, and what the driver says about itself.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use stickyvol::csi;
+use stickyvol::csi::controller_client::ControllerClient;
+use stickyvol::csi::identity_client::IdentityClient;
+use stickyvol::csi::node_client::NodeClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Status};
+
+use crate::report::{Recorder, Rpc};
+
+/// The socket path of a `unix://` endpoint (a bare absolute path is accepted too).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, String> {
+    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if path.starts_with('/') {
+        Ok(PathBuf::from(path))
+    } else {
+        Err(format!(
+            "endpoint {endpoint:?} must be unix:///ABSOLUTE/PATH"
+        ))
+    }
+}
+
+/// Opens one channel to the socket. Requests on it are multiplexed over one connection.
+pub async fn connect(
+    socket: &Path,
+    deadline: Duration,
+) -> Result<Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    // The authority is never resolved: the connector below ignores it.
+    Endpoint::from_static("http://csi.sock")
+        .timeout(deadline)
+        .connect_timeout(deadline)
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+}
+
+/// Clients of the three CSI services on one channel, with the per-call deadline.
+#[derive(Clone)]
+pub struct Csi {
+    pub identity: IdentityClient<Channel>,
+    pub controller: ControllerClient<Channel>,
+    pub node: NodeClient<Channel>,
+    deadline: Duration,
+}
+
+impl Csi {
+    pub fn new(channel: Channel, deadline: Duration) -> Csi {
+        Csi {
+            identity: IdentityClient::new(channel.clone()),
+            controller: ControllerClient::new(channel.clone()),
+            node: NodeClient::new(channel),
+            deadline,
+        }
+    }
+
+    /// A request carrying the deadline (the driver sees it as grpc-timeout; the channel
+    /// enforces it on our side too).
+    pub fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(self.deadline);
+        request
+    }
+}
+
+/// Times `call` and records it under `rpc` in `recorder`.
+pub async fn timed<T, F>(recorder: &mut Recorder, rpc: Rpc, call: F) -> Result<T, Status>
+where
+    F: Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let started = Instant::now();
+    let result = call.await;
+    recorder.record(rpc, started.elapsed(), result.as_ref().err());
+    result.map(tonic::Response::into_inner)
+}
+
+/// What the driver advertises, as read at the start.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DriverInfo {
+    pub name: String,
+    pub vendor_version: String,
+    pub node_id: String,
+    /// NodeGetInfo's accessible_topology, passed to CreateVolume as requisite and preferred.
+    pub topology: Option<HashMap<String, String>>,
+    pub controller_service: bool,
+    pub create_delete_volume: bool,
+    pub controller_publish: bool,
+    pub stage_unstage: bool,
+}
+
+/// Reads GetPluginInfo, GetPluginCapabilities, ControllerGetCapabilities, NodeGetCapabilities
+/// and NodeGetInfo; each call is recorded in `recorder`.
+pub async fn discover(csi: &Csi, recorder: &mut Recorder) -> Result<DriverInfo, String> {
+    use csi::controller_service_capability::{Type as ControllerType, rpc};
+    use csi::node_service_capability::{Type as NodeType, rpc as node_rpc};
+    use csi::plugin_capability::{Type as PluginType, service};
+    let failed =
+        |what: &str, status: Status| format!("{what}: {:?}: {}", status.code(), status.message());
+
+    let info = timed(
+        recorder,
+        Rpc::GetPluginInfo,
+        csi.identity
+            .clone()
+            .get_plugin_info(csi.request(csi::GetPluginInfoRequest {})),
+    )
+    .await
+    .map_err(|s| failed("GetPluginInfo", s))?;
+    let plugin = timed(
+        recorder,
+        Rpc::GetPluginCapabilities,
+        csi.identity
+            .clone()
+            .get_plugin_capabilities(csi.request(csi::GetPluginCapabilitiesRequest {})),
+    )
+    .await
+    .map_err(|s| failed("GetPluginCapabilities", s))?;
+    let plugin_services: Vec<i32> = plugin
+        .capabilities
+        .iter()
+        .filter_map(|c| match &c.r#type {
+            Some(PluginType::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
+    let controller_service = plugin_services.contains(&(service::Type::ControllerService as i32));
+    let topology_constraints =
+        plugin_services.contains(&(service::Type::VolumeAccessibilityConstraints as i32));
+
+    let mut controller_caps = Vec::new();
+    if controller_service {
+        let caps = timed(
+            recorder,
+            Rpc::ControllerGetCapabilities,
+            csi.controller
+                .clone()
+                .controller_get_capabilities(csi.request(csi::ControllerGetCapabilitiesRequest {})),
+        )
+        .await
+        .map_err(|s| failed("ControllerGetCapabilities", s))?;
+        controller_caps = caps
+            .capabilities
+            .iter()
+            .filter_map(|c| match &c.r#type {
+                Some(ControllerType::Rpc(r)) => Some(r.r#type),
+                _ => None,
+            })
+            .collect();
+    }
+    let node_caps = timed(
+        recorder,
+        Rpc::NodeGetCapabilities,
+        csi.node
+            .clone()
+            .node_get_capabilities(csi.request(csi::NodeGetCapabilitiesRequest {})),
+    )
+    .await
+    .map_err(|s| failed("NodeGetCapabilities", s))?;
+    let stage_unstage = node_caps.capabilities.iter().any(|c| {
+        matches!(&c.r#type, Some(NodeType::Rpc(r)) if r.r#type == node_rpc::Type::StageUnstageVolume as i32)
+    });
+    let node = timed(
+        recorder,
+        Rpc::NodeGetInfo,
+        csi.node
+            .clone()
+            .node_get_info(csi.request(csi::NodeGetInfoRequest {})),
+    )
+    .await
+    .map_err(|s| failed("NodeGetInfo", s))?;
+
+    let has = |t: rpc::Type| controller_caps.contains(&(t as i32));
+    Ok(DriverInfo {
+        name: info.name,
+        vendor_version: info.vendor_version,
+        node_id: node.node_id,
+        topology: node
+            .accessible_topology
+            .filter(|_| topology_constraints)
+            .map(|t| t.segments),
+        controller_service,
+        create_delete_volume: has(rpc::Type::CreateDeleteVolume),
+        controller_publish: has(rpc::Type::PublishUnpublishVolume),
+        stage_unstage,
+    })
+}
+
+/// Probe's answer: ready unless it says `ready: false`.
+pub async fn probe(csi: &Csi) -> Result<bool, Status> {
+    let response = csi
+        .identity
+        .clone()
+        .probe(csi.request(csi::ProbeRequest {}))
+        .await?
+        .into_inner();
+    Ok(response.ready.unwrap_or(true))
+}

@@ -1,0 +1,167 @@
+//! `stickyvol-bench`: a benchmark for any CSI driver, spoken to over its unix socket.
+//!
+//! Modules: `cli` (flags), `client` (channel, deadlines, capability discovery), `paths`
+//! (kubelet's directory layout), `driver_process` (starting, probing, measuring and stopping a
+//! driver), `workload` (the lifecycle and startup runs), `report` (samples, percentiles, output).
+
+mod cli;
+mod client;
+mod driver_process;
+mod paths;
+mod report;
+mod workload;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use cli::{Cli, Workload};
+use report::kib;
+
+/// Some call failed, or something of ours was left behind.
+const EXIT_FAILED_CALLS: u8 = 1;
+/// The benchmark could not run (bad flags, no driver, a driver that cannot create volumes).
+const EXIT_CANNOT_RUN: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // One client thread by default: the driver under test should get the other cores.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime");
+    match cli.workload {
+        Workload::Lifecycle(args) => match runtime.block_on(workload::lifecycle(&args)) {
+            Err(err) => cannot_run(&err),
+            Ok(report) => {
+                if args.common.json {
+                    print_json(&report);
+                } else {
+                    print!("{}", lifecycle_text(&report));
+                }
+                exit_status(report.errors_total, &report.leftovers)
+            }
+        },
+        Workload::Startup(args) => match runtime.block_on(workload::startup(&args)) {
+            Err(err) => cannot_run(&err),
+            Ok(report) => {
+                if args.common.json {
+                    print_json(&report);
+                } else {
+                    print!("{}", startup_text(&report));
+                }
+                exit_status(report.errors_total, &report.leftovers)
+            }
+        },
+    }
+}
+
+fn cannot_run(err: &str) -> ExitCode {
+    eprintln!("stickyvol-bench: {err}");
+    ExitCode::from(EXIT_CANNOT_RUN)
+}
+
+fn exit_status(errors: u64, leftovers: &[String]) -> ExitCode {
+    for leftover in leftovers {
+        eprintln!("stickyvol-bench: {leftover}");
+    }
+    if errors > 0 || !leftovers.is_empty() {
+        eprintln!(
+            "stickyvol-bench: {errors} call(s) failed, {} leftover(s)",
+            leftovers.len()
+        );
+        ExitCode::from(EXIT_FAILED_CALLS)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn print_json(report: &impl serde::Serialize) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(report).expect("reports serialize")
+    );
+}
+
+fn driver_line(info: &client::DriverInfo) -> String {
+    format!(
+        "driver {} {} on node {:?}; staging: {}, controller publish: {}, topology: {}\n",
+        info.name,
+        info.vendor_version,
+        info.node_id,
+        info.stage_unstage,
+        info.controller_publish,
+        info.topology
+            .as_ref()
+            .map_or_else(|| "none".into(), |t| format!("{t:?}")),
+    )
+}
+
+fn phase_line(label: &str, phase: &Option<report::Phase>) -> String {
+    let Some(phase) = phase else {
+        return String::new();
+    };
+    let errors: u64 = phase.rpcs.values().map(|s| s.errors).sum();
+    let latencies: Vec<String> = phase
+        .rpcs
+        .iter()
+        .map(|(rpc, s)| format!("{rpc} p50 {} µs", s.p50_us))
+        .collect();
+    format!(
+        "{label}: {} volumes in {:.2} s, {errors} errors ({})\n",
+        phase.volumes,
+        phase.wall_time_s,
+        latencies.join(", "),
+    )
+}
+
+fn lifecycle_text(r: &workload::LifecycleReport) -> String {
+    let mut out = driver_line(&r.driver);
+    out += &format!(
+        "lifecycle: {} {} volumes of {} bytes, concurrency {}, preload {}\n",
+        r.volumes, r.access_type, r.size_bytes, r.concurrency, r.preload
+    );
+    out += &phase_line("preload", &r.preload_phase);
+    out += &report::table(&r.recorder);
+    out += &format!(
+        "cycles: {} completed, {} failed in {:.3} s: {:.1} cycles/s\n",
+        r.cycles_completed, r.cycles_failed, r.wall_time_s, r.cycles_per_s
+    );
+    out += &phase_line("cleanup", &r.cleanup_phase);
+    let m = &r.memory;
+    out += &format!(
+        "driver RSS (pid {}): idle {}, after preload {}, end {}, peak {}\n",
+        m.pid.map_or_else(|| "unknown".into(), |p| p.to_string()),
+        kib(m.idle_rss_kib),
+        kib(m.after_preload_rss_kib),
+        kib(m.end_rss_kib),
+        kib(m.peak_rss_kib),
+    );
+    let errors = report::error_lines(&r.recorder);
+    if !errors.is_empty() {
+        out += "errors:\n";
+        out += &errors;
+    }
+    out
+}
+
+fn startup_text(r: &workload::StartupReport) -> String {
+    let mut out = driver_line(&r.driver);
+    out += &phase_line("preload", &r.preload_phase);
+    out += &format!("startup with {} volumes on disk:\n", r.preload);
+    for (i, run) in r.runs.iter().enumerate() {
+        out += &format!(
+            "  run {}: ready after {:.1} ms, RSS {}\n",
+            i + 1,
+            run.ready_us as f64 / 1e3,
+            kib(run.rss_kib)
+        );
+    }
+    out += &format!(
+        "median: ready after {:.1} ms, RSS {}\n",
+        r.median_ready_us as f64 / 1e3,
+        kib(r.median_rss_kib)
+    );
+    out += &phase_line("cleanup", &r.cleanup_phase);
+    out
+}

@@ -1,0 +1,731 @@
+//! The workloads: `lifecycle` (full volume cycles, as provisioner + kubelet make them) and
+//! `startup` (time to ready with many volumes on disk). Every volume we create is deleted again
+//! (unless `--keep-preload`), also after a failed step.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use stickyvol::csi;
+use tokio::task::JoinSet;
+use tonic::Code;
+
+use crate::cli::{AccessType, Common, LifecycleArgs, StartupArgs};
+use crate::client::{self, Csi, DriverInfo, timed};
+use crate::driver_process::{DriverProcess, status_kib};
+use crate::paths::{KubeletLayout, MadeDirs};
+use crate::report::{Memory, Phase, Recorder, Rpc, RpcSummary, median};
+
+/// How long a started driver may take to answer Probe with ready.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// Parallel calls for the preload and the final cleanup, at least.
+const BULK_WIDTH: usize = 8;
+
+/// A failure that stops the benchmark before or outside the measured calls.
+pub type Fatal = String;
+
+/// What every call needs: the clients, what the driver advertised, where kubelet's paths are.
+struct Target {
+    csi: Csi,
+    info: DriverInfo,
+    layout: KubeletLayout,
+    access: AccessType,
+    size: i64,
+    fs_type: String,
+    parameters: HashMap<String, String>,
+    /// Prefix of every volume name of this run.
+    run_id: String,
+}
+
+impl Target {
+    fn capability(&self) -> csi::VolumeCapability {
+        use csi::volume_capability::{AccessMode, AccessType as Type, BlockVolume, MountVolume};
+        csi::VolumeCapability {
+            access_type: Some(match self.access {
+                AccessType::Mount => Type::Mount(MountVolume {
+                    fs_type: self.fs_type.clone(),
+                    ..Default::default()
+                }),
+                AccessType::Block => Type::Block(BlockVolume {}),
+            }),
+            access_mode: Some(AccessMode {
+                mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }
+    }
+
+    /// CreateVolume as external-provisioner sends it, topology from NodeGetInfo.
+    fn create_request(&self, name: &str) -> csi::CreateVolumeRequest {
+        let topology = self.info.topology.as_ref().map(|segments| {
+            let topology = csi::Topology {
+                segments: segments.clone(),
+            };
+            csi::TopologyRequirement {
+                requisite: vec![topology.clone()],
+                preferred: vec![topology],
+            }
+        });
+        csi::CreateVolumeRequest {
+            name: name.to_string(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: self.size,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![self.capability()],
+            parameters: self.parameters.clone(),
+            accessibility_requirements: topology,
+            ..Default::default()
+        }
+    }
+
+    /// Creates a volume; an answer that leaves it uncertain whether the volume exists is
+    /// followed by the same request again (as the provisioner retries) and a delete, so nothing
+    /// stays behind. `None` when no volume is there to use.
+    async fn create(&self, name: &str, recorder: &mut Recorder) -> Option<csi::Volume> {
+        let mut controller = self.csi.controller.clone();
+        let request = self.create_request(name);
+        let call = controller.create_volume(self.csi.request(request.clone()));
+        match timed(recorder, Rpc::CreateVolume, call).await {
+            Ok(response) => response.volume,
+            Err(status) if uncertain(status.code()) => {
+                let again = controller.create_volume(self.csi.request(request));
+                if let Ok(csi::CreateVolumeResponse {
+                    volume: Some(volume),
+                }) = timed(recorder, Rpc::CreateVolume, again).await
+                {
+                    self.delete(&volume.volume_id, recorder).await;
+                }
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    async fn delete(&self, volume_id: &str, recorder: &mut Recorder) -> bool {
+        let mut controller = self.csi.controller.clone();
+        let call = controller.delete_volume(self.csi.request(csi::DeleteVolumeRequest {
+            volume_id: volume_id.to_string(),
+            ..Default::default()
+        }));
+        timed(recorder, Rpc::DeleteVolume, call).await.is_ok()
+    }
+
+    /// One full cycle over a fresh volume. Teardown runs for every step that was attempted.
+    async fn cycle(&self, index: usize, recorder: &mut Recorder) -> CycleOutcome {
+        let mut outcome = CycleOutcome::default();
+        let name = format!("{}-{index}", self.run_id);
+        let Some(volume) = self.create(&name, recorder).await else {
+            return outcome;
+        };
+        let id = volume.volume_id.clone();
+        let mut controller = self.csi.controller.clone();
+        let mut node = self.csi.node.clone();
+        let pod_uid = uuid::Uuid::now_v7().to_string();
+        let capability = self.capability();
+        let mut dirs = MadeDirs::default();
+        let mut ok = true;
+
+        let mut publish_context = HashMap::new();
+        let controller_published = self.info.controller_publish;
+        if controller_published {
+            let call = controller.controller_publish_volume(self.csi.request(
+                csi::ControllerPublishVolumeRequest {
+                    volume_id: id.clone(),
+                    node_id: self.info.node_id.clone(),
+                    volume_capability: Some(capability.clone()),
+                    readonly: false,
+                    volume_context: volume.volume_context.clone(),
+                    ..Default::default()
+                },
+            ));
+            match timed(recorder, Rpc::ControllerPublishVolume, call).await {
+                Ok(response) => publish_context = response.publish_context,
+                Err(_) => ok = false,
+            }
+        }
+
+        let staging = self.info.stage_unstage.then(|| match self.access {
+            AccessType::Mount => self.layout.mount_staging(&id),
+            AccessType::Block => self.layout.block_staging(&name),
+        });
+        let mut attach = Duration::ZERO;
+        let mut staged = false;
+        if let (true, Some(staging)) = (ok, &staging) {
+            // Kubelet makes the staging directory itself.
+            match dirs.make_all(staging) {
+                Err(err) => {
+                    outcome.problems.push(err.to_string());
+                    ok = false;
+                }
+                Ok(()) => {
+                    staged = true;
+                    let call =
+                        node.node_stage_volume(self.csi.request(csi::NodeStageVolumeRequest {
+                            volume_id: id.clone(),
+                            publish_context: publish_context.clone(),
+                            staging_target_path: path_string(staging),
+                            volume_capability: Some(capability.clone()),
+                            volume_context: volume.volume_context.clone(),
+                            ..Default::default()
+                        }));
+                    let started = Instant::now();
+                    ok &= timed(recorder, Rpc::NodeStageVolume, call).await.is_ok();
+                    attach += started.elapsed();
+                }
+            }
+        }
+
+        let target = match self.access {
+            AccessType::Mount => self.layout.mount_target(&pod_uid, &name),
+            AccessType::Block => self.layout.block_target(&name, &pod_uid),
+        };
+        let mut published = false;
+        if ok {
+            // Kubelet makes only the target's parent.
+            match dirs.make_all(target.parent().expect("targets have a parent")) {
+                Err(err) => {
+                    outcome.problems.push(err.to_string());
+                    ok = false;
+                }
+                Ok(()) => {
+                    published = true;
+                    let call =
+                        node.node_publish_volume(self.csi.request(csi::NodePublishVolumeRequest {
+                            volume_id: id.clone(),
+                            publish_context: publish_context.clone(),
+                            staging_target_path:
+                                staging.as_deref().map(path_string).unwrap_or_default(),
+                            target_path: path_string(&target),
+                            volume_capability: Some(capability.clone()),
+                            readonly: false,
+                            volume_context: volume.volume_context.clone(),
+                            ..Default::default()
+                        }));
+                    let started = Instant::now();
+                    ok &= timed(recorder, Rpc::NodePublishVolume, call).await.is_ok();
+                    attach += started.elapsed();
+                    if ok {
+                        recorder.record_derived(Rpc::Attach, attach);
+                    }
+                }
+            }
+        }
+
+        // Teardown, in kubelet's order, for whatever was attempted.
+        let mut detach = Duration::ZERO;
+        let mut detached = published || staged;
+        if published {
+            let call =
+                node.node_unpublish_volume(self.csi.request(csi::NodeUnpublishVolumeRequest {
+                    volume_id: id.clone(),
+                    target_path: path_string(&target),
+                }));
+            let started = Instant::now();
+            let done = timed(recorder, Rpc::NodeUnpublishVolume, call)
+                .await
+                .is_ok();
+            detach += started.elapsed();
+            detached &= done;
+            ok &= done;
+        }
+        if let (true, Some(staging)) = (staged, &staging) {
+            let call = node.node_unstage_volume(self.csi.request(csi::NodeUnstageVolumeRequest {
+                volume_id: id.clone(),
+                staging_target_path: path_string(staging),
+            }));
+            let started = Instant::now();
+            let done = timed(recorder, Rpc::NodeUnstageVolume, call).await.is_ok();
+            detach += started.elapsed();
+            detached &= done;
+            ok &= done;
+        }
+        if detached {
+            recorder.record_derived(Rpc::Detach, detach);
+        }
+        if controller_published {
+            let call = controller.controller_unpublish_volume(self.csi.request(
+                csi::ControllerUnpublishVolumeRequest {
+                    volume_id: id.clone(),
+                    node_id: self.info.node_id.clone(),
+                    ..Default::default()
+                },
+            ));
+            ok &= timed(recorder, Rpc::ControllerUnpublishVolume, call)
+                .await
+                .is_ok();
+        }
+        ok &= self.delete(&id, recorder).await;
+        outcome.problems.extend(dirs.remove());
+        outcome.completed = ok && outcome.problems.is_empty();
+        outcome
+    }
+}
+
+#[derive(Debug, Default)]
+struct CycleOutcome {
+    completed: bool,
+    /// Host-side trouble of ours (directories), not driver errors.
+    problems: Vec<String>,
+}
+
+/// Codes after which a volume may exist although CreateVolume did not say so.
+fn uncertain(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Unavailable
+            | Code::Aborted
+            | Code::Unknown
+    )
+}
+
+fn path_string(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// Runs `job(0..count)` on `width` tasks (each taking the next index when done), each with its
+/// own recorder; the results and the merged recorder.
+async fn run_workers<R, F, Fut>(width: usize, count: usize, job: F) -> (Vec<R>, Recorder)
+where
+    R: Send + 'static,
+    F: Fn(usize, Recorder) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = (R, Recorder)> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    for _ in 0..width.clamp(1, count.max(1)) {
+        let job = job.clone();
+        let next = next.clone();
+        tasks.spawn(async move {
+            let mut recorder = Recorder::default();
+            let mut results = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= count {
+                    break;
+                }
+                let (result, back) = job(index, recorder).await;
+                recorder = back;
+                results.push(result);
+            }
+            (results, recorder)
+        });
+    }
+    let mut results = Vec::with_capacity(count);
+    let mut recorder = Recorder::default();
+    while let Some(joined) = tasks.join_next().await {
+        let (part, part_recorder) = joined.expect("a benchmark task panicked");
+        results.extend(part);
+        recorder.merge(part_recorder);
+    }
+    (results, recorder)
+}
+
+/// Creates `count` volumes in parallel; the ids of those that exist.
+async fn preload(target: &Arc<Target>, count: usize, width: usize) -> (Vec<String>, Phase, u64) {
+    let started = Instant::now();
+    let t = target.clone();
+    let (ids, recorder) = run_workers(width.max(BULK_WIDTH), count, move |i, mut recorder| {
+        let t = t.clone();
+        async move {
+            let name = format!("{}-preload-{i}", t.run_id);
+            let volume = t.create(&name, &mut recorder).await;
+            (volume.map(|v| v.volume_id), recorder)
+        }
+    })
+    .await;
+    let ids: Vec<String> = ids.into_iter().flatten().collect();
+    let errors = recorder.errors();
+    (ids, Phase::new(count, started.elapsed(), &recorder), errors)
+}
+
+/// Deletes `ids` in parallel.
+async fn delete_all(target: &Arc<Target>, ids: Vec<String>) -> (Phase, u64) {
+    let started = Instant::now();
+    let count = ids.len();
+    let ids = Arc::new(ids);
+    let t = target.clone();
+    let (_, recorder) = run_workers(BULK_WIDTH, count, move |i, mut recorder| {
+        let t = t.clone();
+        let ids = ids.clone();
+        async move {
+            t.delete(&ids[i], &mut recorder).await;
+            ((), recorder)
+        }
+    })
+    .await;
+    let errors = recorder.errors();
+    (Phase::new(count, started.elapsed(), &recorder), errors)
+}
+
+/// A driver to talk to: one we started or one already running.
+struct Session {
+    csi: Csi,
+    process: Option<DriverProcess>,
+    pid: Option<u32>,
+}
+
+impl Session {
+    async fn open(common: &Common) -> Result<Session, Fatal> {
+        let socket = client::socket_path(&common.endpoint)?;
+        match &common.driver_cmd {
+            Some(command) => {
+                let (process, ready) = start(command, common).await?;
+                Ok(Session {
+                    csi: Csi::new(ready.channel, common.deadline),
+                    process: Some(process),
+                    pid: Some(ready.pid),
+                })
+            }
+            None => {
+                let channel = client::connect(&socket, common.deadline)
+                    .await
+                    .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+                let csi = Csi::new(channel, common.deadline);
+                match client::probe(&csi).await {
+                    Ok(true) => {}
+                    Ok(false) => return Err("the driver's Probe answers ready: false".into()),
+                    Err(status) => {
+                        return Err(format!("Probe: {:?}: {}", status.code(), status.message()));
+                    }
+                }
+                Ok(Session {
+                    csi,
+                    process: None,
+                    pid: common.driver_pid,
+                })
+            }
+        }
+    }
+
+    /// Stops the driver if we started it.
+    async fn close(mut self) -> Result<(), Fatal> {
+        match self.process.as_mut() {
+            Some(process) => process.stop().await,
+            None => Ok(()),
+        }
+    }
+
+    fn rss_kib(&self) -> Option<u64> {
+        self.pid.and_then(|pid| status_kib(pid, "VmRSS"))
+    }
+
+    fn peak_kib(&self) -> Option<u64> {
+        self.pid.and_then(|pid| status_kib(pid, "VmHWM"))
+    }
+}
+
+async fn start(
+    command: &str,
+    common: &Common,
+) -> Result<(DriverProcess, crate::driver_process::Ready), Fatal> {
+    let socket = client::socket_path(&common.endpoint)?;
+    let mut process = DriverProcess::start(command)?;
+    let ready = process
+        .wait_ready(&socket, common.deadline, START_TIMEOUT)
+        .await?;
+    Ok((process, ready))
+}
+
+/// Reads what the driver offers and refuses drivers that cannot create volumes.
+async fn target_for(session: &Session, common: &Common) -> Result<(Target, Recorder), Fatal> {
+    let mut recorder = Recorder::default();
+    let info = client::discover(&session.csi, &mut recorder).await?;
+    if !info.controller_service || !info.create_delete_volume {
+        return Err(format!(
+            "driver {:?} does not offer CreateVolume/DeleteVolume (plugin capability \
+             CONTROLLER_SERVICE: {}, controller capability CREATE_DELETE_VOLUME: {}); \
+             this benchmark provisions its own volumes and cannot run against it",
+            info.name, info.controller_service, info.create_delete_volume
+        ));
+    }
+    let run_id = format!("bench-{}", uuid::Uuid::now_v7().simple());
+    let target = Target {
+        csi: session.csi.clone(),
+        layout: KubeletLayout::new(&common.kubelet_dir, &info.name),
+        info,
+        access: common.access_type,
+        size: common.size,
+        fs_type: common.fs_type.clone(),
+        parameters: common.parameters.iter().cloned().collect(),
+        run_id,
+    };
+    Ok((target, recorder))
+}
+
+/// The shared directories kubelet would have (pods/, plugins/…) that the cycles need.
+fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
+    let layout = &target.layout;
+    let mut bases = vec![layout.root().to_path_buf()];
+    match target.access {
+        AccessType::Mount => bases.push(layout.pods()),
+        AccessType::Block => bases.push(layout.block_publish_base()),
+    }
+    if target.info.stage_unstage {
+        bases.push(match target.access {
+            AccessType::Mount => layout.mount_staging_base(),
+            AccessType::Block => layout.block_staging_base(),
+        });
+    }
+    let mut made = MadeDirs::default();
+    for base in bases {
+        if let Err(err) = made.make_all(&base) {
+            made.remove();
+            return Err(format!("preparing the kubelet directory: {err}"));
+        }
+    }
+    Ok(made)
+}
+
+#[derive(Debug, Serialize)]
+pub struct LifecycleReport {
+    pub workload: &'static str,
+    pub driver: DriverInfo,
+    pub access_type: &'static str,
+    pub volumes: usize,
+    pub concurrency: u32,
+    pub preload: usize,
+    pub size_bytes: i64,
+    pub cycles_completed: usize,
+    pub cycles_failed: usize,
+    /// Wall time of the measured cycles (preload and cleanup excluded).
+    pub wall_time_s: f64,
+    /// Completed cycles per second of wall time.
+    pub cycles_per_s: f64,
+    /// The measured cycles' calls; `attach(stage+publish)` and `detach(unpublish+unstage)` are
+    /// per-cycle sums.
+    pub rpcs: std::collections::BTreeMap<&'static str, RpcSummary>,
+    /// The capability calls made at the start.
+    pub discovery: std::collections::BTreeMap<&'static str, RpcSummary>,
+    pub preload_phase: Option<Phase>,
+    pub cleanup_phase: Option<Phase>,
+    pub memory: Memory,
+    /// Failed calls in every phase.
+    pub errors_total: u64,
+    /// Things of ours that could not be removed (directories still in use).
+    pub leftovers: Vec<String>,
+    #[serde(skip)]
+    pub recorder: Recorder,
+}
+
+pub async fn lifecycle(args: &LifecycleArgs) -> Result<LifecycleReport, Fatal> {
+    let common = &args.common;
+    let session = Session::open(common).await?;
+    let mut memory = Memory {
+        pid: session.pid,
+        idle_rss_kib: session.rss_kib(),
+        ..Default::default()
+    };
+    let (target, discovery) = match target_for(&session, common).await {
+        Ok(found) => found,
+        Err(err) => {
+            let _ = session.close().await;
+            return Err(err);
+        }
+    };
+    let mut base_dirs = match make_base_dirs(&target) {
+        Ok(made) => made,
+        Err(err) => {
+            let _ = session.close().await;
+            return Err(err);
+        }
+    };
+    let target = Arc::new(target);
+    let mut errors_total = discovery.errors();
+
+    let mut preload_phase = None;
+    let mut preloaded = Vec::new();
+    if common.preload > 0 {
+        eprintln!("preloading {} volumes…", common.preload);
+        let (ids, phase, errors) =
+            preload(&target, common.preload, args.concurrency as usize).await;
+        preloaded = ids;
+        preload_phase = Some(phase);
+        errors_total += errors;
+    }
+    memory.after_preload_rss_kib = session.rss_kib();
+
+    eprintln!(
+        "running {} {} cycles with {} client(s)…",
+        args.volumes,
+        common.access_type.as_str(),
+        args.concurrency
+    );
+    let started = Instant::now();
+    let t = target.clone();
+    let (outcomes, recorder) = run_workers(
+        args.concurrency as usize,
+        args.volumes,
+        move |i, mut recorder| {
+            let t = t.clone();
+            async move {
+                let outcome = t.cycle(i, &mut recorder).await;
+                (outcome, recorder)
+            }
+        },
+    )
+    .await;
+    let wall = started.elapsed();
+    memory.end_rss_kib = session.rss_kib();
+    memory.peak_rss_kib = session.peak_kib();
+    errors_total += recorder.errors();
+    let completed = outcomes.iter().filter(|o| o.completed).count();
+    let mut leftovers: Vec<String> = outcomes.into_iter().flat_map(|o| o.problems).collect();
+
+    let mut cleanup_phase = None;
+    if !preloaded.is_empty() && !common.keep_preload {
+        eprintln!("deleting {} preloaded volumes…", preloaded.len());
+        let (phase, errors) = delete_all(&target, preloaded).await;
+        cleanup_phase = Some(phase);
+        errors_total += errors;
+    }
+    leftovers.extend(base_dirs.remove());
+    if let Err(err) = session.close().await {
+        leftovers.push(err);
+    }
+    let target = Arc::try_unwrap(target).ok().expect("workers are done");
+    Ok(LifecycleReport {
+        workload: "lifecycle",
+        driver: target.info,
+        access_type: common.access_type.as_str(),
+        volumes: args.volumes,
+        concurrency: args.concurrency,
+        preload: common.preload,
+        size_bytes: common.size,
+        cycles_completed: completed,
+        cycles_failed: args.volumes - completed,
+        wall_time_s: wall.as_secs_f64(),
+        cycles_per_s: completed as f64 / wall.as_secs_f64().max(f64::EPSILON),
+        rpcs: recorder.summary(),
+        discovery: discovery.summary(),
+        preload_phase,
+        cleanup_phase,
+        memory,
+        errors_total,
+        leftovers,
+        recorder,
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub struct StartupRun {
+    /// From spawning the command to the first Probe that answered ready.
+    pub ready_us: u64,
+    /// VmRSS right after ready.
+    pub rss_kib: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StartupReport {
+    pub workload: &'static str,
+    pub driver: DriverInfo,
+    pub access_type: &'static str,
+    pub preload: usize,
+    pub runs: Vec<StartupRun>,
+    pub median_ready_us: u64,
+    pub median_rss_kib: Option<u64>,
+    pub discovery: std::collections::BTreeMap<&'static str, RpcSummary>,
+    pub preload_phase: Option<Phase>,
+    pub cleanup_phase: Option<Phase>,
+    pub errors_total: u64,
+    pub leftovers: Vec<String>,
+}
+
+pub async fn startup(args: &StartupArgs) -> Result<StartupReport, Fatal> {
+    let common = &args.common;
+    let Some(command) = common.driver_cmd.as_deref() else {
+        return Err("the startup workload starts the driver itself: give --driver-cmd".into());
+    };
+    let session = Session::open(common).await?;
+    let (target, discovery) = match target_for(&session, common).await {
+        Ok(found) => found,
+        Err(err) => {
+            let _ = session.close().await;
+            return Err(err);
+        }
+    };
+    let target = Arc::new(target);
+    let mut errors_total = discovery.errors();
+    let mut leftovers = Vec::new();
+    let mut preload_phase = None;
+    let mut preloaded = Vec::new();
+    if common.preload > 0 {
+        eprintln!("preloading {} volumes…", common.preload);
+        let (ids, phase, errors) = preload(&target, common.preload, BULK_WIDTH).await;
+        preloaded = ids;
+        preload_phase = Some(phase);
+        errors_total += errors;
+    }
+    if let Err(err) = session.close().await {
+        leftovers.push(format!("after the preload: {err}"));
+    }
+
+    let mut runs = Vec::new();
+    for run in 1..=args.runs {
+        let (mut process, ready) = match start(command, common).await {
+            Ok(started) => started,
+            Err(err) => {
+                leftovers.push(format!("run {run}: {err}"));
+                break;
+            }
+        };
+        let rss_kib = status_kib(ready.pid, "VmRSS");
+        eprintln!(
+            "run {run}: ready after {:.1} ms, RSS {}",
+            ready.elapsed.as_secs_f64() * 1e3,
+            crate::report::kib(rss_kib)
+        );
+        runs.push(StartupRun {
+            ready_us: ready.elapsed.as_micros() as u64,
+            rss_kib,
+        });
+        drop(ready.channel);
+        if let Err(err) = process.stop().await {
+            leftovers.push(format!("run {run}: {err}"));
+        }
+    }
+
+    let mut cleanup_phase = None;
+    if !preloaded.is_empty() && !common.keep_preload {
+        eprintln!("deleting {} preloaded volumes…", preloaded.len());
+        let (mut process, ready) = start(command, common).await?;
+        let cleaner = Arc::new(Target {
+            csi: Csi::new(ready.channel, common.deadline),
+            info: target.info.clone(),
+            layout: target.layout.clone(),
+            access: target.access,
+            size: target.size,
+            fs_type: target.fs_type.clone(),
+            parameters: target.parameters.clone(),
+            run_id: target.run_id.clone(),
+        });
+        let (phase, errors) = delete_all(&cleaner, preloaded).await;
+        cleanup_phase = Some(phase);
+        errors_total += errors;
+        drop(cleaner);
+        if let Err(err) = process.stop().await {
+            leftovers.push(err);
+        }
+    }
+    let ready: Vec<u64> = runs.iter().map(|r| r.ready_us).collect();
+    let rss: Vec<u64> = runs.iter().filter_map(|r| r.rss_kib).collect();
+    Ok(StartupReport {
+        workload: "startup",
+        driver: target.info.clone(),
+        access_type: common.access_type.as_str(),
+        preload: common.preload,
+        median_ready_us: median(&ready),
+        median_rss_kib: (!rss.is_empty()).then(|| median(&rss)),
+        runs,
+        discovery: discovery.summary(),
+        preload_phase,
+        cleanup_phase,
+        errors_total,
+        leftovers,
+    })
+}

@@ -1,0 +1,254 @@
+//! `stickyvol-bench` against the real driver: its JSON report counts every call, driver errors
+//! make it fail, and it leaves nothing behind (volumes, records, mounts, loop devices, kubelet
+//! directories). Speed is what the tool measures, never what these tests assert.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::Value;
+
+/// Runs the tool with `args` (off the async runtime) and returns its output.
+async fn bench(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_stickyvol-bench"))
+            .args(&args)
+            .output()
+            .expect("running stickyvol-bench")
+    })
+    .await
+    .expect("bench task")
+}
+
+/// The flags that point the tool at `driver`'s socket and kubelet directory.
+fn target_flags(driver: &TestDriver) -> Vec<String> {
+    vec![
+        "--endpoint".into(),
+        format!("unix://{}", driver.socket.display()),
+        "--kubelet-dir".into(),
+        path_str(&driver.kubelet),
+        "--json".into(),
+    ]
+}
+
+/// The JSON report on stdout; the tool's stderr in the panic message otherwise.
+fn report(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}); status {}; stderr:\n{}\nstdout:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+#[track_caller]
+fn assert_exit(output: &Output, code: i32) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "stickyvol-bench stderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Count and errors of `rpc` in a summary map such as `report["rpcs"]`.
+#[track_caller]
+fn calls(summaries: &Value, rpc: &str) -> (u64, u64) {
+    let s = &summaries[rpc];
+    assert!(s.is_object(), "no {rpc} in {summaries:#}");
+    (s["count"].as_u64().unwrap(), s["errors"].as_u64().unwrap())
+}
+
+/// No volume, record, mount, loop device or kubelet directory of ours is left.
+#[track_caller]
+fn assert_nothing_left(driver: &TestDriver) {
+    assert_eq!(
+        driver.data_entries(),
+        Vec::<String>::new(),
+        "volume data left"
+    );
+    assert_eq!(driver.state_entries(), Vec::<String>::new(), "records left");
+    assert_eq!(driver.mounts_left(), Vec::<std::path::PathBuf>::new());
+    assert!(driver.loop_devices_left().is_empty(), "loop devices left");
+    assert_eq!(
+        dir_names(&driver.kubelet),
+        Vec::<String>::new(),
+        "directories left in the kubelet dir"
+    );
+}
+
+async fn lifecycle_smoke(access_type: &str) {
+    let driver = TestDriver::start().await;
+    let mut args = vec!["lifecycle".to_string()];
+    args.extend(target_flags(&driver));
+    args.extend(
+        [
+            "--access-type",
+            access_type,
+            "--volumes",
+            "20",
+            "--concurrency",
+            "4",
+            "--preload",
+            "5",
+            "--size",
+            "1048576",
+            "--driver-pid",
+        ]
+        .map(String::from),
+    );
+    args.push(driver.pid().to_string());
+    let output = bench(args).await;
+    assert_exit(&output, 0);
+    let report = report(&output);
+
+    assert_eq!(report["access_type"], access_type);
+    assert_eq!(report["cycles_completed"], 20);
+    assert_eq!(report["cycles_failed"], 0);
+    assert_eq!(report["errors_total"], 0);
+    assert_eq!(report["driver"]["name"], DRIVER_NAME);
+    assert_eq!(report["driver"]["node_id"], NODE_ID);
+    assert_eq!(report["driver"]["stage_unstage"], false);
+    let rpcs = &report["rpcs"];
+    for rpc in [
+        "CreateVolume",
+        "NodePublishVolume",
+        "NodeUnpublishVolume",
+        "DeleteVolume",
+        "attach(stage+publish)",
+        "detach(unpublish+unstage)",
+    ] {
+        assert_eq!(calls(rpcs, rpc), (20, 0), "{rpc}");
+        assert!(rpcs[rpc]["p50_us"].as_u64().unwrap() <= rpcs[rpc]["max_us"].as_u64().unwrap());
+    }
+    // No staging advertised: never called.
+    assert!(rpcs["NodeStageVolume"].is_null(), "{rpcs:#}");
+    assert_eq!(
+        calls(&report["preload_phase"]["rpcs"], "CreateVolume"),
+        (5, 0)
+    );
+    assert_eq!(
+        calls(&report["cleanup_phase"]["rpcs"], "DeleteVolume"),
+        (5, 0)
+    );
+    let memory = &report["memory"];
+    assert_eq!(memory["pid"], driver.pid());
+    for field in ["idle_rss_kib", "after_preload_rss_kib", "peak_rss_kib"] {
+        assert!(memory[field].as_u64().unwrap() > 0, "{field}: {memory:#}");
+    }
+    assert_nothing_left(&driver);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_of_filesystem_volumes_counts_every_call_and_leaves_nothing() {
+    lifecycle_smoke("mount").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_of_block_volumes_counts_every_call_and_leaves_nothing() {
+    lifecycle_smoke("block").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_is_measured_per_run_with_preloaded_volumes() {
+    // Not started: the tool starts (and stops) the driver itself.
+    let driver = TestDriver::prepare(Options::default());
+    let mut args = vec!["startup".to_string()];
+    args.extend(target_flags(&driver));
+    args.extend(
+        [
+            "--preload",
+            "10",
+            "--runs",
+            "2",
+            "--size",
+            "1048576",
+            "--driver-cmd",
+        ]
+        .map(String::from),
+    );
+    args.push(driver.shell_command());
+    let output = bench(args).await;
+    assert_exit(&output, 0);
+    let report = report(&output);
+
+    assert_eq!(report["errors_total"], 0);
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{report:#}");
+    for run in runs {
+        assert!(run["ready_us"].as_u64().unwrap() > 0, "{run}");
+        assert!(run["rss_kib"].as_u64().unwrap() > 0, "{run}");
+    }
+    assert!(report["median_ready_us"].as_u64().unwrap() > 0);
+    assert_eq!(
+        calls(&report["preload_phase"]["rpcs"], "CreateVolume"),
+        (10, 0)
+    );
+    assert_eq!(
+        calls(&report["cleanup_phase"]["rpcs"], "DeleteVolume"),
+        (10, 0)
+    );
+    // Every start logged its recovery of the preloaded volumes: preload, 2 runs, cleanup.
+    assert_eq!(
+        driver.log_text().matches("volume state loaded").count(),
+        4,
+        "{}",
+        driver.log_text()
+    );
+    assert!(
+        !driver.socket.exists(),
+        "the last driver did not stop cleanly"
+    );
+    assert_nothing_left(&driver);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_errors_are_counted_reported_and_fail_the_run() {
+    let driver = TestDriver::start().await;
+    // More than the data dir's filesystem holds: CreateVolume is RESOURCE_EXHAUSTED.
+    let too_big = (filesystem_bytes(&driver.data) * 2).to_string();
+    let mut args = vec!["lifecycle".to_string()];
+    args.extend(target_flags(&driver));
+    args.extend(["--volumes", "3", "--concurrency", "2", "--size"].map(String::from));
+    args.push(too_big);
+    let output = bench(args).await;
+    assert_exit(&output, 1);
+    let report = report(&output);
+
+    assert_eq!(report["cycles_completed"], 0);
+    assert_eq!(report["cycles_failed"], 3);
+    assert_eq!(report["errors_total"], 3);
+    let create = &report["rpcs"]["CreateVolume"];
+    assert_eq!(calls(&report["rpcs"], "CreateVolume"), (3, 3));
+    let samples = create["error_samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 3);
+    for sample in samples {
+        assert_eq!(sample["code"], "ResourceExhausted", "{sample}");
+        assert!(!sample["message"].as_str().unwrap().is_empty());
+    }
+    // Nothing to publish or delete after a failed create.
+    assert!(report["rpcs"]["NodePublishVolume"].is_null());
+    assert!(report["rpcs"]["DeleteVolume"].is_null());
+    assert_nothing_left(&driver);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_cannot_create_volumes_is_refused() {
+    // Node mode serves no Controller service.
+    let driver = TestDriver::start_with(Options {
+        mode: Some("node"),
+        ..Default::default()
+    })
+    .await;
+    let mut args = vec!["lifecycle".to_string()];
+    args.extend(target_flags(&driver));
+    let output = bench(args).await;
+    assert_exit(&output, 2);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("CREATE_DELETE_VOLUME"), "{stderr}");
+    assert!(output.stdout.is_empty());
+    assert_nothing_left(&driver);
+}
