@@ -296,7 +296,8 @@ impl Volumes {
                     .as_deref()
                     .and_then(loopdev::LoopDevice::from_name)
             })
-            .find(|device| devices::serves(device, id));
+            .find(|device| devices::serves(device, id))
+            .or_else(|| linked_device(&target, id, wanted.readonly));
         let device = match shared {
             Some(device) => device,
             None => self.attach_device(id, data, wanted.readonly)?,
@@ -316,14 +317,9 @@ impl Volumes {
         data: &Path,
         readonly: bool,
     ) -> Result<loopdev::LoopDevice> {
-        // After a crash a device may already be attached and unrecorded: adopt it.
-        let existing = devices::serving(id)
-            .context(|| format!("looking for loop devices of volume {id}"))?
-            .into_iter()
-            .find(|device| loopdev::is_read_only(device).ok() == Some(readonly));
-        if let Some(device) = existing {
-            return Ok(device);
-        }
+        // No scan of every loop device for one already serving the volume (~35 µs per device
+        // on each publish): one left by a crash is detached at the next start, and one left by a
+        // publish that failed after linking is found at its target (`linked_device`).
         let device = loopdev::attach(data, readonly)
             .context(|| format!("attaching a loop device to volume {id}"))?;
         info!(volume = %id, device = %device.path().display(), readonly, direct_io = loopdev::uses_direct_io(&device).unwrap_or(false), "attached loop device");
@@ -424,6 +420,14 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
 
 /// Makes `target` a symlink to `device`, replacing an empty placeholder or another link; Ok if
 /// it already is one.
+/// The device `target` already links to, if it serves volume `id` with the read-only flag
+/// wanted: what a publish that linked but failed to record leaves for its retry.
+fn linked_device(target: &Path, id: &VolumeId, readonly: bool) -> Option<loopdev::LoopDevice> {
+    let device = loopdev::LoopDevice::from_path(&fs::read_link(target).ok()?)?;
+    (devices::serves(&device, id) && loopdev::is_read_only(&device).ok() == Some(readonly))
+        .then_some(device)
+}
+
 fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
     match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
         Some(stat) if stat.is_symlink() => {
