@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod node;
 pub mod request;
 pub mod server;
+pub mod unix_channel;
 pub mod volume;
 
 /// The CSI v1 types and service stubs generated from `proto/csi.proto`.

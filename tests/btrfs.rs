@@ -321,20 +321,9 @@ async fn a_create_interrupted_before_its_commit_leaves_no_subvolume_behind() {
 async fn the_condition_the_controller_reports_follows_the_limit() {
     let setup = start_on_btrfs(Some("btrfs")).await;
     let volume = setup.driver.create(fast_request(16 * MIB)).await;
-    let healthy = volume_condition(&setup.driver, &volume.volume_id).await;
+    let healthy = setup.driver.condition_of(&volume.volume_id).await;
     assert!(!healthy.abnormal, "{healthy:?}");
     btrfs::clear_limit(&host_path(&volume)).unwrap();
-    let lost = volume_condition(&setup.driver, &volume.volume_id).await;
+    let lost = setup.driver.condition_of(&volume.volume_id).await;
     assert!(lost.abnormal && lost.message.contains("limit"), "{lost:?}");
-}
-
-async fn volume_condition(driver: &TestDriver, id: &str) -> csi::VolumeCondition {
-    driver
-        .get_volume(id)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .volume_condition
-        .unwrap()
 }

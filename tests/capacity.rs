@@ -263,14 +263,7 @@ async fn volumes_live_in_the_pool_their_class_names() {
     driver.stop().await;
     let args = std::mem::take(&mut driver.options_mut().extra_args);
     driver.start_again().await;
-    let condition = driver
-        .get_volume(&volume.volume_id)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .volume_condition
-        .unwrap();
+    let condition = driver.condition_of(&volume.volume_id).await;
     assert!(
         condition.abnormal && condition.message.contains("fast"),
         "{condition:?}"

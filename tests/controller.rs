@@ -812,14 +812,7 @@ async fn controller_get_volume_reports_condition() {
 
     // Someone removes the data behind the driver's back.
     fs::remove_dir(host_path(&volume)).unwrap();
-    let condition = driver
-        .get_volume(&volume.volume_id)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .volume_condition
-        .unwrap();
+    let condition = driver.condition_of(&volume.volume_id).await;
     assert!(condition.abnormal);
     assert!(!condition.message.is_empty());
     // Deleting such a volume still works.

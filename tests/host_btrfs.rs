@@ -4,9 +4,10 @@
 
 mod common;
 
+use common::fallocate;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -60,16 +61,6 @@ fn create_file(path: &Path) -> File {
         .write(true)
         .open(path)
         .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()))
-}
-
-fn fallocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    // SAFETY: plain syscall on an open fd.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset as i64, len as i64) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 #[test]

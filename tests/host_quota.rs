@@ -8,9 +8,10 @@
 
 mod common;
 
+use common::fallocate;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
@@ -42,16 +43,6 @@ fn write_until_error(file: &mut File, total: u64) -> (u64, Option<io::Error>) {
         }
     }
     (written, None)
-}
-
-fn fallocate(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    // SAFETY: plain syscall on an open fd.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset as i64, len as i64) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 /// The whole cycle on a filesystem mounted with project quota.

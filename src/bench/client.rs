@@ -9,7 +9,7 @@ use stickyvol::csi;
 use stickyvol::csi::controller_client::ControllerClient;
 use stickyvol::csi::identity_client::IdentityClient;
 use stickyvol::csi::node_client::NodeClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use crate::report::{Recorder, Rpc};
@@ -31,20 +31,7 @@ pub async fn connect(
     socket: &Path,
     deadline: Duration,
 ) -> Result<Channel, tonic::transport::Error> {
-    let socket = socket.to_path_buf();
-    // The authority is never resolved: the connector below ignores it.
-    Endpoint::from_static("http://csi.sock")
-        .timeout(deadline)
-        .connect_timeout(deadline)
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
+    stickyvol::unix_channel::connect(socket, Some(deadline)).await
 }
 
 /// Clients of the three CSI services on one channel, with the per-call deadline.

@@ -38,7 +38,7 @@ pub use stickyvol::csi::volume_capability::access_mode::Mode;
 use stickyvol::host::loopdev::{self, LoopDevice};
 use stickyvol::host::mountinfo::{self, MountEntry};
 use tempfile::TempDir;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 pub use tonic::{Code, Status};
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 
@@ -487,6 +487,17 @@ impl TestDriver {
         .available_capacity
     }
 
+    /// The volume_condition ControllerGetVolume reports (panics on an error status).
+    pub async fn condition_of(&self, volume_id: &str) -> csi::VolumeCondition {
+        self.get_volume(volume_id)
+            .await
+            .unwrap_or_else(|s| panic!("ControllerGetVolume {volume_id}: {s:?}"))
+            .status
+            .expect("status")
+            .volume_condition
+            .expect("volume_condition")
+    }
+
     pub async fn capacity_of(&self, volume_id: &str) -> i64 {
         self.get_volume(volume_id)
             .await
@@ -738,17 +749,7 @@ impl Drop for TestDriver {
 }
 
 async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
-    let socket = socket.to_path_buf();
-    Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
+    stickyvol::unix_channel::connect(socket, None).await
 }
 
 fn signal(child: &Child, signal: libc::c_int) {
@@ -1100,6 +1101,18 @@ pub fn write_synced(path: &Path, data: &[u8]) {
         File::create(path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
     file.write_all(data).expect("write");
     file.sync_all().expect("fsync");
+}
+
+/// fallocate(2) with mode 0: allocates (and extends to) `offset + len`.
+pub fn fallocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on an open fd.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset as i64, len as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Usage entries by unit.
