@@ -238,10 +238,8 @@ fn pools(
         overcommit: 1.0,
     }];
     for flag in pool_flags {
-        let (name, path) = named_value("--pool", flag)?;
-        let path = PathBuf::from(path);
+        let (name, path) = pool_flag(flag)?;
         let invalid = |why: String| pool_error("--pool", flag, why);
-        require_absolute("--pool", &path)?;
         if name == DEFAULT_POOL {
             return Err(invalid(format!(
                 "{DEFAULT_POOL:?} is the data dir's pool; use --data-dir"
@@ -294,6 +292,14 @@ fn pools(
         pool_named(&mut pools, "--overcommit", flag, name)?.overcommit = ratio;
     }
     Ok(pools)
+}
+
+/// One `--pool NAME=PATH`: a pool name and an absolute path.
+pub fn pool_flag(value: &str) -> Result<(&str, PathBuf), ConfigError> {
+    let (name, path) = named_value("--pool", value)?;
+    let path = PathBuf::from(path);
+    require_absolute("--pool", &path)?;
+    Ok((name, path))
 }
 
 /// Splits `NAME=VALUE`, checking NAME is a pool name.

@@ -43,10 +43,14 @@ fn check(outcome: Outcome, what: impl Into<String>) -> Check {
 }
 
 /// Runs every check; nothing is created or changed except two scratch files for the reflink probe.
-pub fn run(kubelet_dir: &Path, data_dir: &Path) -> Vec<Check> {
+/// `pools` are the extra pools (`--pool NAME=PATH`), checked like the data directory.
+pub fn run(kubelet_dir: &Path, data_dir: &Path, pools: &[(String, PathBuf)]) -> Vec<Check> {
     let mounts = mountinfo::read_self();
     let mut checks = vec![privileges(), mount_roots(), loop_control()];
-    checks.extend(data_directory(data_dir));
+    checks.extend(data_directory("data directory", data_dir));
+    for (name, path) in pools {
+        checks.extend(data_directory(&format!("pool {name}"), path));
+    }
     checks.push(match &mounts {
         Ok(mounts) => propagation(kubelet_dir, mounts),
         Err(err) => check(
@@ -118,7 +122,9 @@ fn loop_control() -> Check {
     }
 }
 
-fn data_directory(data_dir: &Path) -> Vec<Check> {
+/// Checks a directory that holds volumes; `label` names it in the report ("data directory",
+/// "pool fast").
+fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
     // The driver creates the data dir at start; before that, judge the nearest existing ancestor.
     let existing = nearest_existing(data_dir);
     let mut checks = Vec::new();
@@ -127,15 +133,12 @@ fn data_directory(data_dir: &Path) -> Vec<Check> {
     match (&space, writable) {
         (Ok(space), true) if !space.read_only && space.available_bytes == 0 => checks.push(check(
             Outcome::Fail,
-            format!(
-                "data directory {} has no free space",
-                shown(data_dir, &existing)
-            ),
+            format!("{label} {} has no free space", shown(data_dir, &existing)),
         )),
         (Ok(space), true) if !space.read_only => checks.push(check(
             Outcome::Ok,
             format!(
-                "data directory {} is writable ({} of {} bytes free)",
+                "{label} {} is writable ({} of {} bytes free)",
                 shown(data_dir, &existing),
                 space.available_bytes,
                 space.total_bytes
@@ -143,14 +146,11 @@ fn data_directory(data_dir: &Path) -> Vec<Check> {
         )),
         (Ok(_), _) => checks.push(check(
             Outcome::Fail,
-            format!(
-                "data directory {} is not writable",
-                shown(data_dir, &existing)
-            ),
+            format!("{label} {} is not writable", shown(data_dir, &existing)),
         )),
         (Err(err), _) => checks.push(check(
             Outcome::Fail,
-            format!("data directory {}: {err}", shown(data_dir, &existing)),
+            format!("{label} {}: {err}", shown(data_dir, &existing)),
         )),
     }
     let kind = match fsstat::filesystem_kind(&existing) {
@@ -158,7 +158,7 @@ fn data_directory(data_dir: &Path) -> Vec<Check> {
         Err(err) => {
             checks.push(check(
                 Outcome::Warn,
-                format!("cannot tell the data directory's filesystem: {err}"),
+                format!("cannot tell the filesystem of the {label}: {err}"),
             ));
             return checks;
         }
@@ -166,7 +166,7 @@ fn data_directory(data_dir: &Path) -> Vec<Check> {
     checks.push(check(
         Outcome::Ok,
         format!(
-            "data directory filesystem: {}; size enforcement it offers: {}",
+            "{label} filesystem: {}; size enforcement it offers: {}",
             kind.name(),
             size_enforcement(kind, quota_on(kind, &existing))
         ),
@@ -174,11 +174,11 @@ fn data_directory(data_dir: &Path) -> Vec<Check> {
     match kind {
         FsKind::Tmpfs => checks.push(check(
             Outcome::Warn,
-            "the data directory is on tmpfs: volumes do not survive a node reboot",
+            format!("the {label} is on tmpfs: volumes do not survive a node reboot"),
         )),
         FsKind::Overlay => checks.push(check(
             Outcome::Warn,
-            "the data directory is on overlayfs (a container's own layer?): mount a host directory there",
+            format!("the {label} is on overlayfs (a container's own layer?): mount a host directory there"),
         )),
         _ => {}
     }
@@ -192,7 +192,7 @@ fn data_directory(data_dir: &Path) -> Vec<Check> {
     };
     checks.push(check(
         Outcome::Ok,
-        format!("copy-on-write on the data directory: {cow}"),
+        format!("copy-on-write on the {label}: {cow}"),
     ));
     checks
 }

@@ -52,6 +52,14 @@ struct DoctorArgs {
     /// CSI driver name (only used to derive the default data directory).
     #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
     driver_name: String,
+    /// An extra pool to check, as `serve` takes it (repeatable).
+    #[arg(
+        long = "pool",
+        env = "POOLS",
+        value_name = "NAME=PATH",
+        value_delimiter = ','
+    )]
+    pools: Vec<String>,
 }
 
 fn init_logging(format: LogFormat) {
@@ -107,8 +115,23 @@ fn main() -> ExitCode {
             let data_dir = args
                 .data_dir
                 .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
-            let (text, fit) =
-                stickyvol::doctor::report(&stickyvol::doctor::run(&args.kubelet_dir, &data_dir));
+            let pools = match args
+                .pools
+                .iter()
+                .map(|flag| stickyvol::config::pool_flag(flag).map(|(n, p)| (n.to_string(), p)))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(pools) => pools,
+                Err(err) => {
+                    eprintln!("stickyvol doctor: {err}");
+                    return ExitCode::from(2);
+                }
+            };
+            let (text, fit) = stickyvol::doctor::report(&stickyvol::doctor::run(
+                &args.kubelet_dir,
+                &data_dir,
+                &pools,
+            ));
             print!("{text}");
             if fit {
                 ExitCode::SUCCESS

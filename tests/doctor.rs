@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use common::doctor::{DoctorReport, run_doctor};
+use common::doctor::{DoctorReport, run_doctor, run_doctor_with};
 use common::mounts::TmpfsMount;
 use common::*;
 use nix::mount::MsFlags;
@@ -258,4 +258,45 @@ fn a_full_data_directory_fails() {
     assert_eq!(data_check.outcome, Outcome::Fail, "{}", report.stdout);
     assert_eq!(report.failures(), 1, "{}", report.stdout);
     assert!(!report.status.success());
+}
+
+#[test]
+fn extra_pools_are_checked_and_their_enforcement_reported() {
+    let dir = scratch();
+    let fs = common::scratchfs::ScratchFs::new("btrfs", 1 << 30, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"));
+    let pool = fs.mount_point.join("pool");
+    let flag = ["--pool".to_string(), format!("fast={}", pool.display())];
+    let report = run_doctor_with(&dir.kubelet, &dir.data, &flag);
+    assert_consistent(&report);
+    let filesystem = report.check("pool fast filesystem:");
+    assert!(
+        filesystem.what.contains("btrfs") && filesystem.what.contains("--enforcement"),
+        "{}",
+        filesystem.what
+    );
+    assert!(
+        report
+            .check(&format!("pool fast {}", fs.mount_point.display()))
+            .outcome
+            == Outcome::Ok
+    );
+
+    stickyvol::host::btrfs::enable_quota(&fs.mount_point).unwrap();
+    let report = run_doctor_with(&dir.kubelet, &dir.data, &flag);
+    assert!(
+        report
+            .check("pool fast filesystem:")
+            .what
+            .contains("qgroups"),
+        "{}",
+        report.stdout
+    );
+
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+        .args(["doctor", "--pool", "fast"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME=VALUE"));
 }

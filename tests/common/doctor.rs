@@ -41,12 +41,18 @@ impl DoctorReport {
 /// from the environment; panics if the report does not have the expected shape (a title line,
 /// one line per check, a final `result:` line).
 pub fn run_doctor(kubelet: &Path, data: &Path) -> DoctorReport {
+    run_doctor_with(kubelet, data, &[])
+}
+
+/// [`run_doctor`] with more flags, e.g. `--pool NAME=PATH`.
+pub fn run_doctor_with(kubelet: &Path, data: &Path, extra: &[String]) -> DoctorReport {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stickyvol"));
     cmd.arg("doctor")
         .arg("--kubelet-dir")
         .arg(kubelet)
         .arg("--data-dir")
-        .arg(data);
+        .arg(data)
+        .args(extra);
     for var in super::DRIVER_ENV {
         cmd.env_remove(var);
     }
