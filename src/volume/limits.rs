@@ -56,13 +56,14 @@ pub struct LimitUsage {
 }
 
 impl Enforcement {
-    /// Picks the mechanism for the pool at `root` (see `EnforcementChoice`). `records` are the
-    /// pool's volumes: their project ids are never handed out again.
+    /// Picks the mechanism for the pool at `root` (see `EnforcementChoice`). Project ids come
+    /// from `project_ids`, one allocator for every pool of the node, so two pools on one
+    /// filesystem can never hand out the same id.
     pub fn choose(
         pool: &str,
         root: &Path,
         choice: EnforcementChoice,
-        records: &[&VolumeRecord],
+        project_ids: &ProjectIds,
     ) -> Result<Enforcement> {
         if choice == EnforcementChoice::None {
             return Ok(Enforcement::None);
@@ -75,13 +76,7 @@ impl Enforcement {
                 root.display()
             )))
         };
-        let project_ids = || {
-            let in_use = records.iter().filter_map(|r| match r.size_limit {
-                SizeLimit::ProjectQuota { project_id } => Some(project_id),
-                _ => None,
-            });
-            Enforcement::Project(ProjectIds::new(projquota::DEFAULT_PROJECT_ID_RANGE, in_use))
-        };
+        let project_ids = || Enforcement::Project(project_ids.clone());
         let quota_on = |probe: fn(&Path) -> io::Result<bool>| {
             probe(root).context(|| format!("checking quota on {}", root.display()))
         };
@@ -192,6 +187,15 @@ impl Enforcement {
         // mkdir honours the umask; emptyDir semantics want every user of the pod to write.
         super::set_mode(dir, 0o777)?;
         Ok(made)
+    }
+
+    /// One allocator for the whole node, knowing the ids `records` hold.
+    pub fn project_ids<'a>(records: impl IntoIterator<Item = &'a VolumeRecord>) -> ProjectIds {
+        let in_use = records.into_iter().filter_map(|r| match r.size_limit {
+            SizeLimit::ProjectQuota { project_id } => Some(project_id),
+            _ => None,
+        });
+        ProjectIds::new(projquota::DEFAULT_PROJECT_ID_RANGE, in_use)
     }
 
     /// The volume with this limit was deleted: its project id may be handed out again.

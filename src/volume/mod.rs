@@ -181,13 +181,14 @@ impl Volumes {
             Store::open(&state).context(|| format!("loading records from {}", state.display()))?;
         let all = store.all();
         let mut opened = Vec::with_capacity(pools.len());
+        let project_ids = limits::Enforcement::project_ids(all.iter().map(|r| &**r));
         for (config, root) in pools.iter().zip(locked) {
             let records: Vec<&VolumeRecord> = all
                 .iter()
                 .map(|r| &**r)
                 .filter(|r| r.pool == config.name)
                 .collect();
-            opened.push(Pool::open(config, root, &records)?);
+            opened.push(Pool::open(config, root, &records, &project_ids)?);
         }
         for record in all
             .iter()

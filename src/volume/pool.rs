@@ -23,6 +23,7 @@ use super::set_mode;
 use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Space};
+use crate::host::projquota::ProjectIds;
 
 /// Prefix of data not yet committed by a record.
 pub const STAGING_PREFIX: &str = ".creating-";
@@ -70,11 +71,13 @@ impl Pool {
         config: &PoolConfig,
         locked: LockedRoot,
         records: &[&VolumeRecord],
+        project_ids: &ProjectIds,
     ) -> Result<Pool> {
         let LockedRoot { root, lock } = locked;
         let volumes = root.join("volumes");
         fs::create_dir_all(&volumes).context(|| format!("creating {}", volumes.display()))?;
-        let enforcement = Enforcement::choose(&config.name, &root, config.enforcement, records)?;
+        let enforcement =
+            Enforcement::choose(&config.name, &root, config.enforcement, project_ids)?;
         let mut ledger = Ledger::default();
         for record in records {
             // Usage is learnt at the first measurement; until then every promise counts whole
