@@ -327,3 +327,28 @@ async fn the_condition_the_controller_reports_follows_the_limit() {
     let lost = setup.driver.condition_of(&volume.volume_id).await;
     assert!(lost.abnormal && lost.message.contains("limit"), "{lost:?}");
 }
+
+#[tokio::test]
+async fn stats_still_answer_when_quota_is_turned_off_and_say_why() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    fs::write(target.join("f"), pattern(MIB as usize, 2)).unwrap();
+    let off = std::process::Command::new("btrfs")
+        .args(["quota", "disable"])
+        .arg(&setup.pool)
+        .status()
+        .expect("running btrfs quota disable");
+    assert!(off.success());
+    let stats = setup
+        .driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let condition = stats.volume_condition.clone().unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("size limit"),
+        "{condition:?}"
+    );
+    // Measured the slow way instead.
+    assert!(usage_of(&stats, Unit::Bytes).unwrap().used >= MIB);
+}

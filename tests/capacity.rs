@@ -257,6 +257,8 @@ async fn volumes_live_in_the_pool_their_class_names() {
         "{}",
         status.message()
     );
+    // A publication left in place while the pool goes away.
+    let kept = driver.publish_at_new_target(&volume, snw_mount()).await;
 
     // The volume remembers its pool across restarts; without the pool it is unusable but
     // untouched, and comes back with it.
@@ -273,6 +275,14 @@ async fn volumes_live_in_the_pool_their_class_names() {
         Code::FailedPrecondition,
     );
     assert!(data.join("hello").exists());
+    // Kubelet can still tear the pod down: a live mount is refused, a gone one is fine.
+    expect_code(
+        driver.unpublish(&volume.volume_id, &kept).await,
+        Code::FailedPrecondition,
+    );
+    nix::mount::umount(&kept).unwrap();
+    driver.unpublish(&volume.volume_id, &kept).await.unwrap();
+    assert!(!kept.exists());
     driver.stop().await;
     driver.add_args(args);
     driver.start_again().await;
@@ -292,4 +302,29 @@ async fn bad_pool_flags_stop_the_driver_with_a_reason() {
         "{}",
         driver.log_text()
     );
+}
+
+#[tokio::test]
+async fn an_expansion_the_host_already_made_is_recorded_without_a_second_space_check() {
+    let driver = TestDriver::start().await;
+    let available = driver.available_capacity(&[], snw_block()).await;
+    let size = available * 6 / 10 / 4096 * 4096;
+    let volume = driver.create(request_in(&[], snw_block(), size)).await;
+    let target = driver.publish_at_new_target(&volume, snw_block()).await;
+    // The state a crash leaves between growing the file and writing the record: the pool
+    // could not promise the growth again, but the host has already made it.
+    let grown = 2 * size;
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(host_path(&volume))
+        .unwrap();
+    file.set_len(grown as u64).unwrap();
+    let capacity = driver
+        .expand(expand_request(&volume.volume_id, &target, grown, 0))
+        .await
+        .unwrap();
+    assert_eq!(capacity, grown);
+    assert_eq!(driver.capacity_of(&volume.volume_id).await, grown);
+    assert_eq!(sysfs_size_bytes(&linked_device(&target)), grown as u64);
+    driver.unpublish_ok(&volume, &target).await;
 }

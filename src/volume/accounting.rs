@@ -4,9 +4,12 @@
 //! its pod may claim at any moment. So a pool offers `free − outstanding / overcommit`, where
 //! `outstanding` sums, over its volumes, the part of each volume's size not yet used.
 //!
-//! Usage changes behind our back (pods write), and we learn it only when we measure. A stale
-//! `used` is too small, which makes `outstanding` too large: the error is always on the safe
-//! side (we refuse or report less, never promise more than exists).
+//! Usage changes behind our back, and we learn it only when we measure. While pods write, a
+//! stale `used` is too small, which makes `outstanding` too large: the safe side (we refuse or
+//! report less). When usage shrinks (files deleted inside a volume, a thin file trimmed), a
+//! stale `used` is too large, and the pool may promise up to what was freed more than it has,
+//! until the next measurement: GetCapacity measures every time, a create measures when the
+//! last measurement is older than a minute or when it would be refused.
 
 use std::collections::HashMap;
 
@@ -71,6 +74,19 @@ impl Ledger {
     /// Records a volume without checking space (loading existing volumes at start).
     pub fn insert(&mut self, id: &VolumeId, reserved: u64, used: u64) {
         self.set(id, Promise { reserved, used });
+    }
+
+    /// Sets a volume's promise without checking space.
+    pub fn set_reserved(&mut self, id: &VolumeId, reserved: u64) {
+        if let Some(promise) = self.promises.get(id).copied() {
+            self.set(
+                id,
+                Promise {
+                    reserved,
+                    ..promise
+                },
+            );
+        }
     }
 
     /// What a measurement found the volume uses.
@@ -174,6 +190,7 @@ mod tests {
                     0 => { let _ = ledger.reserve(v, x, y * 10, 1.0); }
                     1 => ledger.insert(v, x, y),
                     2 => ledger.set_used(v, y),
+                    3 if x % 2 == 0 => ledger.set_reserved(v, x),
                     _ => ledger.release(v),
                 }
                 let recount: u64 = ledger.promises.values().map(|p| p.outstanding()).sum();

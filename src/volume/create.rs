@@ -29,6 +29,9 @@ use super::{Volumes, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, loopdev, mountinfo, safe_delete};
 
+/// How old the usage figures behind a reservation may be (measuring is O(volumes)).
+const USAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A validated CreateVolume request.
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -192,6 +195,10 @@ impl Volumes {
     /// fails, usage is measured afresh once (volumes may have written since we last looked,
     /// which frees promises) before refusing.
     pub(super) fn reserve(&self, pool: &Pool, id: &VolumeId, bytes: u64, what: &str) -> Result<()> {
+        // Usage that shrank since the last measurement would make the books too generous.
+        if pool.usage_is_older_than(USAGE_MAX_AGE) {
+            self.refresh_usage(pool);
+        }
         if pool.reserve(id, bytes)?.is_ok() {
             return Ok(());
         }

@@ -16,7 +16,7 @@ use super::create::size_file;
 use super::devices;
 use super::id::VolumeId;
 use super::limits;
-use super::record::{Allocation, VolumeKind};
+use super::record::{Allocation, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::host::loopdev;
 
@@ -49,8 +49,14 @@ impl Volumes {
         }
         let wanted = capacity::choose(required, limit)?;
         let pool = self.pool_of(&record)?;
-        self.reserve(pool, id, wanted as u64, &format!("growing volume {id}"))?;
         let path = pool.data_path(id, record.kind);
+        if already_grown(&record, &path, wanted as u64) {
+            // A retry after a crash between growing and recording: the space is already
+            // taken on the host, so the promise follows without a second check.
+            pool.restore(id, wanted as u64);
+        } else {
+            self.reserve(pool, id, wanted as u64, &format!("growing volume {id}"))?;
+        }
         let grown = match record.kind {
             VolumeKind::Filesystem => limits::resize(record.size_limit, &path, wanted as u64)
                 .context(|| format!("raising the size limit of volume {id} to {wanted} bytes")),
@@ -58,7 +64,7 @@ impl Volumes {
         };
         if let Err(err) = grown {
             // Back to the promise the record still states.
-            let _ = pool.reserve(id, current as u64);
+            pool.restore(id, current as u64);
             return Err(err);
         }
         if record.fully_allocated() {
@@ -71,6 +77,18 @@ impl Volumes {
             .context(|| format!("recording the new size of volume {id}"))?;
         info!(volume = %id, from = current, to = wanted, "expanded volume");
         Ok(wanted)
+    }
+}
+
+/// Whether the host already gives the volume `bytes` (its file's size, or its limit).
+fn already_grown(record: &VolumeRecord, path: &Path, bytes: u64) -> bool {
+    match record.kind {
+        VolumeKind::Block => std::fs::metadata(path).is_ok_and(|m| m.len() >= bytes),
+        VolumeKind::Filesystem => limits::usage(record.size_limit, path)
+            .ok()
+            .flatten()
+            .and_then(|usage| usage.limit_bytes)
+            .is_some_and(|limit| limit >= bytes),
     }
 }
 

@@ -11,6 +11,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 use tracing::info;
@@ -37,6 +38,8 @@ pub struct Pool {
     pub enforcement: Enforcement,
     overcommit: f64,
     ledger: Mutex<Ledger>,
+    /// When `refresh_usage` last measured every volume of the pool.
+    measured_at: Mutex<Option<Instant>>,
     /// Held for our lifetime: two drivers reconciling one pool would undo each other's work
     /// (e.g. remove a create in progress as an orphan).
     _lock: Flock<fs::File>,
@@ -95,6 +98,7 @@ impl Pool {
             enforcement,
             overcommit: config.overcommit,
             ledger: Mutex::new(ledger),
+            measured_at: Mutex::new(None),
             _lock: lock,
         })
     }
@@ -122,15 +126,35 @@ impl Pool {
 
     /// What a new volume can be promised now: free space minus unused promises.
     pub fn available(&self) -> Result<u64> {
+        let ledger = self.ledger();
         let free = self.space()?.available_bytes;
-        Ok(self.ledger().available(free, self.overcommit))
+        Ok(ledger.available(free, self.overcommit))
     }
 
     /// Promises `bytes` to volume `id` (replacing an earlier promise to it), or says how much
-    /// is available instead.
+    /// is available instead. Free space is read under the ledger's lock: every usage figure in
+    /// the ledger is then older than the free-space figure, never newer (a thick file
+    /// allocated in between would otherwise count as neither free nor owed).
     pub fn reserve(&self, id: &VolumeId, bytes: u64) -> Result<std::result::Result<(), u64>> {
+        let mut ledger = self.ledger();
         let free = self.space()?.available_bytes;
-        Ok(self.ledger().reserve(id, bytes, free, self.overcommit))
+        Ok(ledger.reserve(id, bytes, free, self.overcommit))
+    }
+
+    /// Puts back a promise without checking space (undoing a growth that failed).
+    pub fn restore(&self, id: &VolumeId, bytes: u64) {
+        self.ledger().set_reserved(id, bytes);
+    }
+
+    /// Whether usage was last measured longer than `max_age` ago (or never).
+    pub fn usage_is_older_than(&self, max_age: Duration) -> bool {
+        let measured = *self.measured_at.lock().unwrap_or_else(|e| e.into_inner());
+        measured.is_none_or(|at| at.elapsed() > max_age)
+    }
+
+    /// Notes that every volume's usage was just measured.
+    pub fn usage_measured(&self) {
+        *self.measured_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
 
     /// What the pool's volumes may still write within their sizes, as last measured.

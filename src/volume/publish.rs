@@ -110,7 +110,11 @@ impl Volumes {
         let Some(record) = self.store.get(id) else {
             return unpublish_unknown(target);
         };
-        let data = self.data_path(&record)?;
+        // A volume whose pool is not configured now: kubelet must still be able to finish a
+        // pod's teardown when nothing is mounted any more.
+        let Ok(data) = self.data_path(&record) else {
+            return unpublish_unknown(target);
+        };
         match record.kind {
             VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
             VolumeKind::Block => self.unpublish_device(id, &record, target)?,

@@ -48,7 +48,7 @@ impl Volumes {
             let name = entry.file_name();
             let name = name.to_str().unwrap_or_default();
             if let Some(staged) = name.strip_prefix(STAGING_PREFIX) {
-                self.settle_staged(&entry.path(), staged)?;
+                self.settle_staged(pool, &entry.path(), staged)?;
                 continue;
             }
             let Some(id) = id_of_data_entry(name) else {
@@ -63,12 +63,17 @@ impl Volumes {
     }
 
     /// Staged data: committed (a record exists) → moved into place; never committed → removed.
-    fn settle_staged(&self, path: &Path, staged_name: &str) -> Result<()> {
+    fn settle_staged(&self, pool: &Pool, path: &Path, staged_name: &str) -> Result<()> {
         let Some(id) = id_of_data_entry(staged_name) else {
             warn!(path = %path.display(), "unknown entry in the volumes directory; leaving it alone");
             return Ok(());
         };
         if let Some(record) = self.store.get(&id) {
+            if record.pool != pool.name {
+                // E.g. two pool paths swapped between names: not ours to move across pools.
+                warn!(volume = %id, path = %path.display(), record_pool = %record.pool, found_in = %pool.name, "staged data of a volume found in another pool than its record names; leaving it alone");
+                return Ok(());
+            }
             self.finish_create(&record)?;
             info!(volume = %id, "finished a create interrupted after its commit");
         } else if !self.store.has_record_file(&id) {

@@ -39,6 +39,7 @@ impl Volumes {
                 pool.set_used(&record.id, used);
             }
         }
+        pool.usage_measured();
     }
 }
 

@@ -60,14 +60,27 @@ impl Volumes {
                 let space = fsstat::space(&publication.target)
                     .context(|| format!("statvfs {}", publication.target.display()))?;
                 // O(1) from the quota where the size is enforced; a walk otherwise.
-                let (used, inodes, limited) = match limits::usage(record.size_limit, &data)
-                    .context(|| format!("reading the size limit of volume {id}"))?
-                {
-                    Some(quota) => (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some()),
-                    None => {
-                        let measured = usage::measure(&data)
-                            .map_err(|err| walk_failure(id, "measuring", err))?;
-                        (measured.bytes, Some(measured.inodes), false)
+                let walk = || {
+                    usage::measure(&data)
+                        .map(|m| (m.bytes, Some(m.inodes)))
+                        .map_err(|err| walk_failure(id, "measuring", err))
+                };
+                let mut unreadable = None;
+                let (used, inodes, limited) = match limits::usage(record.size_limit, &data) {
+                    Ok(Some(quota)) => {
+                        (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some())
+                    }
+                    Ok(None) => {
+                        let (bytes, inodes) = walk()?;
+                        (bytes, inodes, false)
+                    }
+                    // E.g. btrfs quota turned off: measure the slow way and say why.
+                    Err(err) => {
+                        unreadable = Some(format!(
+                            "cannot read the size limit of volume {id}: {err}; it may fill its pool"
+                        ));
+                        let (bytes, inodes) = walk()?;
+                        (bytes, inodes, false)
                     }
                 };
                 pool.set_used(id, used);
@@ -82,7 +95,9 @@ impl Volumes {
                         used,
                         available: space.available_inodes,
                     }),
-                    condition: Condition::from_problem(usage_problem(&record, used, limited)),
+                    condition: Condition::from_problem(
+                        unreadable.or_else(|| usage_problem(&record, used, limited)),
+                    ),
                 })
             }
             VolumeKind::Block => {

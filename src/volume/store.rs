@@ -54,6 +54,7 @@ impl Store {
         fs::create_dir_all(dir)?;
         let mut index = Index::default();
         let mut report = LoadReport::default();
+        let mut inline = Vec::new();
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
             let file_name = entry.file_name();
@@ -78,7 +79,9 @@ impl Store {
                 Ok(mut record) if record.id == id => {
                     match read_publications(&dir.join(format!("{id}{PUBLICATIONS_SUFFIX}"))) {
                         Ok(Some(publications)) => record.publications = publications,
-                        Ok(None) => {} // none, or kept in the record by an older version
+                        // None, or kept inside the record by an older version: moved out below.
+                        Ok(None) if !record.publications.is_empty() => inline.push(id.clone()),
+                        Ok(None) => {}
                         Err(err) => {
                             record.publications.clear();
                             report.unreadable_publications.push((id, err.to_string()));
@@ -97,6 +100,9 @@ impl Store {
             dir: dir.to_path_buf(),
             index: RwLock::new(index),
         };
+        for id in inline {
+            store.move_publications_out(&id)?;
+        }
         Ok((store, report))
     }
 
@@ -162,6 +168,18 @@ impl Store {
         let record = Arc::new(record);
         self.write_index().insert(record.clone());
         Ok(record)
+    }
+
+    /// Upgrades a record that carries its publications inline (older versions): the side file
+    /// first, then the record without them, so a crash in between loses nothing.
+    fn move_publications_out(&self, id: &VolumeId) -> io::Result<()> {
+        let Some(record) = self.get(id) else {
+            return Ok(());
+        };
+        self.write_publications(id, &record.publications)?;
+        let bytes = serde_json::to_vec_pretty(&record.without_publications())?;
+        let temp = self.dir.join(format!(".{id}{RECORD_SUFFIX}{TEMP_SUFFIX}"));
+        write_durably(&temp, &self.record_path(id), &bytes)
     }
 
     /// Atomically, without fsync (see the module comment); no file when there are none.
@@ -331,6 +349,20 @@ mod tests {
         fs::write(dir.path().join(format!("{}.json", old.id)), inline).unwrap();
         let (store, _) = Store::open(dir.path()).unwrap();
         assert_eq!(*store.get(&old.id).unwrap(), old);
+        // Moved out at load: a later change of a durable field keeps them, and an unpublish
+        // does not bring them back at the next load.
+        let record_file = fs::read_to_string(dir.path().join(format!("{}.json", old.id))).unwrap();
+        assert!(!record_file.contains("/k/t"), "{record_file}");
+        let mut grown = old.clone();
+        grown.capacity_bytes *= 2;
+        store.put(grown.clone()).unwrap();
+        let (reopened, _) = Store::open(dir.path()).unwrap();
+        assert_eq!(*reopened.get(&old.id).unwrap(), grown);
+        let mut unpublished = grown;
+        unpublished.publications.clear();
+        reopened.put(unpublished.clone()).unwrap();
+        let (reopened, _) = Store::open(dir.path()).unwrap();
+        assert_eq!(*reopened.get(&old.id).unwrap(), unpublished);
     }
 
     #[test]
