@@ -352,3 +352,29 @@ async fn stats_still_answer_when_quota_is_turned_off_and_say_why() {
     // Measured the slow way instead.
     assert!(usage_of(&stats, Unit::Bytes).unwrap().used >= MIB);
 }
+
+#[tokio::test]
+async fn data_in_a_subvolume_made_inside_a_volume_is_still_counted() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    // btrfs charges a nested subvolume to its own qgroup, not to the volume's limit: it cannot
+    // be stopped, but it must not go unseen.
+    btrfs::create_subvolume(&target, "escape").unwrap();
+    btrfs::create_subvolume(&target.join("escape"), "deeper").unwrap();
+    let (written, err) = fill(&target.join("escape/deeper/big"), 24 * MIB);
+    assert!(err.is_none(), "{written}: {err:?}");
+    btrfs::sync(&setup.pool).unwrap();
+    let stats = setup
+        .driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let bytes = usage_of(&stats, Unit::Bytes).unwrap();
+    assert!(bytes.used >= 24 * MIB, "{bytes:?}");
+    let condition = stats.volume_condition.unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("more than its size"),
+        "{condition:?}"
+    );
+    assert!(setup.driver.condition_of(&volume.volume_id).await.abnormal);
+}

@@ -342,6 +342,67 @@ fn read_sysfs_number(path: &Path) -> io::Result<u64> {
     })
 }
 
+/// Subvolumes nested anywhere below the subvolume at `path`, as (path, subvolume id). Anyone
+/// who may write a directory can make a subvolume there, and its data is charged to its own
+/// qgroup, not to the enclosing volume's: callers add it to the volume's usage.
+/// GET_SUBVOL_ROOTREF lists the children of an fd's subvolume; INO_LOOKUP_USER names them.
+pub fn nested_subvolumes(path: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
+    let mut found = Vec::new();
+    let mut pending = vec![path.to_path_buf()];
+    while let Some(parent) = pending.pop() {
+        let fd = open_dir(&parent)?;
+        for (treeid, dirid) in child_refs(&fd)? {
+            let mut args = InoLookupUserArgs {
+                dirid,
+                treeid,
+                name: [0; BTRFS_VOL_NAME_MAX + 1],
+                path: [0; BTRFS_INO_LOOKUP_USER_PATH_MAX],
+            };
+            // SAFETY: a complete struct btrfs_ioctl_ino_lookup_user_args that outlives the call.
+            unsafe { btrfs_ioc_ino_lookup_user(fd.as_raw_fd(), &mut args) }?;
+            let child = parent.join(c_text(&args.path)?).join(c_text(&args.name)?);
+            pending.push(child.clone());
+            found.push((child, treeid));
+        }
+    }
+    Ok(found)
+}
+
+/// (subvolume id, directory inode) of every subvolume directly inside the fd's subvolume.
+fn child_refs(fd: &OwnedFd) -> io::Result<Vec<(u64, u64)>> {
+    let mut refs = Vec::new();
+    let mut args = Box::new(SubvolRootrefArgs {
+        min_treeid: 0,
+        rootref: [RootRef {
+            treeid: 0,
+            dirid: 0,
+        }; BTRFS_MAX_ROOTREF_BUFFER_NUM],
+        num_items: 0,
+        align: [0; 7],
+    });
+    loop {
+        args.num_items = 0;
+        // SAFETY: a complete struct btrfs_ioctl_get_subvol_rootref_args that outlives the call.
+        let result = unsafe { btrfs_ioc_get_subvol_rootref(fd.as_raw_fd(), &mut *args) };
+        let items = &args.rootref[..usize::from(args.num_items).min(BTRFS_MAX_ROOTREF_BUFFER_NUM)];
+        refs.extend(items.iter().map(|r| (r.treeid, r.dirid)));
+        match result {
+            Ok(_) => return Ok(refs),
+            // More than one buffer's worth: the kernel moved min_treeid on; ask again.
+            Err(nix::errno::Errno::EOVERFLOW) => continue,
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+}
+
+/// A NUL-terminated name the kernel filled in.
+fn c_text(bytes: &[u8]) -> io::Result<&str> {
+    CStr::from_bytes_until_nul(bytes)
+        .ok()
+        .and_then(|c| c.to_str().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unterminated name"))
+}
+
 /// Hand-written mirror of the parts of <linux/btrfs.h> we use, private so that the functions
 /// nix's ioctl macros generate stay out of this module's API.
 mod uapi {
@@ -451,6 +512,51 @@ mod uapi {
         pub lim: QgroupLimit,
     }
 
+    pub const BTRFS_MAX_ROOTREF_BUFFER_NUM: usize = 255;
+    pub const BTRFS_VOL_NAME_MAX: usize = 255;
+    pub const BTRFS_INO_LOOKUP_USER_PATH_MAX: usize = 4080 - BTRFS_VOL_NAME_MAX - 1;
+
+    /// struct btrfs_ioctl_get_subvol_rootref_args's entries
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct RootRef {
+        pub treeid: u64,
+        pub dirid: u64,
+    }
+
+    /// struct btrfs_ioctl_get_subvol_rootref_args
+    #[repr(C)]
+    pub struct SubvolRootrefArgs {
+        pub min_treeid: u64,
+        pub rootref: [RootRef; BTRFS_MAX_ROOTREF_BUFFER_NUM],
+        pub num_items: u8,
+        pub align: [u8; 7],
+    }
+
+    /// struct btrfs_ioctl_ino_lookup_user_args
+    #[repr(C)]
+    pub struct InoLookupUserArgs {
+        pub dirid: u64,
+        pub treeid: u64,
+        pub name: [u8; BTRFS_VOL_NAME_MAX + 1],
+        pub path: [u8; BTRFS_INO_LOOKUP_USER_PATH_MAX],
+    }
+
+    pub const BTRFS_IOC_GET_SUBVOL_ROOTREF: ioctl_num_type =
+        nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 61, size_of::<SubvolRootrefArgs>());
+    pub const BTRFS_IOC_INO_LOOKUP_USER: ioctl_num_type =
+        nix::request_code_readwrite!(BTRFS_IOCTL_MAGIC, 62, size_of::<InoLookupUserArgs>());
+    nix::ioctl_readwrite_bad!(
+        btrfs_ioc_get_subvol_rootref,
+        BTRFS_IOC_GET_SUBVOL_ROOTREF,
+        SubvolRootrefArgs
+    );
+    nix::ioctl_readwrite_bad!(
+        btrfs_ioc_ino_lookup_user,
+        BTRFS_IOC_INO_LOOKUP_USER,
+        InoLookupUserArgs
+    );
+
     pub const BTRFS_IOC_SUBVOL_CREATE: ioctl_num_type =
         nix::request_code_write!(BTRFS_IOCTL_MAGIC, 14, size_of::<VolArgs>());
     pub const BTRFS_IOC_SNAP_DESTROY: ioctl_num_type =
@@ -523,7 +629,9 @@ mod tests {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn ioctl_numbers_match_linux_btrfs_h() {
         // Printed by a C program including <linux/btrfs.h> on x86_64 (aarch64 encodes alike).
-        let expected: [(ioctl_num_type, ioctl_num_type); 8] = [
+        let expected: [(ioctl_num_type, ioctl_num_type); 10] = [
+            (BTRFS_IOC_GET_SUBVOL_ROOTREF, 0xD000_943D),
+            (BTRFS_IOC_INO_LOOKUP_USER, 0xD000_943E),
             (BTRFS_IOC_SUBVOL_CREATE, 0x5000_940E),
             (BTRFS_IOC_SNAP_DESTROY, 0x5000_940F),
             (BTRFS_IOC_INO_LOOKUP, 0xD000_9412),
@@ -536,6 +644,17 @@ mod tests {
         for (i, (ours, theirs)) in expected.into_iter().enumerate() {
             assert_eq!(ours, theirs, "ioctl #{i}");
         }
+    }
+
+    #[test]
+    fn nested_subvolume_structs_match_linux_btrfs_h() {
+        // sizeof/offsetof printed by a C program including <linux/btrfs.h>.
+        assert_eq!(size_of::<SubvolRootrefArgs>(), 4096);
+        assert_eq!(offset_of!(SubvolRootrefArgs, rootref), 8);
+        assert_eq!(offset_of!(SubvolRootrefArgs, num_items), 4088);
+        assert_eq!(size_of::<InoLookupUserArgs>(), 4096);
+        assert_eq!(offset_of!(InoLookupUserArgs, name), 16);
+        assert_eq!(offset_of!(InoLookupUserArgs, path), 272);
     }
 
     #[test]

@@ -231,8 +231,15 @@ pub fn usage(limit: SizeLimit, dir: &Path) -> io::Result<Option<LimitUsage>> {
                 }));
             }
             let qgroup = btrfs::usage(dir, btrfs::subvolume_id(dir)?)?;
+            // Subvolumes a pod made inside its volume escape the volume's qgroup: their data
+            // is counted here, so stats, the condition and the pool's books still see it.
+            let nested: u64 = btrfs::nested_subvolumes(dir)?
+                .into_iter()
+                .filter_map(|(_, id)| btrfs::usage(dir, id).ok())
+                .map(|usage| usage.referenced)
+                .sum();
             Ok(Some(LimitUsage {
-                used_bytes: qgroup.referenced,
+                used_bytes: qgroup.referenced + nested,
                 inodes: None,
                 limit_bytes: qgroup.max_referenced,
             }))
