@@ -27,7 +27,7 @@ use super::record::{AccessMode, Allocation, SizeLimit, VolumeKind, VolumeRecord}
 use super::store::sync_dir;
 use super::{Volumes, walk_failure};
 use crate::error::{Error, IoContext, Result};
-use crate::host::{fsstat, loopdev, mountinfo, safe_delete};
+use crate::host::{fsstat, loopdev, mountinfo};
 
 /// How old the usage figures behind a reservation may be (measuring is O(volumes)).
 const USAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -87,14 +87,17 @@ impl Volumes {
             sync_dir(&pool.volumes).context(|| format!("syncing {}", pool.volumes.display()))?;
             Ok(made)
         });
+        // What limits the staged data, so a failure below also undoes it (e.g. a project quota).
+        let mut staged_limit = SizeLimit::None;
         let committed = made.and_then(|made| {
+            staged_limit = made.as_ref().map_or(SizeLimit::File, |d| d.limit);
             let record = VolumeRecord {
                 id: id.clone(),
                 name: req.name.clone(),
                 kind: req.kind,
                 capacity_bytes: capacity,
                 pool: pool.name.clone(),
-                size_limit: made.as_ref().map_or(SizeLimit::File, |d| d.limit),
+                size_limit: staged_limit,
                 allocation: match req.kind {
                     VolumeKind::Block => req.allocation,
                     VolumeKind::Filesystem => Allocation::Thin,
@@ -120,7 +123,7 @@ impl Volumes {
             Ok(record) => record,
             Err(err) => {
                 pool.release(&id);
-                if let Err(cleanup) = safe_delete::remove_all(&staging) {
+                if let Err(cleanup) = limits::remove_directory(staged_limit, &staging) {
                     warn!(volume = %id, error = %cleanup, "could not remove the data of a failed create; it is removed at next start");
                 }
                 return Err(err);
