@@ -42,6 +42,21 @@ fn allocated_bytes(path: &Path) -> i64 {
     meta.blocks() as i64 * 512
 }
 
+/// What the default pool's volumes may still write, from the driver's metrics.
+fn unwritten_promises(driver: &TestDriver) -> i64 {
+    driver.scrape().value(
+        "stickyvol_pool_unwritten_promised_bytes",
+        &[("pool", "default")],
+    ) as i64
+}
+
+/// What the default pool can still promise, per the metric GetCapacity's figure also feeds.
+fn available_metric(driver: &TestDriver) -> i64 {
+    driver
+        .scrape()
+        .value("stickyvol_pool_available_bytes", &[("pool", "default")]) as i64
+}
+
 fn assert_near(actual: i64, expected: i64, what: &str) {
     assert!(
         (actual - expected).abs() < NOISE,
@@ -128,7 +143,7 @@ async fn overcommit_lets_a_pool_promise_more_than_it_holds() {
 
 #[tokio::test]
 async fn thick_block_volumes_are_allocated_when_created_and_grown() {
-    let driver = TestDriver::start().await;
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
     let before = driver.available_capacity(&[], snw_block()).await;
     let size = 64 * MIB;
     let thick = [("blockAllocation", "thick")];
@@ -143,6 +158,12 @@ async fn thick_block_volumes_are_allocated_when_created_and_grown() {
         before - size,
         "capacity with a thick volume",
     );
+    // Exact, unlike free space: a thick file owes nothing more, a thin one its whole size.
+    assert_eq!(unwritten_promises(&driver), 0);
+    let thin = driver.create(request_in(&[], snw_block(), size)).await;
+    assert_eq!(unwritten_promises(&driver), size);
+    driver.delete(&thin.volume_id).await.unwrap();
+    assert_eq!(unwritten_promises(&driver), 0);
 
     let target = driver.publish_at_new_target(&volume, snw_block()).await;
     let grown = driver
@@ -150,6 +171,11 @@ async fn thick_block_volumes_are_allocated_when_created_and_grown() {
         .await
         .unwrap();
     assert_eq!(grown, 2 * size);
+    assert_eq!(
+        unwritten_promises(&driver),
+        0,
+        "the growth is allocated too"
+    );
     assert!(
         allocated_bytes(&file) >= 2 * size,
         "grown thick file is not allocated"
@@ -202,14 +228,14 @@ async fn a_class_requiring_enforcement_is_refused_by_a_pool_without_it() {
 #[tokio::test]
 async fn usage_measured_by_stats_releases_promised_space() {
     let driver = TestDriver::start_with_metrics(Options::default()).await;
-    let unwritten = |driver: &TestDriver| {
-        driver.scrape().value(
-            "stickyvol_pool_unwritten_promised_bytes",
-            &[("pool", "default")],
-        ) as i64
-    };
+    let unwritten = unwritten_promises;
     let (volume, target) = driver.published_fs_volume().await;
     assert_eq!(unwritten(&driver), SIZE);
+    assert_near(
+        available_metric(&driver),
+        driver.available_capacity(&[], snw_mount()).await,
+        "the available-bytes metric against GetCapacity",
+    );
     write_synced(&target.join("data"), &pattern(4 * MIB as usize, 1));
     let stats = driver
         .stats(&volume.volume_id, &path_str(&target))

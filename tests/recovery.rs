@@ -324,3 +324,40 @@ async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
     assert_eq!(driver.data_entries(), expected_data, "no orphaned data");
     assert_eq!(driver.state_entries(), expected_state, "no stray records");
 }
+
+#[tokio::test]
+async fn publications_kept_inside_records_by_older_versions_survive_an_upgrade() {
+    let mut driver = TestDriver::start().await;
+    let (volume, target) = driver.published_fs_volume().await;
+    driver.stop().await;
+    // What an older version left: the publications inside the record, no side file.
+    let state = driver.data.join("state");
+    let record_path = state.join(format!("{}.json", volume.volume_id));
+    let side_path = state.join(format!("{}.publications.json", volume.volume_id));
+    let publications: serde_json::Value =
+        serde_json::from_slice(&fs::read(&side_path).unwrap()).unwrap();
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&fs::read(&record_path).unwrap()).unwrap();
+    record["publications"] = publications;
+    fs::write(&record_path, serde_json::to_vec(&record).unwrap()).unwrap();
+    fs::remove_file(&side_path).unwrap();
+
+    // The new version rewrites the record (an expansion), then restarts: the volume must
+    // still be known as published there.
+    driver.start_again().await;
+    driver
+        .expand(expand_request(&volume.volume_id, &target, 2 * SIZE, 0))
+        .await
+        .unwrap();
+    driver.restart().await;
+    assert_eq!(recorded_publications(&driver, &volume.volume_id), 1);
+    driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .expect("stats of a volume published before the upgrade");
+    expect_code(
+        driver.delete(&volume.volume_id).await,
+        tonic::Code::FailedPrecondition,
+    );
+    driver.unpublish_ok(&volume, &target).await;
+}
