@@ -47,6 +47,35 @@ pub fn create_subvolume(parent: &Path, name: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// Snapshots the subvolume rooted at `source` as `parent/name` (BTRFS_IOC_SNAP_CREATE_V2): O(1)
+/// and atomic, so it is crash-consistent even while the source is written. `read_only` makes
+/// it immutable (a snapshot); otherwise it is a writable copy (a restore or clone). The new
+/// subvolume shares every extent with its source and gets a level-0 qgroup of its own when
+/// quota is on (no limit: callers set one). Nested subvolumes are not included: they appear as
+/// empty directories. Fails with EEXIST if `name` exists, EXDEV across filesystems.
+pub fn snapshot_subvolume(
+    source: &Path,
+    parent: &Path,
+    name: &str,
+    read_only: bool,
+) -> io::Result<()> {
+    let name = validate_name(name)?;
+    let source_fd = open_dir(source)?;
+    if !is_subvolume_root(&fsstat::stat_fd(source_fd.as_fd())?) {
+        return Err(not_a_subvolume(source));
+    }
+    let parent_fd = open_dir(parent)?;
+    let mut args = VolArgsV2::named(name);
+    args.fd = i64::from(source_fd.as_raw_fd());
+    if read_only {
+        args.flags = BTRFS_SUBVOL_RDONLY;
+    }
+    // SAFETY: both fds are open directories; `args` is a complete struct
+    // btrfs_ioctl_vol_args_v2 that outlives the call and that the kernel only reads.
+    unsafe { btrfs_ioc_snap_create_v2(parent_fd.as_raw_fd(), &args) }?;
+    Ok(())
+}
+
 /// Whether `path` itself (a symlink is not followed) is the root of a btrfs subvolume: a
 /// directory on btrfs whose inode number is 256. The top-level subvolume (id 5) counts.
 pub fn is_subvolume(path: &Path) -> io::Result<bool> {
@@ -437,6 +466,33 @@ mod uapi {
     }
 
     /// struct btrfs_ioctl_ino_lookup_args
+    pub const BTRFS_SUBVOL_NAME_MAX: usize = 4039;
+    pub const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
+
+    #[repr(C)]
+    pub struct VolArgsV2 {
+        pub fd: i64,
+        pub transid: u64,
+        pub flags: u64,
+        /// The size/qgroup_inherit union; unused (no qgroup inheritance asked for).
+        pub unused: [u64; 4],
+        pub name: [u8; BTRFS_SUBVOL_NAME_MAX + 1],
+    }
+
+    impl VolArgsV2 {
+        pub fn named(name: &str) -> VolArgsV2 {
+            let mut args = VolArgsV2 {
+                fd: 0,
+                transid: 0,
+                flags: 0,
+                unused: [0; 4],
+                name: [0; BTRFS_SUBVOL_NAME_MAX + 1],
+            };
+            args.name[..name.len()].copy_from_slice(name.as_bytes());
+            args
+        }
+    }
+
     #[repr(C)]
     pub struct InoLookupArgs {
         pub treeid: u64,
@@ -575,6 +631,13 @@ mod uapi {
     pub const BTRFS_IOC_QUOTA_RESCAN_WAIT: ioctl_num_type =
         nix::request_code_none!(BTRFS_IOCTL_MAGIC, 46);
 
+    pub const BTRFS_IOC_SNAP_CREATE_V2: ioctl_num_type =
+        nix::request_code_write!(BTRFS_IOCTL_MAGIC, 23, size_of::<VolArgsV2>());
+    nix::ioctl_write_ptr_bad!(
+        btrfs_ioc_snap_create_v2,
+        BTRFS_IOC_SNAP_CREATE_V2,
+        VolArgsV2
+    );
     nix::ioctl_write_ptr_bad!(btrfs_ioc_subvol_create, BTRFS_IOC_SUBVOL_CREATE, VolArgs);
     nix::ioctl_write_ptr_bad!(btrfs_ioc_snap_destroy, BTRFS_IOC_SNAP_DESTROY, VolArgs);
     nix::ioctl_readwrite_bad!(btrfs_ioc_ino_lookup, BTRFS_IOC_INO_LOOKUP, InoLookupArgs);
@@ -604,6 +667,9 @@ mod tests {
     fn struct_layouts_match_linux_btrfs_h() {
         // Expected values: sizeof/offsetof from a C program including <linux/btrfs.h>. All
         // fields are fixed-size and naturally aligned, so they hold on every architecture.
+        assert_eq!(size_of::<VolArgsV2>(), 4096);
+        assert_eq!(offset_of!(VolArgsV2, flags), 16);
+        assert_eq!(offset_of!(VolArgsV2, name), 56);
         assert_eq!(size_of::<VolArgs>(), 4096);
         assert_eq!(offset_of!(VolArgs, name), 8);
         assert_eq!(size_of::<InoLookupArgs>(), 4096);
@@ -629,11 +695,12 @@ mod tests {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn ioctl_numbers_match_linux_btrfs_h() {
         // Printed by a C program including <linux/btrfs.h> on x86_64 (aarch64 encodes alike).
-        let expected: [(ioctl_num_type, ioctl_num_type); 10] = [
+        let expected: [(ioctl_num_type, ioctl_num_type); 11] = [
             (BTRFS_IOC_GET_SUBVOL_ROOTREF, 0xD000_943D),
             (BTRFS_IOC_INO_LOOKUP_USER, 0xD000_943E),
             (BTRFS_IOC_SUBVOL_CREATE, 0x5000_940E),
             (BTRFS_IOC_SNAP_DESTROY, 0x5000_940F),
+            (BTRFS_IOC_SNAP_CREATE_V2, 0x5000_9417),
             (BTRFS_IOC_INO_LOOKUP, 0xD000_9412),
             (BTRFS_IOC_FS_INFO, 0x8400_941F),
             (BTRFS_IOC_QUOTA_CTL, 0xC010_9428),
