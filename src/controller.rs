@@ -10,9 +10,10 @@ use crate::csi::{self, list_volumes_response as list};
 use crate::driver::{CONTEXT_ACCESS_TYPE, CONTEXT_HOST_PATH, CONTEXT_NODE, Driver, blocking};
 use crate::error::Error;
 use crate::request;
-use crate::volume::id::VolumeId;
+use crate::volume::id::{SnapshotId, VolumeId};
 use crate::volume::record::VolumeRecord;
-use crate::volume::{Condition, CreateRequest, Volumes};
+use crate::volume::snapshot::SnapshotRecord;
+use crate::volume::{Condition, CreateRequest, SnapshotFilter, SnapshotRequest, Volumes};
 
 pub struct ControllerService {
     driver: Arc<Driver>,
@@ -46,7 +47,10 @@ fn to_csi_volume(driver: &Driver, volumes: &Volumes, record: &VolumeRecord) -> c
             ),
         ]
         .into(),
-        content_source: None,
+        content_source: record
+            .content_source
+            .as_ref()
+            .map(request::csi_content_source),
         accessible_topology: vec![driver.topology()],
     }
 }
@@ -90,11 +94,11 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
             "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
         ));
     }
-    if req.volume_content_source.is_some() {
-        return Err(Error::InvalidArgument(
-            "volume_content_source is not supported: stickyvol creates empty volumes".into(),
-        ));
-    }
+    let content_source = req
+        .volume_content_source
+        .as_ref()
+        .map(request::content_source)
+        .transpose()?;
     let requisite = req
         .accessibility_requirements
         .as_ref()
@@ -125,7 +129,44 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         allocation: parameters.allocation,
         require_enforcement: parameters.require_enforcement,
         parameters: parameters.raw,
+        content_source,
     })
+}
+
+fn to_csi_snapshot(record: &SnapshotRecord) -> csi::Snapshot {
+    let millis = record.created_unix_ms;
+    csi::Snapshot {
+        size_bytes: record.size_bytes,
+        snapshot_id: record.id.to_string(),
+        source_volume_id: record.source_volume.to_string(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: (millis / 1000) as i64,
+            nanos: ((millis % 1000) * 1_000_000) as i32,
+        }),
+        ready_to_use: record.ready,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// A list page size: 0 means all; negative is refused.
+fn page_size(max_entries: i32) -> Result<usize, Status> {
+    match max_entries {
+        n if n < 0 => Err(Status::invalid_argument("max_entries must not be negative")),
+        0 => Ok(usize::MAX),
+        n => Ok(n as usize),
+    }
+}
+
+/// A list's starting_token: one of the ids we handed out as next_token, or ABORTED.
+fn page_token<T>(token: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Option<T>, Status> {
+    match token {
+        "" => Ok(None),
+        token => parse(token).map(Some).ok_or_else(|| {
+            Status::aborted(format!(
+                "starting_token {token:?} was not issued by this driver"
+            ))
+        }),
+    }
 }
 
 #[tonic::async_trait]
@@ -210,22 +251,8 @@ impl Controller for ControllerService {
         request: Request<csi::ListVolumesRequest>,
     ) -> Result<Response<csi::ListVolumesResponse>, Status> {
         let req = request.into_inner();
-        if req.max_entries < 0 {
-            return Err(Status::invalid_argument("max_entries must not be negative"));
-        }
-        let after = match req.starting_token.as_str() {
-            "" => None,
-            token => Some(VolumeId::parse(token).ok_or_else(|| {
-                Status::aborted(format!(
-                    "starting_token {token:?} was not issued by this driver"
-                ))
-            })?),
-        };
-        let max = if req.max_entries == 0 {
-            usize::MAX
-        } else {
-            req.max_entries as usize
-        };
+        let max = page_size(req.max_entries)?;
+        let after = page_token(&req.starting_token, VolumeId::parse)?;
         let volumes = self.volumes()?;
         let driver = self.driver.clone();
         let (entries, next) = blocking(move || {
@@ -314,6 +341,79 @@ impl Controller for ControllerService {
         }))
     }
 
+    async fn create_snapshot(
+        &self,
+        request: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let name = request::volume_name(&req.name)?.to_string();
+        let source = request::required("source_volume_id", &req.source_volume_id)?;
+        let source = VolumeId::parse(source)
+            .ok_or_else(|| Status::not_found(format!("source volume {source:?} does not exist")))?;
+        let parameters = request::snapshot_parameters(&req.parameters)?;
+        let volumes = self.volumes()?;
+        let record = blocking(move || {
+            volumes.create_snapshot(SnapshotRequest {
+                name,
+                source,
+                parameters,
+            })
+        })
+        .await?;
+        Ok(Response::new(csi::CreateSnapshotResponse {
+            snapshot: Some(to_csi_snapshot(&record)),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        request::required("snapshot_id", &req.snapshot_id)?;
+        let volumes = self.volumes()?;
+        // Not one of our ids: it cannot exist here, and deleting what does not exist succeeds.
+        if let Some(id) = SnapshotId::parse(&req.snapshot_id) {
+            blocking(move || volumes.delete_snapshot(&id)).await?;
+        }
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let req = request.into_inner();
+        let max = page_size(req.max_entries)?;
+        let after = page_token(&req.starting_token, SnapshotId::parse)?;
+        let volumes = self.volumes()?;
+        let empty = || Ok(Response::new(csi::ListSnapshotsResponse::default()));
+        // A filter naming an id that is not ours matches nothing (not an error, per the spec).
+        let mut filter = SnapshotFilter::default();
+        if !req.snapshot_id.is_empty() {
+            let Some(id) = SnapshotId::parse(&req.snapshot_id) else {
+                return empty();
+            };
+            filter.snapshot = Some(id);
+        }
+        if !req.source_volume_id.is_empty() {
+            let Some(id) = VolumeId::parse(&req.source_volume_id) else {
+                return empty();
+            };
+            filter.source = Some(id);
+        }
+        let (page, next) = volumes.list_snapshots(&filter, after.as_ref(), max);
+        Ok(Response::new(csi::ListSnapshotsResponse {
+            entries: page
+                .iter()
+                .map(|record| csi::list_snapshots_response::Entry {
+                    snapshot: Some(to_csi_snapshot(record)),
+                })
+                .collect(),
+            next_token: next.map(|id| id.to_string()).unwrap_or_default(),
+        }))
+    }
+
     async fn controller_get_capabilities(
         &self,
         _request: Request<csi::ControllerGetCapabilitiesRequest>,
@@ -328,6 +428,9 @@ impl Controller for ControllerService {
                 rpc::Type::VolumeCondition,
                 rpc::Type::ListVolumesPublishedNodes,
                 rpc::Type::SingleNodeMultiWriter,
+                rpc::Type::CreateDeleteSnapshot,
+                rpc::Type::ListSnapshots,
+                rpc::Type::CloneVolume,
             ]
         } else {
             &[]

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::host::fsstat::{self, FsKind};
 use crate::host::mountinfo::{self, MountEntry};
 use crate::host::{btrfs, projquota};
+use crate::volume::cow::Mechanism;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -182,13 +183,18 @@ fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
         )),
         _ => {}
     }
-    let cow = match kind {
-        FsKind::Btrfs => "yes (btrfs snapshots and reflinks)".to_string(),
-        _ => match fsstat::supports_reflink(&existing) {
-            Ok(true) => "yes (reflink copies)".to_string(),
-            Ok(false) => "no".to_string(),
-            Err(err) => format!("unknown ({err})"),
-        },
+    // What `serve` would use for snapshots, restores and clones (see volume::cow).
+    let subvolumes = kind == FsKind::Btrfs && quota_on(kind, &existing) == Some(true);
+    let cow = match fsstat::supports_reflink(&existing) {
+        Ok(reflink) => {
+            let mechanism = Mechanism::choose(kind, subvolumes, reflink);
+            format!(
+                "{}; snapshots, restores and clones use {}",
+                if reflink { "yes" } else { "no" },
+                mechanism.describe()
+            )
+        }
+        Err(err) => format!("unknown ({err}); snapshots would be full copies"),
     };
     checks.push(check(
         Outcome::Ok,

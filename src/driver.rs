@@ -24,7 +24,13 @@ impl Driver {
     /// Opens the data directory unless this instance runs in controller mode.
     pub fn new(config: Config) -> Result<Driver> {
         let volumes = if config.mode.works_on_host() {
-            Some(Arc::new(Volumes::open(&config.pools, &config.kubelet_dir)?))
+            let volumes = Arc::new(Volumes::open(
+                &config.pools,
+                &config.kubelet_dir,
+                &config.node_id,
+            )?);
+            volumes.resume_snapshot_copies();
+            Some(volumes)
         } else {
             None
         };

@@ -52,6 +52,27 @@ impl Error {
         }
     }
 
+    /// The same error again (same variant, message and errno), for a second caller.
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::NotFound(m) => Error::NotFound(m.clone()),
+            Error::AlreadyExists(m) => Error::AlreadyExists(m.clone()),
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(m.clone()),
+            Error::OutOfRange(m) => Error::OutOfRange(m.clone()),
+            Error::ResourceExhausted(m) => Error::ResourceExhausted(m.clone()),
+            Error::Pending(m) => Error::Pending(m.clone()),
+            Error::Unimplemented(m) => Error::Unimplemented(m.clone()),
+            Error::Host { context, source } => Error::Host {
+                context: context.clone(),
+                source: match source.raw_os_error() {
+                    Some(errno) => io::Error::from_raw_os_error(errno),
+                    None => io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+        }
+    }
+
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument(_) => Code::InvalidArgument,

@@ -71,6 +71,8 @@ pub struct Metrics {
     data_dir_free: Gauge,
     pool_available: Family<PoolLabels, Gauge>,
     pool_unwritten: Family<PoolLabels, Gauge>,
+    snapshots: Family<PoolLabels, Gauge>,
+    pool_snapshot_bytes: Family<PoolLabels, Gauge>,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -138,10 +140,24 @@ impl Metrics {
             "Bytes a pool's volumes may still write within their sizes, as last measured",
             pool_unwritten.clone(),
         );
+        let snapshots = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "snapshots",
+            "Snapshots on this node, by pool (ready or still being copied)",
+            snapshots.clone(),
+        );
+        let pool_snapshot_bytes = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_snapshot_bytes",
+            "Bytes a pool's snapshots hold on their own (not shared with volumes), as last measured",
+            pool_snapshot_bytes.clone(),
+        );
         Metrics {
             registry,
             pool_available,
             pool_unwritten,
+            snapshots,
+            pool_snapshot_bytes,
             rpc_requests,
             rpc_duration,
             volumes,
@@ -205,6 +221,13 @@ impl Metrics {
                         .set(i64::try_from(space.available_bytes).unwrap_or(i64::MAX));
                 }
                 Err(err) => warn!(error = %err, "metrics: cannot read data directory space"),
+            }
+            for (pool, count, bytes) in volumes.snapshot_census() {
+                let labels = PoolLabels { pool };
+                self.snapshots.get_or_create(&labels).set(count as i64);
+                self.pool_snapshot_bytes
+                    .get_or_create(&labels)
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
             for pool in volumes.pools() {
                 let labels = PoolLabels {

@@ -13,10 +13,11 @@ use crate::config::{DEFAULT_POOL, is_pool_name};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
+use crate::csi::volume_content_source::Type as SourceType;
 use crate::error::{Error, Result};
 use crate::host::mount;
-use crate::volume::id::VolumeId;
-use crate::volume::record::{AccessMode, Allocation, VolumeKind};
+use crate::volume::id::{SnapshotId, VolumeId};
+use crate::volume::record::{AccessMode, Allocation, ContentSource, VolumeKind};
 
 /// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
 /// secret references, fstype); accepted and ignored.
@@ -100,6 +101,68 @@ pub fn volume_id(value: &str) -> Result<VolumeId> {
     required("volume_id", value)?;
     VolumeId::parse(value)
         .ok_or_else(|| Error::NotFound(format!("volume {value:?} does not exist")))
+}
+
+/// A snapshot id from a request: empty is INVALID_ARGUMENT, anything not ours NOT_FOUND.
+pub fn snapshot_id(field: &str, value: &str) -> Result<SnapshotId> {
+    required(field, value)?;
+    SnapshotId::parse(value)
+        .ok_or_else(|| Error::NotFound(format!("snapshot {value:?} does not exist")))
+}
+
+/// CreateVolume's volume_content_source: a snapshot or a volume, by an id of ours.
+pub fn content_source(source: &csi::VolumeContentSource) -> Result<ContentSource> {
+    match &source.r#type {
+        Some(SourceType::Snapshot(snapshot)) => Ok(ContentSource::Snapshot(snapshot_id(
+            "volume_content_source.snapshot.snapshot_id",
+            &snapshot.snapshot_id,
+        )?)),
+        Some(SourceType::Volume(volume)) => {
+            required("volume_content_source.volume.volume_id", &volume.volume_id)?;
+            VolumeId::parse(&volume.volume_id)
+                .map(ContentSource::Volume)
+                .ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "source volume {:?} does not exist",
+                        volume.volume_id
+                    ))
+                })
+        }
+        None => Err(Error::InvalidArgument(
+            "volume_content_source must name a snapshot or a volume".into(),
+        )),
+    }
+}
+
+/// The CSI form of a content source, as CreateVolume's response echoes it.
+pub fn csi_content_source(source: &ContentSource) -> csi::VolumeContentSource {
+    use crate::csi::volume_content_source::{SnapshotSource, VolumeSource};
+    csi::VolumeContentSource {
+        r#type: Some(match source {
+            ContentSource::Snapshot(id) => SourceType::Snapshot(SnapshotSource {
+                snapshot_id: id.to_string(),
+            }),
+            ContentSource::Volume(id) => SourceType::Volume(VolumeSource {
+                volume_id: id.to_string(),
+            }),
+        }),
+    }
+}
+
+/// VolumeSnapshotClass parameters: none of our own yet; csi-snapshotter's `csi.storage.k8s.io/*`
+/// keys pass, anything else is refused so a typo never goes unnoticed.
+pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    let mut keys: Vec<_> = params.keys().collect();
+    keys.sort();
+    if let Some(key) = keys
+        .into_iter()
+        .find(|key| !key.starts_with(PROVISIONER_PARAMETER_PREFIX))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "unknown VolumeSnapshotClass parameter {key:?} (stickyvol accepts only {PROVISIONER_PARAMETER_PREFIX}* keys)"
+        )));
+    }
+    Ok(params.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }
 
 /// Access modes that can be honoured by data that lives on one node.
@@ -342,7 +405,7 @@ mod tests {
             volume_id("../../x").unwrap_err().code(),
             tonic::Code::NotFound
         );
-        let id = VolumeId::generate();
+        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         assert_eq!(volume_id(id.as_str()).unwrap(), id);
     }
 

@@ -212,6 +212,9 @@ async fn controller_capabilities_in_the_default_mode() {
         ControllerRpc::VolumeCondition,
         ControllerRpc::ListVolumesPublishedNodes,
         ControllerRpc::SingleNodeMultiWriter,
+        ControllerRpc::CreateDeleteSnapshot,
+        ControllerRpc::ListSnapshots,
+        ControllerRpc::CloneVolume,
     ] {
         assert!(rpcs.contains(&wanted), "{wanted:?} missing from {rpcs:?}");
     }
@@ -222,15 +225,15 @@ async fn controller_capabilities_in_the_default_mode() {
 #[tokio::test]
 async fn rpcs_we_do_not_offer_answer_unimplemented() {
     let driver = TestDriver::start().await;
-    let snapshot = driver
+    let publish = driver
         .controller()
-        .create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: unknown_volume_id(),
-            name: new_name(),
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: unknown_volume_id(),
+            node_id: NODE_ID.into(),
             ..Default::default()
         })
         .await;
-    expect_code(snapshot, Code::Unimplemented);
+    expect_code(publish, Code::Unimplemented);
     let stage = driver
         .node()
         .node_stage_volume(csi::NodeStageVolumeRequest::default())

@@ -13,7 +13,27 @@
 
 use std::collections::HashMap;
 
-use super::id::VolumeId;
+use super::id::{SnapshotId, VolumeId};
+
+/// What a promise is made to: a volume (its size), or a snapshot (its data, which it comes to
+/// hold alone as its source is overwritten or deleted).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Holder {
+    Volume(VolumeId),
+    Snapshot(SnapshotId),
+}
+
+impl From<&VolumeId> for Holder {
+    fn from(id: &VolumeId) -> Holder {
+        Holder::Volume(id.clone())
+    }
+}
+
+impl From<&SnapshotId> for Holder {
+    fn from(id: &SnapshotId) -> Holder {
+        Holder::Snapshot(id.clone())
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Promise {
@@ -30,7 +50,7 @@ impl Promise {
 /// The promises of one pool. O(1) per change: the sum is kept, not recomputed.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    promises: HashMap<VolumeId, Promise>,
+    promises: HashMap<Holder, Promise>,
     outstanding: u64,
 }
 
@@ -45,11 +65,20 @@ impl Ledger {
         self.outstanding
     }
 
+    /// What snapshots use on their own, as last measured.
+    pub fn snapshot_usage(&self) -> u64 {
+        self.promises
+            .iter()
+            .filter(|(holder, _)| matches!(holder, Holder::Snapshot(_)))
+            .map(|(_, promise)| promise.used)
+            .sum()
+    }
+
     /// Promises `bytes` to `id` if `free` space can back them; otherwise returns what is
     /// available. A volume already in the ledger has its promise replaced (a retried create).
     pub fn reserve(
         &mut self,
-        id: &VolumeId,
+        id: &Holder,
         bytes: u64,
         free: u64,
         overcommit: f64,
@@ -72,12 +101,12 @@ impl Ledger {
     }
 
     /// Records a volume without checking space (loading existing volumes at start).
-    pub fn insert(&mut self, id: &VolumeId, reserved: u64, used: u64) {
+    pub fn insert(&mut self, id: &Holder, reserved: u64, used: u64) {
         self.set(id, Promise { reserved, used });
     }
 
     /// Sets a volume's promise without checking space.
-    pub fn set_reserved(&mut self, id: &VolumeId, reserved: u64) {
+    pub fn set_reserved(&mut self, id: &Holder, reserved: u64) {
         if let Some(promise) = self.promises.get(id).copied() {
             self.set(
                 id,
@@ -90,20 +119,20 @@ impl Ledger {
     }
 
     /// What a measurement found the volume uses.
-    pub fn set_used(&mut self, id: &VolumeId, used: u64) {
+    pub fn set_used(&mut self, id: &Holder, used: u64) {
         if let Some(promise) = self.promises.get(id).copied() {
             self.set(id, Promise { used, ..promise });
         }
     }
 
     /// The volume is gone (deleted, or its create failed).
-    pub fn release(&mut self, id: &VolumeId) {
+    pub fn release(&mut self, id: &Holder) {
         if let Some(promise) = self.promises.remove(id) {
             self.outstanding -= promise.outstanding();
         }
     }
 
-    fn set(&mut self, id: &VolumeId, promise: Promise) {
+    fn set(&mut self, id: &Holder, promise: Promise) {
         let before = self
             .promises
             .insert(id.clone(), promise)
@@ -126,8 +155,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn id() -> VolumeId {
-        VolumeId::generate()
+    fn id() -> Holder {
+        Holder::Volume(VolumeId::generate(&crate::volume::id::NodeTag::of("test")))
     }
 
     #[test]
@@ -182,7 +211,7 @@ mod tests {
     proptest! {
         #[test]
         fn the_kept_sum_matches_a_recount(ops in prop::collection::vec((0usize..4, 0u8..4, 0u64..1000, 0u64..1000), 1..60)) {
-            let ids: Vec<VolumeId> = (0..4).map(|_| id()).collect();
+            let ids: Vec<Holder> = (0..4).map(|_| id()).collect();
             let mut ledger = Ledger::default();
             for (which, op, x, y) in ops {
                 let v = &ids[which];

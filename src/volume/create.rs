@@ -14,18 +14,19 @@ use std::fs::{self, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::{info, warn};
 
+use super::accounting::Holder;
 use super::capacity;
+use super::cow;
 use super::devices;
 use super::id::VolumeId;
 use super::limits::{self, NewDirectory};
 use super::pool::Pool;
-use super::record::{AccessMode, Allocation, SizeLimit, VolumeKind, VolumeRecord};
+use super::record::{AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord};
 use super::store::sync_dir;
-use super::{Volumes, walk_failure};
+use super::{Volumes, now_ms, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, loopdev, mountinfo};
 
@@ -49,6 +50,8 @@ pub struct CreateRequest {
     pub allocation: Allocation,
     /// Refuse a filesystem volume on a pool that cannot limit its size.
     pub require_enforcement: bool,
+    /// The snapshot or volume whose data the volume starts with.
+    pub content_source: Option<ContentSource>,
 }
 
 impl Volumes {
@@ -80,10 +83,36 @@ impl Volumes {
             )));
         }
 
-        let id = VolumeId::generate();
-        self.reserve(pool, &id, capacity as u64, &req.name)?;
+        // Held until the data is copied, so the source cannot be deleted meanwhile.
+        let source = req
+            .content_source
+            .as_ref()
+            .map(|source| self.claim_source(source))
+            .transpose()?;
+        let capacity = match (&source, &req.content_source) {
+            (Some(data), Some(from)) => {
+                data.check_kind(req.kind, from)?;
+                data.capacity(req.required_bytes, req.limit_bytes)?
+            }
+            _ => capacity,
+        };
+
+        let id = VolumeId::generate(&self.node);
+        self.reserve(pool, Holder::from(&id), capacity as u64, &req.name)?;
         let staging = pool.staging_path(&id, req.kind);
-        let made = make_data(pool, &staging, req.kind, req.allocation, capacity).and_then(|made| {
+        let made = match &source {
+            None => make_data(pool, &staging, req.kind, req.allocation, capacity),
+            Some(data) => cow::fill_volume(
+                pool,
+                req.kind,
+                req.allocation,
+                &data.path,
+                &staging,
+                capacity as u64,
+            ),
+        };
+        drop(source);
+        let made = made.and_then(|made| {
             sync_dir(&pool.volumes).context(|| format!("syncing {}", pool.volumes.display()))?;
             Ok(made)
         });
@@ -106,6 +135,7 @@ impl Volumes {
                 mount_flags: req.mount_flags,
                 parameters: req.parameters,
                 created_unix_ms: now_ms(),
+                content_source: req.content_source,
                 publications: Vec::new(),
             };
             let record = self.store.put(record).map_err(|err| {
@@ -158,6 +188,8 @@ impl Volumes {
     /// Deletes a volume and its data. Unknown ids succeed (deletion is idempotent).
     pub fn delete(&self, id: &VolumeId) -> Result<()> {
         let _guard = self.claim(id)?;
+        // Not while a snapshot or clone copies its data.
+        let _reading = self.claim_reading(id)?;
         let Some(record) = self.store.get(id) else {
             if self.store.has_record_file(id) {
                 return Err(Error::FailedPrecondition(format!(
@@ -197,12 +229,12 @@ impl Volumes {
     /// Promises `bytes` of `pool` to volume `id`, or RESOURCE_EXHAUSTED. When the cheap check
     /// fails, usage is measured afresh once (volumes may have written since we last looked,
     /// which frees promises) before refusing.
-    pub(super) fn reserve(&self, pool: &Pool, id: &VolumeId, bytes: u64, what: &str) -> Result<()> {
+    pub(super) fn reserve(&self, pool: &Pool, id: Holder, bytes: u64, what: &str) -> Result<()> {
         // Usage that shrank since the last measurement would make the books too generous.
         if pool.usage_is_older_than(USAGE_MAX_AGE) {
             self.refresh_usage(pool);
         }
-        if pool.reserve(id, bytes)?.is_ok() {
+        if pool.reserve(id.clone(), bytes)?.is_ok() {
             return Ok(());
         }
         self.refresh_usage(pool);
@@ -277,6 +309,9 @@ fn check_compatible(existing: &VolumeRecord, req: &CreateRequest) -> Result<()> 
     if existing.parameters != req.parameters {
         return conflict("different parameters".into());
     }
+    if existing.content_source != req.content_source {
+        return conflict(format!("content source {:?}", existing.content_source));
+    }
     Ok(())
 }
 
@@ -333,10 +368,4 @@ pub(super) fn size_file(
             allocation.as_str()
         )
     })
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

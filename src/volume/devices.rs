@@ -39,7 +39,7 @@ mod tests {
 
     #[test]
     fn backing_files_are_matched_by_name_in_any_namespace() {
-        let id = VolumeId::generate();
+        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         for path in [
             format!("/var/lib/kubelet/volumes/stickyvol.csi.io/volumes/{id}.img"),
             format!("/volumes/stickyvol.csi.io/volumes/{id}.img"),

@@ -55,7 +55,12 @@ impl Volumes {
             // taken on the host, so the promise follows without a second check.
             pool.restore(id, wanted as u64);
         } else {
-            self.reserve(pool, id, wanted as u64, &format!("growing volume {id}"))?;
+            self.reserve(
+                pool,
+                id.into(),
+                wanted as u64,
+                &format!("growing volume {id}"),
+            )?;
         }
         let grown = match record.kind {
             VolumeKind::Filesystem => limits::resize(record.size_limit, &path, wanted as u64)

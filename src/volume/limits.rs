@@ -189,6 +189,32 @@ impl Enforcement {
         Ok(made)
     }
 
+    /// Makes the (staging) directory `dir` of a filesystem volume as a writable btrfs snapshot
+    /// of the subvolume `source` (a snapshot or another volume: O(1), extents shared), limited
+    /// to `capacity` bytes like a new volume. Only for pools limiting sizes with btrfs qgroups.
+    pub fn clone_subvolume(
+        &self,
+        source: &Path,
+        dir: &Path,
+        capacity: u64,
+    ) -> Result<NewDirectory> {
+        if !matches!(self, Enforcement::Btrfs) {
+            return Err(Error::FailedPrecondition(format!(
+                "cannot clone {} as a subvolume: the pool does not make volumes as btrfs subvolumes",
+                source.display()
+            )));
+        }
+        let (parent, name) = split(dir)?;
+        btrfs::snapshot_subvolume(source, parent, name, false)
+            .context(|| format!("cloning {} as {}", source.display(), dir.display()))?;
+        btrfs::set_limit(dir, capacity)
+            .context(|| format!("limiting {} to {capacity} bytes", dir.display()))?;
+        Ok(NewDirectory {
+            limit: SizeLimit::BtrfsQgroup,
+            lease: None,
+        })
+    }
+
     /// One allocator for the whole node, knowing the ids `records` hold.
     pub fn project_ids<'a>(records: impl IntoIterator<Item = &'a VolumeRecord>) -> ProjectIds {
         let in_use = records.into_iter().filter_map(|r| match r.size_limit {

@@ -6,6 +6,8 @@
 
 mod accounting;
 pub mod capacity;
+mod content;
+pub mod cow;
 mod create;
 mod devices;
 mod expand;
@@ -15,7 +17,10 @@ pub mod limits;
 pub mod pool;
 mod publish;
 pub mod record;
+mod records;
 mod recover;
+pub mod snapshot;
+mod snapshot_jobs;
 mod space;
 pub mod stats;
 pub mod store;
@@ -34,11 +39,15 @@ pub use create::CreateRequest;
 use pool::LockedRoot;
 pub use pool::{Pool, STAGING_PREFIX};
 pub use publish::PublishRequest;
+pub use snapshot::{SnapshotFilter, SnapshotRequest};
 pub use stats::VolumeStats;
 
 use guard::OperationGuards;
-use id::VolumeId;
+use id::{NodeTag, VolumeId};
 use record::{VolumeKind, VolumeRecord};
+use records::Records;
+use snapshot::SnapshotRecord;
+use snapshot_jobs::Jobs;
 use store::Store;
 
 /// Whether a volume is healthy, as CSI's VolumeCondition reports it.
@@ -147,13 +156,19 @@ pub struct Volumes {
     state: PathBuf,
     kubelet_dir: PathBuf,
     store: Store,
+    snapshots: Records<SnapshotRecord>,
+    /// Snapshot copies running in the background.
+    jobs: Jobs,
     guards: OperationGuards,
+    /// Signs the ids this node issues.
+    node: NodeTag,
 }
 
 impl Volumes {
     /// Opens (creating if needed) every pool, loads every record from `<data-dir>/state` and
-    /// reconciles the host with them: see `recover`. `pools[0]` is the data dir.
-    pub fn open(pools: &[PoolConfig], kubelet_dir: &Path) -> Result<Volumes> {
+    /// reconciles the host with them: see `recover`. `pools[0]` is the data dir. Snapshot
+    /// copies a crash interrupted are restarted by `resume_snapshot_copies`.
+    pub fn open(pools: &[PoolConfig], kubelet_dir: &Path, node_id: &str) -> Result<Volumes> {
         fs::create_dir_all(kubelet_dir)
             .context(|| format!("creating {}", kubelet_dir.display()))?;
         let kubelet_dir = kubelet_dir
@@ -179,6 +194,9 @@ impl Volumes {
         let state = locked[0].root.join("state");
         let (store, report) =
             Store::open(&state).context(|| format!("loading records from {}", state.display()))?;
+        let snapshot_state = state.join("snapshots");
+        let (snapshots, snapshot_report) = Records::open(&snapshot_state)
+            .context(|| format!("loading records from {}", snapshot_state.display()))?;
         let all = store.all();
         let mut opened = Vec::with_capacity(pools.len());
         let project_ids = limits::Enforcement::project_ids(all.iter().map(|r| &**r));
@@ -202,9 +220,13 @@ impl Volumes {
             state,
             kubelet_dir,
             store,
+            snapshots,
+            jobs: Jobs::default(),
             guards: OperationGuards::default(),
+            node: NodeTag::of(node_id),
         };
         volumes.recover(report)?;
+        volumes.recover_snapshots(&snapshot_report.unreadable)?;
         Ok(volumes)
     }
 
@@ -350,13 +372,22 @@ impl Volumes {
 /// A walk over volume `id`'s data that failed. A mount inside the volume is for an admin to
 /// remove (FAILED_PRECONDITION); an io error keeps its errno, so its gRPC code follows it.
 fn walk_failure(id: &VolumeId, doing: &str, err: WalkError) -> Error {
+    walk_failure_of(&format!("volume {id}"), doing, err)
+}
+
+/// A walk over the data at `root` (a snapshot's or a volume's) that failed; see `walk_failure`.
+fn walk_failure_at(root: &Path, doing: &str, err: WalkError) -> Error {
+    walk_failure_of(&root.display().to_string(), doing, err)
+}
+
+fn walk_failure_of(subject: &str, doing: &str, err: WalkError) -> Error {
     match err {
         WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
-            "volume {id} contains a mount point at {}; refusing to cross it",
+            "{subject} contains a mount point at {}; refusing to cross it",
             at.display()
         )),
         WalkError::Io { path, source } => {
-            Error::host(format!("{doing} {} of volume {id}", path.display()), source)
+            Error::host(format!("{doing} {} of {subject}", path.display()), source)
         }
     }
 }
@@ -365,4 +396,11 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .context(|| format!("setting mode {mode:o} on {}", path.display()))
+}
+
+/// Milliseconds since the epoch, for records.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -5,6 +5,8 @@
 //! - `volumes/<id>/`     a filesystem volume's data (a btrfs subvolume on btrfs pools)
 //! - `volumes/<id>.img`  a block volume's backing file
 //! - `volumes/.creating-<id>[.img]`  data of a create not yet committed
+//! - `snapshots/<snapshot-id>[.img]` a snapshot's data (see `snapshot`)
+//! - `snapshots/.creating-<snapshot-id>[.img]` a snapshot being copied
 //! - `lost+found/`       data found without a record, kept for an admin
 //! - `.lock`             held while a driver uses the pool
 
@@ -14,10 +16,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
-use tracing::info;
+use tracing::{info, warn};
 
-use super::accounting::Ledger;
-use super::id::VolumeId;
+use super::accounting::{Holder, Ledger};
+use super::cow::Mechanism;
+use super::id::{SnapshotId, VolumeId};
 use super::limits::Enforcement;
 use super::record::{VolumeKind, VolumeRecord};
 use super::set_mode;
@@ -35,7 +38,10 @@ pub struct Pool {
     /// Canonical: the kernel reports loop backing files and mounts that way.
     pub root: PathBuf,
     pub volumes: PathBuf,
+    pub snapshots: PathBuf,
     pub enforcement: Enforcement,
+    /// How snapshots, restores and clones copy data here.
+    pub cow: Mechanism,
     overcommit: f64,
     ledger: Mutex<Ledger>,
     /// When `refresh_usage` last measured every volume of the pool.
@@ -79,8 +85,11 @@ impl Pool {
         let LockedRoot { root, lock } = locked;
         let volumes = root.join("volumes");
         fs::create_dir_all(&volumes).context(|| format!("creating {}", volumes.display()))?;
+        let snapshots = root.join("snapshots");
+        fs::create_dir_all(&snapshots).context(|| format!("creating {}", snapshots.display()))?;
         let enforcement =
             Enforcement::choose(&config.name, &root, config.enforcement, project_ids)?;
+        let cow = copy_mechanism(&snapshots, &enforcement);
         let mut ledger = Ledger::default();
         for record in records {
             // Usage is learnt at the first measurement; until then every promise counts whole
@@ -88,14 +97,20 @@ impl Pool {
             let used = record
                 .fully_allocated()
                 .then_some(record.capacity_bytes as u64);
-            ledger.insert(&record.id, record.capacity_bytes as u64, used.unwrap_or(0));
+            ledger.insert(
+                &(&record.id).into(),
+                record.capacity_bytes as u64,
+                used.unwrap_or(0),
+            );
         }
-        info!(pool = %config.name, root = %root.display(), enforcement = enforcement.describe(), overcommit = config.overcommit, volumes = records.len(), "pool ready");
+        info!(pool = %config.name, root = %root.display(), enforcement = enforcement.describe(), snapshots = cow.describe(), overcommit = config.overcommit, volumes = records.len(), "pool ready");
         Ok(Pool {
             name: config.name.clone(),
             root,
             volumes,
+            snapshots,
             enforcement,
+            cow,
             overcommit: config.overcommit,
             ledger: Mutex::new(ledger),
             measured_at: Mutex::new(None),
@@ -111,6 +126,17 @@ impl Pool {
     /// Where a volume's data is made before its record commits it.
     pub fn staging_path(&self, id: &VolumeId, kind: VolumeKind) -> PathBuf {
         self.volumes
+            .join(format!("{STAGING_PREFIX}{}", data_name(id, kind)))
+    }
+
+    /// Where a snapshot's data lives.
+    pub fn snapshot_path(&self, id: &SnapshotId, kind: VolumeKind) -> PathBuf {
+        self.snapshots.join(data_name(id, kind))
+    }
+
+    /// Where a snapshot's data is copied before it is moved into place.
+    pub fn snapshot_staging_path(&self, id: &SnapshotId, kind: VolumeKind) -> PathBuf {
+        self.snapshots
             .join(format!("{STAGING_PREFIX}{}", data_name(id, kind)))
     }
 
@@ -135,15 +161,19 @@ impl Pool {
     /// is available instead. Free space is read under the ledger's lock: every usage figure in
     /// the ledger is then older than the free-space figure, never newer (a thick file
     /// allocated in between would otherwise count as neither free nor owed).
-    pub fn reserve(&self, id: &VolumeId, bytes: u64) -> Result<std::result::Result<(), u64>> {
+    pub fn reserve(
+        &self,
+        id: impl Into<Holder>,
+        bytes: u64,
+    ) -> Result<std::result::Result<(), u64>> {
         let mut ledger = self.ledger();
         let free = self.space()?.available_bytes;
-        Ok(ledger.reserve(id, bytes, free, self.overcommit))
+        Ok(ledger.reserve(&id.into(), bytes, free, self.overcommit))
     }
 
     /// Puts back a promise without checking space (undoing a growth that failed).
-    pub fn restore(&self, id: &VolumeId, bytes: u64) {
-        self.ledger().set_reserved(id, bytes);
+    pub fn restore(&self, id: impl Into<Holder>, bytes: u64) {
+        self.ledger().set_reserved(&id.into(), bytes);
     }
 
     /// Whether usage was last measured longer than `max_age` ago (or never).
@@ -162,12 +192,22 @@ impl Pool {
         self.ledger().outstanding()
     }
 
-    pub fn set_used(&self, id: &VolumeId, used: u64) {
-        self.ledger().set_used(id, used);
+    pub fn set_used(&self, id: impl Into<Holder>, used: u64) {
+        self.ledger().set_used(&id.into(), used);
     }
 
-    pub fn release(&self, id: &VolumeId) {
-        self.ledger().release(id);
+    /// Promises a snapshot found at start, without checking space.
+    pub fn insert(&self, id: impl Into<Holder>, reserved: u64, used: u64) {
+        self.ledger().insert(&id.into(), reserved, used);
+    }
+
+    pub fn release(&self, id: impl Into<Holder>) {
+        self.ledger().release(&id.into());
+    }
+
+    /// What snapshots of the pool hold on their own, as last measured.
+    pub fn snapshot_bytes(&self) -> u64 {
+        self.ledger().snapshot_usage()
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -176,11 +216,31 @@ impl Pool {
     }
 }
 
-/// The file name of a volume's data in `volumes/`.
-fn data_name(id: &VolumeId, kind: VolumeKind) -> String {
+/// The file name of a volume's data in `volumes/` (or a snapshot's in `snapshots/`).
+fn data_name(id: &impl std::fmt::Display, kind: VolumeKind) -> String {
     match kind {
         VolumeKind::Filesystem => id.to_string(),
         VolumeKind::Block => format!("{id}.img"),
+    }
+}
+
+/// The id a file name in `snapshots/` belongs to, if it is one of ours.
+pub fn id_of_snapshot_entry(file_name: &str) -> Option<SnapshotId> {
+    SnapshotId::parse(file_name.strip_suffix(".img").unwrap_or(file_name))
+}
+
+/// What the pool's filesystem offers for copies, probed in `dir` (on the pool's filesystem).
+fn copy_mechanism(dir: &Path, enforcement: &Enforcement) -> Mechanism {
+    let kind = fsstat::filesystem_kind(dir);
+    let reflink = fsstat::supports_reflink(dir);
+    match (kind, reflink) {
+        (Ok(kind), Ok(reflink)) => {
+            Mechanism::choose(kind, matches!(enforcement, Enforcement::Btrfs), reflink)
+        }
+        (Err(err), _) | (_, Err(err)) => {
+            warn!(dir = %dir.display(), error = %err, "cannot probe copy-on-write support; snapshots and clones will be full copies");
+            Mechanism::Copy
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::id::VolumeId;
+use super::id::{SnapshotId, VolumeId};
 
 /// Directory volumes are bind-mounted; block volumes are files exposed through a loop device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +117,16 @@ impl Publication {
     }
 }
 
+/// What a volume was made from, when it did not start empty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type", content = "id")]
+pub enum ContentSource {
+    /// Restored from a snapshot.
+    Snapshot(SnapshotId),
+    /// Cloned from another volume.
+    Volume(VolumeId),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     pub id: VolumeId,
@@ -141,6 +151,9 @@ pub struct VolumeRecord {
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
     pub created_unix_ms: u64,
+    /// The snapshot or volume whose data the volume started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_source: Option<ContentSource>,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,

@@ -12,7 +12,6 @@ use std::path::Path;
 
 use tracing::{error, info, warn};
 
-use super::id::VolumeId;
 use super::pool::{Pool, id_of_data_entry};
 use super::store::LoadReport;
 use super::{STAGING_PREFIX, Volumes, devices};
@@ -92,7 +91,12 @@ impl Volumes {
     /// Data under a final name without any record never comes from an interrupted operation of
     /// ours (see `create`): a lost state directory, a restore, a hand-made entry. It is moved
     /// aside, never deleted, and the admin is told.
-    fn quarantine(&self, pool: &Pool, id: &VolumeId, path: &Path) -> Result<()> {
+    pub(super) fn quarantine(
+        &self,
+        pool: &Pool,
+        id: &dyn std::fmt::Display,
+        path: &Path,
+    ) -> Result<()> {
         let lost = pool.lost_and_found();
         fs::create_dir_all(&lost).context(|| format!("creating {}", lost.display()))?;
         let name = path
@@ -106,7 +110,7 @@ impl Volumes {
         }
         fs::rename(path, &destination)
             .context(|| format!("moving {} to {}", path.display(), destination.display()))?;
-        error!(volume = %id, from = %path.display(), to = %destination.display(), "volume data without a record moved to lost+found; inspect it and remove it by hand");
+        error!(id = %id, from = %path.display(), to = %destination.display(), "data without a record moved to lost+found; inspect it and remove it by hand");
         Ok(())
     }
 

@@ -4,10 +4,11 @@
 use tracing::debug;
 
 use super::Volumes;
+use super::cow::Mechanism;
 use super::limits;
 use super::pool::Pool;
 use super::record::{SizeLimit, VolumeKind, VolumeRecord};
-use crate::host::fsstat;
+use crate::host::{btrfs, fsstat};
 
 impl Volumes {
     /// What pool `pool_name` can promise to new volumes of `kinds`, measured afresh. Zero when
@@ -37,6 +38,20 @@ impl Volumes {
         for record in self.store.all().iter().filter(|r| r.pool == pool.name) {
             if let Some(used) = cheap_usage(pool, record) {
                 pool.set_used(&record.id, used);
+            }
+        }
+        // What a btrfs snapshot holds alone grows as its source is overwritten or deleted.
+        let btrfs_snapshots =
+            self.snapshots.all().into_iter().filter(|r| {
+                r.pool == pool.name && r.ready && r.mechanism == Mechanism::BtrfsSnapshot
+            });
+        for record in btrfs_snapshots {
+            let path = pool.snapshot_path(&record.id, record.kind);
+            match btrfs::subvolume_id(&path).and_then(|id| btrfs::usage(&path, id)) {
+                Ok(usage) => pool.set_used(&record.id, usage.exclusive),
+                Err(err) => {
+                    debug!(snapshot = %record.id, error = %err, "cannot measure snapshot usage")
+                }
             }
         }
         pool.usage_measured();

@@ -1,9 +1,5 @@
-//! The crash-safe record store: one JSON file per volume under `<data-dir>/state/`, plus an
-//! in-memory index so every lookup is O(1) or O(log n) whatever the number of volumes.
-//!
-//! A record is written atomically (temp file → fsync → rename → fsync the directory), so after a
-//! crash each record is either the old or the new version, never a torn one. The record is the
-//! commit point of a volume's existence: see `volume::create`.
+//! The crash-safe volume store: one JSON record per volume under `<data-dir>/state/` (see
+//! `records`), the commit point of a volume's existence (see `volume::create`).
 //!
 //! Publications are kept beside the record, in `<id>.publications.json`, written atomically but
 //! without fsync: they describe mounts and loop devices, which a power loss (the only thing that
@@ -11,30 +7,34 @@
 //! file, intact. This keeps two disk flushes off every NodePublish and NodeUnpublish, and a
 //! torn publications file can never damage the record itself.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
-use std::io::{self, Write};
-use std::ops::Bound;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::fs;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
 
 use super::id::VolumeId;
 use super::record::{Publication, VolumeRecord};
+use super::records::{Record, Records, read_json};
+pub use super::records::{sync_dir, write_durably};
 
-const RECORD_SUFFIX: &str = ".json";
 const PUBLICATIONS_SUFFIX: &str = ".publications.json";
-const TEMP_SUFFIX: &str = ".tmp";
+
+impl Record for VolumeRecord {
+    type Id = VolumeId;
+    fn id(&self) -> &VolumeId {
+        &self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn parse_id(text: &str) -> Option<VolumeId> {
+        VolumeId::parse(text)
+    }
+}
 
 #[derive(Debug)]
 pub struct Store {
-    dir: PathBuf,
-    index: RwLock<Index>,
-}
-
-#[derive(Debug, Default)]
-struct Index {
-    by_id: BTreeMap<VolumeId, Arc<VolumeRecord>>,
-    by_name: HashMap<String, VolumeId>,
+    records: Records<VolumeRecord>,
 }
 
 /// What loading found besides good records.
@@ -49,88 +49,64 @@ pub struct LoadReport {
 }
 
 impl Store {
-    /// Loads every record in `dir` (created if missing).
+    /// Loads every record in `dir` (created if missing), with its publications.
     pub fn open(dir: &Path) -> io::Result<(Store, LoadReport)> {
-        fs::create_dir_all(dir)?;
-        let mut index = Index::default();
-        let mut report = LoadReport::default();
-        let mut inline = Vec::new();
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else {
-                continue;
-            };
-            if file_name.ends_with(TEMP_SUFFIX) {
-                fs::remove_file(entry.path())?;
-                report.removed_temp_files += 1;
-                continue;
-            }
-            if file_name.ends_with(PUBLICATIONS_SUFFIX) {
-                continue; // read with its record
-            }
-            let Some(id) = file_name
-                .strip_suffix(RECORD_SUFFIX)
-                .and_then(VolumeId::parse)
-            else {
-                continue;
-            };
-            match read_record(&entry.path()) {
-                Ok(mut record) if record.id == id => {
-                    match read_publications(&dir.join(format!("{id}{PUBLICATIONS_SUFFIX}"))) {
-                        Ok(Some(publications)) => record.publications = publications,
-                        // None, or kept inside the record by an older version: moved out below.
-                        Ok(None) if !record.publications.is_empty() => inline.push(id.clone()),
-                        Ok(None) => {}
-                        Err(err) => {
-                            record.publications.clear();
-                            report.unreadable_publications.push((id, err.to_string()));
-                        }
-                    }
-                    index.insert(Arc::new(record))
-                }
-                Ok(record) => report.unreadable.push((
-                    id,
-                    format!("record names a different volume id {}", record.id),
-                )),
-                Err(err) => report.unreadable.push((id, err.to_string())),
-            }
-        }
-        let store = Store {
-            dir: dir.to_path_buf(),
-            index: RwLock::new(index),
+        let (records, loaded) = Records::<VolumeRecord>::open(dir)?;
+        let mut report = LoadReport {
+            unreadable: loaded.unreadable,
+            removed_temp_files: loaded.removed_temp_files,
+            unreadable_publications: Vec::new(),
         };
-        for id in inline {
-            store.move_publications_out(&id)?;
+        let store = Store { records };
+        for record in store.records.all() {
+            let id = &record.id;
+            match read_publications(&store.records.side_path(id, PUBLICATIONS_SUFFIX)) {
+                Ok(Some(publications)) => {
+                    let mut with = (*record).clone();
+                    with.publications = publications;
+                    store.records.replace_in_memory(Arc::new(with));
+                }
+                // Kept inside the record by an older version: moved out.
+                Ok(None) if !record.publications.is_empty() => {
+                    store.move_publications_out(&record)?
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    let mut without = (*record).clone();
+                    without.publications.clear();
+                    store.records.replace_in_memory(Arc::new(without));
+                    report
+                        .unreadable_publications
+                        .push((id.clone(), err.to_string()));
+                }
+            }
         }
         Ok((store, report))
     }
 
     pub fn get(&self, id: &VolumeId) -> Option<Arc<VolumeRecord>> {
-        self.read_index().by_id.get(id).cloned()
+        self.records.get(id)
     }
 
     pub fn find_by_name(&self, name: &str) -> Option<Arc<VolumeRecord>> {
-        let index = self.read_index();
-        let id = index.by_name.get(name)?;
-        index.by_id.get(id).cloned()
+        self.records.find_by_name(name)
     }
 
     /// Whether a record file exists for `id`, readable or not.
     pub fn has_record_file(&self, id: &VolumeId) -> bool {
-        self.record_path(id).exists()
+        self.records.has_record_file(id)
     }
 
     pub fn len(&self) -> usize {
-        self.read_index().by_id.len()
+        self.records.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.records.is_empty()
     }
 
     pub fn all(&self) -> Vec<Arc<VolumeRecord>> {
-        self.read_index().by_id.values().cloned().collect()
+        self.records.all()
     }
 
     /// Up to `max` records with ids after `after`, in id (= creation) order, and whether more remain.
@@ -139,12 +115,7 @@ impl Store {
         after: Option<&VolumeId>,
         max: usize,
     ) -> (Vec<Arc<VolumeRecord>>, bool) {
-        let index = self.read_index();
-        let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut range = index.by_id.range((lower, Bound::Unbounded));
-        let page: Vec<_> = range.by_ref().take(max).map(|(_, r)| r.clone()).collect();
-        let more = range.next().is_some();
-        (page, more)
+        self.records.page_after(after, max, |_| true)
     }
 
     /// Writes what changed of `record` (durably, publications aside), then makes it visible.
@@ -157,118 +128,56 @@ impl Store {
             .as_ref()
             .is_none_or(|o| o.without_publications() != durable)
         {
-            let bytes = serde_json::to_vec_pretty(&durable)?;
-            let temp = self.dir.join(format!(".{id}{RECORD_SUFFIX}{TEMP_SUFFIX}"));
-            write_durably(&temp, &self.record_path(&id), &bytes)?;
+            self.records.write(&id, &durable)?;
         }
         let old_publications = old.as_ref().map_or(&[][..], |o| &o.publications[..]);
         if old_publications != record.publications.as_slice() {
             self.write_publications(&id, &record.publications)?;
         }
         let record = Arc::new(record);
-        self.write_index().insert(record.clone());
+        self.records.replace_in_memory(record.clone());
         Ok(record)
     }
 
     /// Upgrades a record that carries its publications inline (older versions): the side file
     /// first, then the record without them, so a crash in between loses nothing.
-    fn move_publications_out(&self, id: &VolumeId) -> io::Result<()> {
-        let Some(record) = self.get(id) else {
-            return Ok(());
-        };
-        self.write_publications(id, &record.publications)?;
-        let bytes = serde_json::to_vec_pretty(&record.without_publications())?;
-        let temp = self.dir.join(format!(".{id}{RECORD_SUFFIX}{TEMP_SUFFIX}"));
-        write_durably(&temp, &self.record_path(id), &bytes)
+    fn move_publications_out(&self, record: &VolumeRecord) -> io::Result<()> {
+        self.write_publications(&record.id, &record.publications)?;
+        self.records
+            .write(&record.id, &record.without_publications())
     }
 
     /// Atomically, without fsync (see the module comment); no file when there are none.
     fn write_publications(&self, id: &VolumeId, publications: &[Publication]) -> io::Result<()> {
-        let path = self.publications_path(id);
+        let path = self.records.side_path(id, PUBLICATIONS_SUFFIX);
         if publications.is_empty() {
             return match fs::remove_file(&path) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
                 _ => Ok(()),
             };
         }
-        let temp = self
-            .dir
-            .join(format!(".{id}{PUBLICATIONS_SUFFIX}{TEMP_SUFFIX}"));
+        let temp = self.records.side_temp_path(id, PUBLICATIONS_SUFFIX);
         fs::write(&temp, serde_json::to_vec(publications)?)?;
         fs::rename(&temp, &path)
     }
 
     /// Durably removes the record of `id`; a missing record is fine.
     pub fn remove(&self, id: &VolumeId) -> io::Result<()> {
-        match fs::remove_file(self.publications_path(id)) {
+        match fs::remove_file(self.records.side_path(id, PUBLICATIONS_SUFFIX)) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
             _ => {}
         }
-        match fs::remove_file(self.record_path(id)) {
-            Ok(()) => sync_dir(&self.dir)?,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(err) => return Err(err),
-        }
-        let mut index = self.write_index();
-        if let Some(record) = index.by_id.remove(id) {
-            index.by_name.remove(&record.name);
-        }
-        Ok(())
+        self.records.remove(id)
     }
-
-    fn record_path(&self, id: &VolumeId) -> PathBuf {
-        self.dir.join(format!("{id}{RECORD_SUFFIX}"))
-    }
-
-    fn publications_path(&self, id: &VolumeId) -> PathBuf {
-        self.dir.join(format!("{id}{PUBLICATIONS_SUFFIX}"))
-    }
-
-    fn read_index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
-        self.index.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write_index(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
-        self.index.write().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Index {
-    fn insert(&mut self, record: Arc<VolumeRecord>) {
-        self.by_name.insert(record.name.clone(), record.id.clone());
-        self.by_id.insert(record.id.clone(), record);
-    }
-}
-
-fn read_record(path: &Path) -> io::Result<VolumeRecord> {
-    let bytes = fs::read(path)?;
-    serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// None when there is no publications file.
 fn read_publications(path: &Path) -> io::Result<Option<Vec<Publication>>> {
-    match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+    match read_json(path) {
+        Ok(publications) => Ok(Some(publications)),
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(err) => Err(err),
     }
-}
-
-/// temp file → fsync → rename over `path` → fsync the directory.
-pub fn write_durably(temp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = File::create(temp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(temp, path)?;
-    sync_dir(path.parent().unwrap_or(Path::new("/")))
-}
-
-/// Makes a directory's entries (creations, renames, removals) durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -278,7 +187,7 @@ mod tests {
 
     fn record(name: &str) -> VolumeRecord {
         VolumeRecord {
-            id: VolumeId::generate(),
+            id: VolumeId::generate(&crate::volume::id::NodeTag::of("test")),
             name: name.into(),
             kind: VolumeKind::Filesystem,
             capacity_bytes: 1 << 20,
@@ -289,6 +198,7 @@ mod tests {
             mount_flags: vec![],
             parameters: Default::default(),
             created_unix_ms: 1,
+            content_source: None,
             publications: vec![],
         }
     }
@@ -368,7 +278,7 @@ mod tests {
     #[test]
     fn records_written_before_pools_existed_load_with_defaults() {
         let dir = tempfile::tempdir().unwrap();
-        let id = VolumeId::generate();
+        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         let old = format!(
             r#"{{"id":"{id}","name":"pv-1","kind":"block","capacity_bytes":4096,"access_modes":["SINGLE_NODE_WRITER"],"created_unix_ms":1}}"#
         );
@@ -401,7 +311,7 @@ mod tests {
     #[test]
     fn unreadable_records_are_reported_not_dropped_silently() {
         let dir = tempfile::tempdir().unwrap();
-        let id = VolumeId::generate();
+        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         fs::write(dir.path().join(format!("{id}.json")), b"{not json").unwrap();
         let (store, report) = Store::open(dir.path()).unwrap();
         assert!(store.is_empty());

@@ -37,6 +37,7 @@ use stickyvol::csi::node_client::NodeClient;
 pub use stickyvol::csi::volume_capability::access_mode::Mode;
 use stickyvol::host::loopdev::{self, LoopDevice};
 use stickyvol::host::mountinfo::{self, MountEntry};
+use stickyvol::volume::id::{NodeTag, VolumeId};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 pub use tonic::{Code, Status};
@@ -661,9 +662,18 @@ impl TestDriver {
         dir_names(&self.data.join("volumes"))
     }
 
-    /// `state/` under the data dir: one record per volume (plus leftovers).
+    /// `state/` under the data dir: one record per volume (plus leftovers), and the snapshot
+    /// records of `state/snapshots/` as `snapshots/<name>`.
     pub fn state_entries(&self) -> Vec<String> {
-        dir_names(&self.data.join("state"))
+        let state = self.data.join("state");
+        let snapshots = dir_names(&state.join("snapshots"))
+            .into_iter()
+            .map(|name| format!("snapshots/{name}"));
+        dir_names(&state)
+            .into_iter()
+            .filter(|name| name != "snapshots")
+            .chain(snapshots)
+            .collect()
     }
 
     /// Mount points at or under this test's directory.
@@ -903,9 +913,9 @@ pub fn path_str(path: &Path) -> String {
     path.to_str().expect("test paths are UTF-8").to_string()
 }
 
-/// A well-formed id that no driver ever issued.
+/// A well-formed id of this test node that no driver ever issued.
 pub fn unknown_volume_id() -> String {
-    format!("sv-{}", uuid::Uuid::now_v7().simple())
+    VolumeId::generate(&NodeTag::of(NODE_ID)).to_string()
 }
 
 // ---- assertions and host inspection ----

@@ -1,0 +1,87 @@
+//! Where a restored or cloned volume's data comes from: a snapshot of this node, or another
+//! volume of this node, held against deletion while it is copied.
+
+use std::path::PathBuf;
+
+use super::guard::OperationGuard;
+use super::record::{ContentSource, VolumeKind};
+use super::{Volumes, capacity};
+use crate::error::{Error, Result};
+
+/// A source found and claimed for the length of one create.
+#[derive(Debug)]
+pub(super) struct SourceData {
+    pub path: PathBuf,
+    pub kind: VolumeKind,
+    /// The source's size: the smallest volume its data fits in.
+    pub size_bytes: i64,
+    _claimed: OperationGuard,
+}
+
+impl Volumes {
+    /// Finds `source` and claims it (a snapshot: its operation slot; a volume: its "being
+    /// read" slot), so it cannot be deleted while it is copied.
+    pub(super) fn claim_source(&self, source: &ContentSource) -> Result<SourceData> {
+        match source {
+            ContentSource::Snapshot(id) => {
+                let record = self.snapshot_source(id)?;
+                if !record.ready {
+                    return Err(Error::Pending(format!(
+                        "snapshot {id} (its data is still being copied)"
+                    )));
+                }
+                let claimed = self.claim_snapshot(id)?;
+                let pool = self.pool(&record.pool)?;
+                Ok(SourceData {
+                    path: pool.snapshot_path(id, record.kind),
+                    kind: record.kind,
+                    size_bytes: record.size_bytes,
+                    _claimed: claimed,
+                })
+            }
+            ContentSource::Volume(id) => {
+                let record = self
+                    .store
+                    .get(id)
+                    .ok_or_else(|| self.missing_source(&format!("volume {id}"), id.issuer()))?;
+                let claimed = self.claim_reading(id)?;
+                Ok(SourceData {
+                    path: self.data_path(&record)?,
+                    kind: record.kind,
+                    size_bytes: record.capacity_bytes,
+                    _claimed: claimed,
+                })
+            }
+        }
+    }
+}
+
+impl SourceData {
+    /// The new volume's capacity: as asked, at least the source's size (OUT_OF_RANGE when the
+    /// range allows only less), the source's size when nothing is asked.
+    pub fn capacity(&self, required: i64, limit: i64) -> Result<i64> {
+        let size = self.size_bytes;
+        if (required > 0 && required < size) || (limit > 0 && limit < size) {
+            return Err(Error::OutOfRange(format!(
+                "the requested capacity (required_bytes {required}, limit_bytes {limit}) is smaller than the source's {size} bytes"
+            )));
+        }
+        capacity::choose(required.max(size), limit)
+    }
+
+    /// A volume of `kind` can only start from data of the same kind.
+    pub fn check_kind(&self, kind: VolumeKind, source: &ContentSource) -> Result<()> {
+        if self.kind == kind {
+            return Ok(());
+        }
+        let what = match source {
+            ContentSource::Snapshot(id) => format!("snapshot {id}"),
+            ContentSource::Volume(id) => format!("volume {id}"),
+        };
+        Err(Error::InvalidArgument(format!(
+            "{what} holds a {} volume; it cannot become a {} volume",
+            self.kind.as_str(),
+            kind.as_str()
+        )))
+    }
+}

@@ -1,0 +1,267 @@
+//! How a pool copies volume data for snapshots, restores and clones, copy-on-write where its
+//! filesystem allows:
+//! - btrfs, volumes as subvolumes (quota on): a snapshot of the subvolume, O(1) and atomic,
+//!   so crash-consistent while a pod writes; read-only for a snapshot, writable for a volume;
+//! - reflink (XFS, or btrfs volumes that are plain directories): FICLONE per file, so data is
+//!   shared but files are taken one by one;
+//! - copy (ext4, tmpfs, …): every data segment copied, holes kept.
+//!
+//! Block volumes are one image file: FICLONE of the whole file where the filesystem can (atomic),
+//! a sparse copy otherwise.
+
+use std::fs::OpenOptions;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::create::size_file;
+use super::limits::NewDirectory;
+use super::pool::Pool;
+use super::record::{Allocation, VolumeKind};
+use super::walk_failure_at;
+use crate::error::{Error, IoContext, Result};
+use crate::host::btrfs;
+use crate::host::copy::{self, CopyError, CopyReport, DataMode, Progress};
+use crate::host::fsstat::FsKind;
+
+/// What a pool uses for filesystem volumes (block volumes use reflink or copy alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    BtrfsSnapshot,
+    Reflink,
+    Copy,
+}
+
+impl Mechanism {
+    /// `subvolumes`: the pool makes filesystem volumes as btrfs subvolumes; `reflink`: its
+    /// filesystem answered FICLONE.
+    pub fn choose(kind: FsKind, subvolumes: bool, reflink: bool) -> Mechanism {
+        match (kind, subvolumes, reflink) {
+            (FsKind::Btrfs, true, _) => Mechanism::BtrfsSnapshot,
+            (_, _, true) => Mechanism::Reflink,
+            _ => Mechanism::Copy,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Mechanism::BtrfsSnapshot => "btrfs snapshots (O(1), crash-consistent)",
+            Mechanism::Reflink => "reflink copies (shared extents, file by file)",
+            Mechanism::Copy => "full copies (file by file)",
+        }
+    }
+
+    /// How file data is carried when a tree or file is copied.
+    fn data_mode(self) -> DataMode {
+        match self {
+            Mechanism::Copy => DataMode::Copy,
+            Mechanism::BtrfsSnapshot | Mechanism::Reflink => DataMode::Reflink,
+        }
+    }
+}
+
+/// What copying produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copied {
+    pub mechanism: Mechanism,
+    /// Bytes of data the copy holds (shared with its source or not).
+    pub data_bytes: u64,
+    /// Bytes physically written: what the copy costs the pool now.
+    pub copied_bytes: u64,
+}
+
+impl Copied {
+    fn from_report(mechanism: Mechanism, report: CopyReport) -> Copied {
+        // A reflink the filesystem refused for every file was a copy after all.
+        let all_copied = report.data_bytes > 0 && report.copied_bytes >= report.data_bytes;
+        let mechanism = if mechanism == Mechanism::Copy || all_copied {
+            Mechanism::Copy
+        } else {
+            Mechanism::Reflink
+        };
+        Copied {
+            mechanism,
+            data_bytes: report.data_bytes,
+            copied_bytes: report.copied_bytes,
+        }
+    }
+}
+
+/// Copies the data of a volume (`source`, of `kind`) to `dest` (which must not exist) as a
+/// snapshot of `pool`. The data is durable when this returns.
+pub fn snapshot(
+    pool: &Pool,
+    kind: VolumeKind,
+    source: &Path,
+    dest: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Copied> {
+    let copied = match kind {
+        VolumeKind::Block => copy_image(pool.cow, source, dest, progress)?,
+        VolumeKind::Filesystem => {
+            if pool.cow == Mechanism::BtrfsSnapshot && is_subvolume(source)? {
+                let (parent, name) = split(dest)?;
+                btrfs::snapshot_subvolume(source, parent, name, true).context(|| {
+                    format!("snapshotting {} as {}", source.display(), dest.display())
+                })?;
+                sync(dest)?;
+                // Exact after the commit `sync` made: all of it shared, none of it its own yet.
+                let usage = btrfs::subvolume_id(dest).and_then(|id| btrfs::usage(dest, id));
+                let usage =
+                    usage.context(|| format!("reading the qgroup of {}", dest.display()))?;
+                return Ok(Copied {
+                    mechanism: Mechanism::BtrfsSnapshot,
+                    data_bytes: usage.referenced,
+                    copied_bytes: usage.exclusive,
+                });
+            } else {
+                make_private_dir(dest)?;
+                copy_tree(pool.cow, source, dest, progress)?
+            }
+        }
+    };
+    sync(dest)?;
+    Ok(copied)
+}
+
+/// Makes a new volume's data at `dest` (its staging path in `pool`) from the data of a
+/// snapshot or volume at `source`, limited to `capacity` like any volume of the pool.
+pub fn fill_volume(
+    pool: &Pool,
+    kind: VolumeKind,
+    allocation: Allocation,
+    source: &Path,
+    dest: &Path,
+    capacity: u64,
+) -> Result<Option<NewDirectory>> {
+    let made = match kind {
+        VolumeKind::Block => {
+            copy_image(pool.cow, source, dest, &mut copy::Always)?;
+            let file = OpenOptions::new()
+                .write(true)
+                .open(dest)
+                .context(|| format!("opening {}", dest.display()))?;
+            if file.metadata().map_or(0, |m| m.len()) < capacity || allocation == Allocation::Thick
+            {
+                size_file(&file, dest, allocation, capacity)?;
+            }
+            None
+        }
+        VolumeKind::Filesystem => {
+            let subvolume_source = pool.cow == Mechanism::BtrfsSnapshot
+                && is_subvolume(source)?
+                && same_btrfs(source, &pool.volumes);
+            Some(if subvolume_source {
+                pool.enforcement.clone_subvolume(source, dest, capacity)?
+            } else {
+                let made = pool.enforcement.make_directory(dest, capacity)?;
+                copy_tree(pool.cow, source, dest, &mut copy::Always)?;
+                made
+            })
+        }
+    };
+    sync(dest)?;
+    Ok(made)
+}
+
+fn copy_image(
+    mechanism: Mechanism,
+    source: &Path,
+    dest: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Copied> {
+    let report = copy::copy_file(source, dest, mechanism.data_mode(), progress)
+        .map_err(|err| copy_failure(source, err))?;
+    Ok(Copied::from_report(mechanism, report))
+}
+
+fn copy_tree(
+    mechanism: Mechanism,
+    source: &Path,
+    dest: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Copied> {
+    let report = copy::copy_tree(source, dest, mechanism.data_mode(), progress)
+        .map_err(|err| copy_failure(source, err))?;
+    Ok(Copied::from_report(mechanism, report))
+}
+
+fn copy_failure(source: &Path, err: CopyError) -> Error {
+    match err {
+        CopyError::Walk(err) => walk_failure_at(source, "copying", err),
+        CopyError::Cancelled => Error::Pending(format!("the copy of {}", source.display())),
+    }
+}
+
+/// Flushes the copy to disk: it must survive a power loss before a record says it exists.
+fn sync(dest: &Path) -> Result<()> {
+    copy::sync_filesystem(dest).context(|| format!("syncing {}", dest.display()))
+}
+
+fn is_subvolume(path: &Path) -> Result<bool> {
+    btrfs::is_subvolume(path).context(|| format!("inspecting {}", path.display()))
+}
+
+fn same_btrfs(a: &Path, b: &Path) -> bool {
+    matches!((btrfs::filesystem_id(a), btrfs::filesystem_id(b)), (Ok(x), Ok(y)) if x == y)
+}
+
+/// Snapshot directories are for us only (root's); their content keeps its own modes.
+fn make_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .context(|| format!("creating {}", dir.display()))
+}
+
+fn split(path: &Path) -> Result<(&Path, &str)> {
+    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+        (Some(parent), Some(name)) => Ok((parent, name)),
+        _ => Err(Error::host(
+            format!("making {}", path.display()),
+            std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn btrfs_snapshots_need_subvolume_volumes() {
+        assert_eq!(
+            Mechanism::choose(FsKind::Btrfs, true, true),
+            Mechanism::BtrfsSnapshot
+        );
+        assert_eq!(
+            Mechanism::choose(FsKind::Btrfs, false, true),
+            Mechanism::Reflink
+        );
+        assert_eq!(
+            Mechanism::choose(FsKind::Xfs, false, true),
+            Mechanism::Reflink
+        );
+        assert_eq!(
+            Mechanism::choose(FsKind::Ext4, false, false),
+            Mechanism::Copy
+        );
+    }
+
+    #[test]
+    fn a_copy_that_shared_every_extent_is_a_reflink() {
+        let report = |data_bytes, copied_bytes| CopyReport {
+            files: 1,
+            data_bytes,
+            copied_bytes,
+        };
+        let seen = |m, r| Copied::from_report(m, r).mechanism;
+        assert_eq!(seen(Mechanism::Reflink, report(10, 0)), Mechanism::Reflink);
+        assert_eq!(seen(Mechanism::Reflink, report(10, 10)), Mechanism::Copy);
+        assert_eq!(seen(Mechanism::Reflink, report(10, 4)), Mechanism::Reflink);
+        assert_eq!(seen(Mechanism::Copy, report(10, 10)), Mechanism::Copy);
+        assert_eq!(seen(Mechanism::Copy, report(0, 0)), Mechanism::Copy);
+    }
+}

@@ -1,0 +1,265 @@
+//! CreateSnapshot, DeleteSnapshot and ListSnapshots: point-in-time copies of a volume's data,
+//! kept in the source's pool (`<pool>/snapshots/<id>`) and independent of it.
+//!
+//! Crash safety: the record is written first, not ready (so the id the CO is handed never
+//! changes); the data is then copied under a staging name, flushed, moved into place, and the
+//! record marked ready (see `snapshot_jobs`). At start, staging data is removed and copies of
+//! records that are not ready are started over; data without a record is moved to
+//! `lost+found`. Deletion removes the data first and the record last, so a retry finishes it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use super::accounting::Holder;
+use super::cow::Mechanism;
+use super::id::{Issuer, SnapshotId, VolumeId};
+use super::limits;
+use super::pool::Pool;
+use super::record::{SizeLimit, VolumeKind, VolumeRecord};
+use super::records::Record;
+use super::{Volumes, now_ms, walk_failure_at};
+use crate::error::{Error, IoContext, Result};
+use crate::host::tree::WalkError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: SnapshotId,
+    /// The CO's idempotency key (the VolumeSnapshotContent's name under Kubernetes).
+    pub name: String,
+    pub source_volume: VolumeId,
+    pub kind: VolumeKind,
+    pub pool: String,
+    /// The source's capacity when taken: the smallest volume the snapshot restores into.
+    pub size_bytes: i64,
+    /// How the data was (or is being) copied.
+    pub mechanism: Mechanism,
+    /// Bytes of data the snapshot holds, shared or not: what it may come to hold alone.
+    pub data_bytes: u64,
+    /// Bytes it held alone when made (what copying wrote); btrfs snapshots are measured.
+    pub exclusive_bytes: u64,
+    /// The data is complete and durable.
+    pub ready: bool,
+    /// VolumeSnapshotClass parameters as given.
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    pub created_unix_ms: u64,
+}
+
+impl Record for SnapshotRecord {
+    type Id = SnapshotId;
+    fn id(&self) -> &SnapshotId {
+        &self.id
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn parse_id(text: &str) -> Option<SnapshotId> {
+        SnapshotId::parse(text)
+    }
+}
+
+/// A validated CreateSnapshot request.
+#[derive(Debug, Clone)]
+pub struct SnapshotRequest {
+    pub name: String,
+    pub source: VolumeId,
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// Which snapshots ListSnapshots asks for.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotFilter {
+    pub snapshot: Option<SnapshotId>,
+    pub source: Option<VolumeId>,
+}
+
+impl Volumes {
+    /// Takes a snapshot named `req.name` of volume `req.source`, or returns the one already
+    /// taken under that name. Waits a little for the copy; a longer one goes on in the
+    /// background and the snapshot is returned not ready (the CO asks again).
+    pub fn create_snapshot(self: &Arc<Self>, req: SnapshotRequest) -> Result<Arc<SnapshotRecord>> {
+        let _guard = self.guards.acquire(
+            format!("snapshot-name:{}", req.name),
+            &format!("snapshot name {:?}", req.name),
+        )?;
+        if let Some(existing) = self.snapshots.find_by_name(&req.name) {
+            if existing.source_volume != req.source {
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot {:?} already exists as {} of volume {}",
+                    req.name, existing.id, existing.source_volume
+                )));
+            }
+            return self.finish_snapshot(&existing);
+        }
+        let source = self.store.get(&req.source).ok_or_else(|| {
+            Error::NotFound(format!("source volume {} does not exist", req.source))
+        })?;
+        let pool = self.pool_of(&source)?;
+        let id = SnapshotId::generate(&self.node);
+        let data_bytes = self.data_bytes(pool, &source)?;
+        self.reserve(
+            pool,
+            Holder::from(&id),
+            data_bytes,
+            &format!("a snapshot of volume {}", source.id),
+        )?;
+        let record = SnapshotRecord {
+            id: id.clone(),
+            name: req.name,
+            source_volume: source.id.clone(),
+            kind: source.kind,
+            pool: pool.name.clone(),
+            size_bytes: source.capacity_bytes,
+            mechanism: match source.kind {
+                // The planned mechanism; the copy records what it really did.
+                VolumeKind::Filesystem if source.size_limit == SizeLimit::BtrfsQgroup => pool.cow,
+                _ if pool.cow == Mechanism::Copy => Mechanism::Copy,
+                _ => Mechanism::Reflink,
+            },
+            data_bytes,
+            exclusive_bytes: 0,
+            ready: false,
+            parameters: req.parameters,
+            created_unix_ms: now_ms(),
+        };
+        let record = Arc::new(record);
+        // The commit point of the id: from here on, the snapshot exists (not ready yet).
+        if let Err(err) = self.snapshots.put(record.clone(), &*record) {
+            pool.release(&id);
+            return Err(Error::host(
+                format!("writing the record of snapshot {id}"),
+                err,
+            ));
+        }
+        info!(snapshot = %id, name = %record.name, volume = %source.id, pool = %pool.name, data_bytes, "taking snapshot");
+        self.finish_snapshot(&record)
+    }
+
+    /// Deletes a snapshot and its data. Unknown ids succeed (deletion is idempotent).
+    pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+        self.cancel_snapshot_copy(id)?;
+        let _guard = self.claim_snapshot(id)?;
+        let Some(record) = self.snapshots.get(id) else {
+            return Ok(());
+        };
+        let pool = self.pool(&record.pool).map_err(|_| {
+            Error::FailedPrecondition(format!(
+                "snapshot {id} is in pool {:?}, which this driver was not started with",
+                record.pool
+            ))
+        })?;
+        for path in [
+            pool.snapshot_path(id, record.kind),
+            pool.snapshot_staging_path(id, record.kind),
+        ] {
+            remove_snapshot_data(&path).map_err(|err| walk_failure_at(&path, "deleting", err))?;
+        }
+        self.snapshots
+            .remove(id)
+            .context(|| format!("removing the record of snapshot {id}"))?;
+        pool.release(id);
+        info!(snapshot = %id, name = %record.name, pool = %pool.name, "deleted snapshot");
+        Ok(())
+    }
+
+    /// The snapshot with this id, if it exists here.
+    pub fn snapshot(&self, id: &SnapshotId) -> Option<Arc<SnapshotRecord>> {
+        self.snapshots.get(id)
+    }
+
+    /// A snapshot that must exist to be restored: NOT_FOUND if this node issued its id (or
+    /// the id is not ours), RESOURCE_EXHAUSTED if another node did (see `Volumes::source`).
+    pub fn snapshot_source(&self, id: &SnapshotId) -> Result<Arc<SnapshotRecord>> {
+        self.snapshots
+            .get(id)
+            .ok_or_else(|| self.missing_source(&format!("snapshot {id}"), id.issuer()))
+    }
+
+    /// One page of snapshots matching `filter` after `after`, and the token for the next page.
+    pub fn list_snapshots(
+        &self,
+        filter: &SnapshotFilter,
+        after: Option<&SnapshotId>,
+        max_entries: usize,
+    ) -> (Vec<Arc<SnapshotRecord>>, Option<SnapshotId>) {
+        if let Some(id) = &filter.snapshot {
+            let found = self
+                .snapshots
+                .get(id)
+                .filter(|r| filter.source.as_ref().is_none_or(|s| *s == r.source_volume));
+            return (found.into_iter().collect(), None);
+        }
+        let (page, more) = self.snapshots.page_after(after, max_entries, |r| {
+            filter.source.as_ref().is_none_or(|s| *s == r.source_volume)
+        });
+        let next = if more {
+            page.last().map(|r| r.id.clone())
+        } else {
+            None
+        };
+        (page, next)
+    }
+
+    /// Snapshots per pool: (count, bytes they hold alone as last measured).
+    pub fn snapshot_census(&self) -> Vec<(String, usize, u64)> {
+        let all = self.snapshots.all();
+        self.pools()
+            .iter()
+            .map(|pool| {
+                let count = all.iter().filter(|r| r.pool == pool.name).count();
+                (pool.name.clone(), count, pool.snapshot_bytes())
+            })
+            .collect()
+    }
+
+    /// How a source that is not here should be answered: a node that issued the id knows it
+    /// is gone (NOT_FOUND); an id from another node (or from a version that did not say) means
+    /// the claim landed on the wrong node, and RESOURCE_EXHAUSTED makes the provisioner
+    /// reschedule it (design.md §8).
+    pub(super) fn missing_source(&self, what: &str, issuer: Issuer) -> Error {
+        match issuer {
+            Issuer::Node(tag) if tag == self.node => {
+                Error::NotFound(format!("{what} does not exist"))
+            }
+            _ => Error::ResourceExhausted(format!(
+                "{what} is not on this node; a restore or clone is made on the node holding its source (pin the claim's pod to that node)"
+            )),
+        }
+    }
+
+    /// Bytes a copy of `record`'s data needs: O(1) where a limit counts them, a walk otherwise.
+    pub(super) fn data_bytes(&self, pool: &Pool, record: &VolumeRecord) -> Result<u64> {
+        let path = pool.data_path(&record.id, record.kind);
+        if record.kind == VolumeKind::Block {
+            return Ok(crate::host::fsstat::lstat(&path)
+                .context(|| format!("inspecting {}", path.display()))?
+                .allocated);
+        }
+        match limits::usage(record.size_limit, &path) {
+            Ok(Some(usage)) => return Ok(usage.used_bytes),
+            Ok(None) => {}
+            Err(err) => {
+                tracing::debug!(volume = %record.id, error = %err, "cannot read usage from the size limit; walking")
+            }
+        }
+        crate::host::usage::measure(&path)
+            .map(|usage| usage.bytes)
+            .map_err(|err| super::walk_failure(&record.id, "measuring", err))
+    }
+
+    /// Claims the snapshot's operation slot (ABORTED for a concurrent second caller).
+    pub(super) fn claim_snapshot(&self, id: &SnapshotId) -> Result<super::guard::OperationGuard> {
+        self.guards
+            .acquire(format!("snapshot:{id}"), &format!("snapshot {id}"))
+    }
+}
+
+/// Removes a snapshot's data: a (read-only) btrfs subvolume in one call, anything else by a
+/// walk that never follows a symlink nor crosses a mount. Missing data is fine.
+pub(super) fn remove_snapshot_data(path: &std::path::Path) -> Result<(), WalkError> {
+    // The btrfs path tries the subvolume first and falls back to the walk for anything else.
+    limits::remove_directory(SizeLimit::BtrfsQgroup, path)
+}

@@ -1,0 +1,289 @@
+//! Copying a snapshot's data, in the background when it takes a while.
+//!
+//! A btrfs snapshot or a reflink of one image takes milliseconds; a copy of a big volume can
+//! take minutes, longer than a CSI call should be held. So every copy runs on a thread of its
+//! own: CreateSnapshot waits for it a short moment and otherwise answers "not ready", and
+//! csi-snapshotter calls again until it is. A copy that failed reports its error to the next
+//! CreateSnapshot call, and the call after that starts it over with the same id: the id the CO
+//! holds never changes. DeleteSnapshot cancels a running copy.
+//!
+//! Each copy holds its snapshot's operation slot and the source volume's "being read" slot, so
+//! neither can be deleted under it.
+
+use std::collections::HashMap;
+use std::fs;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use super::cow;
+use super::guard::OperationGuard;
+use super::id::{SnapshotId, VolumeId};
+use super::pool::id_of_snapshot_entry;
+use super::snapshot::{SnapshotRecord, remove_snapshot_data};
+use super::store::sync_dir;
+use super::{STAGING_PREFIX, Volumes};
+use crate::error::{Error, IoContext, Result};
+use crate::host::copy::Progress;
+
+/// How long CreateSnapshot waits for a copy before answering "not ready".
+const READY_WAIT: Duration = Duration::from_secs(1);
+/// How long DeleteSnapshot waits for a cancelled copy to stop (it checks between files and
+/// every few MiB).
+const CANCEL_WAIT: Duration = Duration::from_secs(20);
+
+/// Copies running (or failed and not yet reported), by snapshot.
+#[derive(Debug, Default)]
+pub(super) struct Jobs {
+    by_snapshot: Mutex<HashMap<SnapshotId, Arc<Job>>>,
+}
+
+#[derive(Debug, Default)]
+struct Job {
+    cancel: AtomicBool,
+    outcome: Mutex<Option<Result<()>>>,
+    finished: Condvar,
+}
+
+impl Job {
+    /// Waits up to `timeout` for the copy to end; `None` while it still runs. The outcome
+    /// stays for other waiters: errors are duplicated.
+    fn wait(&self, timeout: Duration) -> Option<Result<()>> {
+        let deadline = Instant::now() + timeout;
+        let mut outcome = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(done) = outcome.as_ref() {
+                return Some(done.as_ref().map(|_| ()).map_err(Error::duplicate));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            outcome = self
+                .finished
+                .wait_timeout(outcome, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn finish(&self, result: Result<()>) {
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+        self.finished.notify_all();
+    }
+}
+
+/// Stops a copy when its job is cancelled.
+struct Cancellation<'a>(&'a AtomicBool);
+
+impl Progress for Cancellation<'_> {
+    fn keep_going(&mut self, _: &crate::host::copy::CopyReport) -> bool {
+        !self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Jobs {
+    fn lock(&self) -> MutexGuard<'_, HashMap<SnapshotId, Arc<Job>>> {
+        self.by_snapshot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Volumes {
+    /// The snapshot as it stands after waiting a moment for its copy (started if none runs).
+    pub(super) fn finish_snapshot(
+        self: &Arc<Self>,
+        record: &Arc<SnapshotRecord>,
+    ) -> Result<Arc<SnapshotRecord>> {
+        if record.ready {
+            return Ok(record.clone());
+        }
+        let job = self.start_copy(record)?;
+        match job.wait(READY_WAIT) {
+            None => Ok(record.clone()),
+            Some(Ok(())) => Ok(self.snapshots.get(&record.id).unwrap_or(record.clone())),
+            Some(Err(err)) => {
+                // Reported once; the next call starts the copy over.
+                self.jobs.lock().remove(&record.id);
+                Err(err)
+            }
+        }
+    }
+
+    /// The running (or failed, unreported) copy of `record`, or a new one.
+    fn start_copy(self: &Arc<Self>, record: &Arc<SnapshotRecord>) -> Result<Arc<Job>> {
+        let mut jobs = self.jobs.lock();
+        if let Some(job) = jobs.get(&record.id) {
+            return Ok(job.clone());
+        }
+        let slot = self.claim_snapshot(&record.id)?;
+        let reading = self.claim_reading(&record.source_volume)?;
+        let job = Arc::new(Job::default());
+        jobs.insert(record.id.clone(), job.clone());
+        drop(jobs);
+        let volumes = self.clone();
+        let record = record.clone();
+        let worker = job.clone();
+        let spawned = std::thread::Builder::new()
+            .name("snapshot-copy".into())
+            .spawn(move || volumes.run_copy(&record, &worker, (slot, reading)));
+        if let Err(err) = spawned {
+            let err = Error::host("starting a snapshot copy thread", err);
+            job.finish(Err(err.duplicate()));
+            return Err(err);
+        }
+        Ok(job)
+    }
+
+    fn run_copy(
+        &self,
+        record: &SnapshotRecord,
+        job: &Job,
+        slots: (OperationGuard, OperationGuard),
+    ) {
+        let started = Instant::now();
+        let result = self.copy_snapshot(record, &job.cancel);
+        drop(slots);
+        match &result {
+            Ok(()) => {
+                info!(snapshot = %record.id, elapsed_ms = started.elapsed().as_millis() as u64, "snapshot ready");
+                self.jobs.lock().remove(&record.id);
+            }
+            Err(err) => {
+                error!(snapshot = %record.id, error = %err, "copying the snapshot's data failed; the next CreateSnapshot call reports it and the one after starts over")
+            }
+        }
+        job.finish(result);
+    }
+
+    /// Copies the source's data to the snapshot's staging path, flushes it, moves it into
+    /// place and marks the record ready.
+    fn copy_snapshot(&self, record: &SnapshotRecord, cancel: &AtomicBool) -> Result<()> {
+        let id = &record.id;
+        let pool = self.pool(&record.pool)?;
+        let staging = pool.snapshot_staging_path(id, record.kind);
+        let path = pool.snapshot_path(id, record.kind);
+        // Leftovers of an earlier attempt (a crash, a failure).
+        for leftover in [&staging, &path] {
+            remove_snapshot_data(leftover)
+                .map_err(|err| super::walk_failure_at(leftover, "removing", err))?;
+        }
+        let source = self.store.get(&record.source_volume).ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "volume {} was deleted before its snapshot {id} was copied; delete the snapshot",
+                record.source_volume
+            ))
+        })?;
+        let source_path = self.data_path(&source)?;
+        let copied = cow::snapshot(
+            pool,
+            record.kind,
+            &source_path,
+            &staging,
+            &mut Cancellation(cancel),
+        )
+        .inspect_err(|_| {
+            if let Err(err) = remove_snapshot_data(&staging) {
+                warn!(snapshot = %id, error = %err, "could not remove a failed copy; it is removed at next start");
+            }
+        })?;
+        fs::rename(&staging, &path)
+            .context(|| format!("moving {} into place", staging.display()))?;
+        // A ready record must never point at data still under its staging name.
+        sync_dir(&pool.snapshots).context(|| format!("syncing {}", pool.snapshots.display()))?;
+        let data_bytes = copied.data_bytes;
+        let ready = SnapshotRecord {
+            mechanism: copied.mechanism,
+            data_bytes,
+            exclusive_bytes: copied.copied_bytes,
+            ready: true,
+            ..record.clone()
+        };
+        let ready = Arc::new(ready);
+        self.snapshots
+            .put(ready.clone(), &*ready)
+            .context(|| format!("writing the record of snapshot {id}"))?;
+        pool.restore(id, data_bytes);
+        pool.set_used(id, copied.copied_bytes);
+        Ok(())
+    }
+
+    /// Cancels the copy of snapshot `id` if one runs and waits for it to stop.
+    pub(super) fn cancel_snapshot_copy(&self, id: &SnapshotId) -> Result<()> {
+        let Some(job) = self.jobs.lock().get(id).cloned() else {
+            return Ok(());
+        };
+        job.cancel.store(true, Ordering::Relaxed);
+        if job.wait(CANCEL_WAIT).is_none() {
+            return Err(Error::Pending(format!(
+                "snapshot {id} (its copy is being cancelled)"
+            )));
+        }
+        self.jobs.lock().remove(id);
+        Ok(())
+    }
+
+    /// Claims "volume `id` is being read" (a copy from it runs): DeleteVolume claims it too.
+    pub(super) fn claim_reading(&self, id: &VolumeId) -> Result<OperationGuard> {
+        self.guards.acquire(
+            format!("reading:{id}"),
+            &format!("volume {id} (a copy of its data is being made)"),
+        )
+    }
+
+    /// At start: removes half-made copies, moves snapshot data without a record aside, and
+    /// puts every snapshot's promise in its pool's books. Copies to redo are started by
+    /// `resume_snapshot_copies` once the volumes are shared.
+    pub(super) fn recover_snapshots(&self, unreadable: &[(SnapshotId, String)]) -> Result<()> {
+        for (id, why) in unreadable {
+            error!(snapshot = %id, reason = %why, "snapshot record is unreadable; the snapshot is left untouched until an admin repairs or removes the record");
+        }
+        for pool in self.pools() {
+            let dir = &pool.snapshots;
+            for entry in fs::read_dir(dir).context(|| format!("listing {}", dir.display()))? {
+                let entry = entry.context(|| format!("listing {}", dir.display()))?;
+                let path = entry.path();
+                let name = entry.file_name();
+                let name = name.to_str().unwrap_or_default();
+                let staged = name.strip_prefix(STAGING_PREFIX);
+                let Some(id) = id_of_snapshot_entry(staged.unwrap_or(name)) else {
+                    warn!(path = %path.display(), "unknown entry in the snapshots directory; leaving it alone");
+                    continue;
+                };
+                let unfinished = self.snapshots.get(&id).is_some_and(|r| !r.ready);
+                if staged.is_some() || unfinished {
+                    match remove_snapshot_data(&path) {
+                        Ok(()) => {
+                            info!(snapshot = %id, path = %path.display(), "removed a half-made snapshot copy")
+                        }
+                        Err(err) => {
+                            warn!(snapshot = %id, error = %err, "could not remove a half-made snapshot copy")
+                        }
+                    }
+                } else if !self.snapshots.has_record_file(&id) {
+                    self.quarantine(pool, &id, &path)?;
+                }
+            }
+        }
+        for record in self.snapshots.all() {
+            if let Ok(pool) = self.pool(&record.pool) {
+                pool.insert(&record.id, record.data_bytes, record.exclusive_bytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts over the copies a crash interrupted.
+    pub fn resume_snapshot_copies(self: &Arc<Self>) {
+        for record in self.snapshots.all() {
+            if record.ready || self.pool(&record.pool).is_err() {
+                continue;
+            }
+            info!(snapshot = %record.id, "restarting a snapshot copy interrupted by a restart");
+            if let Err(err) = self.start_copy(&record) {
+                warn!(snapshot = %record.id, error = %err, "cannot restart the snapshot copy; the next CreateSnapshot call retries");
+            }
+        }
+    }
+}
