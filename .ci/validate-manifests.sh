@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes manifests, offline:
-#  1. `kubectl kustomize deploy/kubernetes` renders;
-#  2. the rendered base and every file in deploy/examples validate STRICTLY (unknown fields are
+#  1. `kubectl kustomize` renders deploy/kubernetes (the base) and deploy/kubernetes/snapshots
+#     (the VolumeSnapshotClass, kept apart so the base installs without the snapshot CRDs);
+#  2. both renderings and every file in deploy/examples validate STRICTLY (unknown fields are
 #     errors, and so is a kind without a schema) against the Kubernetes $K8S_VERSION OpenAPI
-#     schemas, with kubernetes-validate;
+#     schemas, with kubernetes-validate. The snapshot.storage.k8s.io/v1 kinds VolumeSnapshotClass
+#     and VolumeSnapshot are CRDs without a built-in schema: they are checked against strict
+#     schemas of our own below (SNAPSHOT_SCHEMAS; metadata against the built-in ObjectMeta). Any
+#     other kind without a schema fails;
 #  3. consistency checks no schema can make: names that must refer to each other do, every
 #     container has resource requests and limits and a pinned image, namespaced objects are in
-#     the stickyvol namespace, the registrar's kubelet path matches the socket's hostPath, and
-#     the examples use the stickyvol StorageClass.
+#     the stickyvol namespace, the registrar's kubelet path matches the socket's hostPath, the
+#     sidecars use the driver's socket and distinct ports, node-deployment sidecars get NODE_NAME,
+#     the examples use the stickyvol StorageClass and VolumeSnapshotClass, restores and clones
+#     name sources defined in the examples (same volume mode, not smaller), and pods using a
+#     restore or clone are pinned to a node with topology.stickyvol.csi.io/node.
 # Exit status is non-zero on any problem. Needs kubectl and python3 with pip; installs
 # kubernetes-validate (pinned) into a cache directory on first use.
 #
@@ -39,8 +46,9 @@ export PYTHONPATH="$tools"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-echo "rendering deploy/kubernetes"
+echo "rendering deploy/kubernetes and deploy/kubernetes/snapshots"
 kubectl kustomize deploy/kubernetes >"$work/stickyvol.yaml"
+kubectl kustomize deploy/kubernetes/snapshots >"$work/snapshots.yaml"
 
 shopt -s nullglob
 examples=(deploy/examples/*.yaml deploy/examples/*.yml)
@@ -51,38 +59,133 @@ fi
 
 status=0
 
-# Strict schema validation. kubernetes-validate exits 0 when it finds no schema for a kind (it
-# only prints WARN), so any output in --quiet mode counts as a failure.
-validate() {
-    local label="$1" file="$2" out rc=0
-    out="$(python3 -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$file" 2>&1)" || rc=$?
-    if ((rc != 0)) || [[ -n "$out" ]]; then
-        echo "FAIL $label: schema validation against Kubernetes $K8S_VERSION (strict):"
-        printf '%s\n' "${out//"$file"/"$label"}" | sed 's/^/    /'
-        status=1
-    else
-        echo "ok   $label: valid against Kubernetes $K8S_VERSION (strict)"
-    fi
+# Strict schema validation, one line per file. Arguments: the Kubernetes version, then pairs of
+# label and file.
+targets=(
+    "kubectl kustomize deploy/kubernetes" "$work/stickyvol.yaml"
+    "kubectl kustomize deploy/kubernetes/snapshots" "$work/snapshots.yaml"
+)
+for file in "${examples[@]}"; do
+    targets+=("$file" "$file")
+done
+python3 - "$K8S_VERSION" "${targets[@]}" <<'PY' || status=1
+import sys
+
+import jsonschema
+import yaml
+import kubernetes_validate
+from kubernetes_validate.utils import all_versions, major_minor, schema_contents
+from referencing import Registry, Resource
+
+version = sys.argv[1]
+pairs = list(zip(sys.argv[2::2], sys.argv[3::2]))
+
+# The built-in schemas kubernetes-validate would use for this version (the newest not newer).
+schema_version = [v for v in all_versions() if major_minor(v) <= major_minor(version)][-1]
+definitions = schema_contents(
+    f"kubernetes-json-schema/v{schema_version}-local-strict/_definitions.json", version)
+OBJECT_META = "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+registry = Resource.from_contents(definitions) @ Registry()
+
+
+def strict(properties, required=()):
+    return {"type": "object", "properties": properties, "required": list(required),
+            "additionalProperties": False}
+
+
+NON_EMPTY = {"type": "string", "minLength": 1}
+METADATA = {"allOf": [{"$ref": OBJECT_META}, {"required": ["name"]}]}
+
+# Written from the snapshot.storage.k8s.io/v1 API (external-snapshotter's CRDs), as strict as
+# kubernetes-validate's built-in schemas: unknown fields are errors. VolumeSnapshot also requires
+# volumeSnapshotClassName: our manifests name their class rather than rely on a default.
+SNAPSHOT_SCHEMAS = {
+    ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): strict({
+        "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
+        "kind": {"const": "VolumeSnapshotClass"},
+        "metadata": METADATA,
+        "driver": NON_EMPTY,
+        "deletionPolicy": {"enum": ["Delete", "Retain"]},
+        "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
+    }, required=["apiVersion", "kind", "metadata", "driver", "deletionPolicy"]),
+    ("snapshot.storage.k8s.io/v1", "VolumeSnapshot"): strict({
+        "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
+        "kind": {"const": "VolumeSnapshot"},
+        "metadata": METADATA,
+        "spec": strict({
+            # Exactly one of the two (oneOf fails when both or neither are present).
+            "source": dict(strict({
+                "persistentVolumeClaimName": NON_EMPTY,
+                "volumeSnapshotContentName": NON_EMPTY,
+            }), oneOf=[{"required": ["persistentVolumeClaimName"]},
+                       {"required": ["volumeSnapshotContentName"]}]),
+            "volumeSnapshotClassName": NON_EMPTY,
+        }, required=["source", "volumeSnapshotClassName"]),
+    }, required=["apiVersion", "kind", "metadata", "spec"]),
 }
 
-validate "kubectl kustomize deploy/kubernetes" "$work/stickyvol.yaml"
-for file in "${examples[@]}"; do
-    validate "$file" "$file"
-done
+
+def errors_of(doc):
+    if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
+        return ["a document without apiVersion and kind"]
+    name = f"{doc['kind']}/{(doc.get('metadata') or {}).get('name', '?')}"
+    schema = SNAPSHOT_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+    if schema is not None:
+        validator = jsonschema.Draft202012Validator(schema, registry=registry)
+        return [f"{name}: {'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+                for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.path)))]
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return [f"{name}: {'.'.join(map(str, e.path)) or '(top)'}: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError:
+        return [f"{name}: no schema for kind {doc['kind']} ({doc['apiVersion']}) in Kubernetes "
+                f"{version}, and none of ours (SNAPSHOT_SCHEMAS in .ci/validate-manifests.sh)"]
+    except Exception as e:  # an unusable schema or version
+        return [f"{name}: could not be validated: {e}"]
+    return []
+
+
+failed = False
+for label, path in pairs:
+    try:
+        with open(path) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+    except Exception as e:  # a YAML error
+        docs, problems = [], [f"cannot parse: {e}"]
+    else:
+        problems = [p for d in docs for p in errors_of(d)]
+        if not docs:
+            problems.append("no objects")
+    if problems:
+        failed = True
+        print(f"FAIL {label}: schema validation against Kubernetes {version} (strict):")
+        for p in problems:
+            print(f"    {p}")
+    else:
+        print(f"ok   {label}: valid against Kubernetes {version} (strict)")
+sys.exit(1 if failed else 0)
+PY
 
 echo "consistency checks"
-python3 - "$work/stickyvol.yaml" "${examples[@]}" <<'PY' || status=1
+python3 - "$work/stickyvol.yaml" "$work/snapshots.yaml" "${examples[@]}" <<'PY' || status=1
 import os
+import re
 import sys
 
 import yaml
 
 NAMESPACE = "stickyvol"
 STORAGE_CLASS = "stickyvol"
+SNAPSHOT_CLASS = "stickyvol"
+TOPOLOGY_KEY = "topology.stickyvol.csi.io/node"
+SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CSIDriver", "StorageClass",
-    "PriorityClass", "CustomResourceDefinition",
+    "PriorityClass", "CustomResourceDefinition", "VolumeSnapshotClass",
 }
+# Flags by which a sidecar (or stickyvol) listens on a TCP port in the pod's network namespace.
+LISTEN_FLAGS = ("--http-endpoint", "--metrics-address", "--health-port")
 problems = []
 
 
@@ -107,6 +210,18 @@ def pod_specs(obj):
         yield obj["spec"]["template"]["spec"]
     elif kind == "CronJob":
         yield obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def arg_value(container, flag):
+    for a in container.get("args", []) + container.get("command", []):
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def has_arg(container, flag):
+    args = container.get("args", []) + container.get("command", [])
+    return flag in args or f"{flag}=true" in args
 
 
 def check_pod(where, obj, spec, service_accounts):
@@ -142,11 +257,36 @@ def check_pod(where, obj, spec, service_accounts):
         problems.append(f"{where}: serviceAccountName {sa!r} is not deployed")
 
 
-def arg_value(container, flag):
-    for a in container.get("args", []) + container.get("command", []):
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
+def check_sidecars(where, spec):
+    """The sidecars talk to the driver's socket, listen on distinct declared ports, and the
+    node-deployment ones know their node and run without leader election."""
+    containers = spec["containers"]
+    endpoints = {arg_value(c, "--endpoint") for c in containers} - {None}
+    sockets = {e.removeprefix("unix://") for e in endpoints}
+    declared = {p["containerPort"] for c in containers for p in c.get("ports", [])}
+    listening = {}
+    for c in containers:
+        at = f"{where} container {c['name']}"
+        address = arg_value(c, "--csi-address")
+        if address is not None and address not in sockets:
+            problems.append(f"{at}: --csi-address={address} is not the driver's --endpoint {sorted(endpoints)}")
+        for flag in LISTEN_FLAGS:
+            value = arg_value(c, flag)
+            if value is None:
+                continue
+            port = int(value.rsplit(":", 1)[-1])
+            if port in listening:
+                problems.append(f"{at}: {flag} port {port} is also used by container {listening[port]}")
+            listening[port] = c["name"]
+            if port not in declared:
+                problems.append(f"{at}: {flag} port {port} is not declared as a containerPort")
+        if has_arg(c, "--node-deployment"):
+            if has_arg(c, "--leader-election"):
+                problems.append(f"{at}: --node-deployment with leader election (refused by the sidecars)")
+            env = {e["name"]: e for e in c.get("env", [])}
+            field = env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            if field != "spec.nodeName":
+                problems.append(f"{at}: --node-deployment without env NODE_NAME from spec.nodeName")
 
 
 def check_base(path):
@@ -180,9 +320,13 @@ def check_base(path):
             problems.append(f"base {ref(sc)}: provisioner {sc['provisioner']!r} is not the CSIDriver")
     if STORAGE_CLASS not in by_kind.get("StorageClass", {}):
         problems.append(f"base: no StorageClass {STORAGE_CLASS!r}")
+    for kind in by_kind.keys() & {"VolumeSnapshotClass", "VolumeSnapshot", "VolumeSnapshotContent"}:
+        problems.append(f"base: has a {kind}; it would not install without the snapshot CRDs "
+                        "(put it in deploy/kubernetes/snapshots)")
     for o in objs:
         for spec in pod_specs(o):
             check_pod(f"base {ref(o)}", o, spec, service_accounts)
+            check_sidecars(f"base {ref(o)}", spec)
             # kubelet must find the socket where the registrar says it is.
             for c in spec["containers"]:
                 host_socket = arg_value(c, "--kubelet-registration-path")
@@ -197,42 +341,141 @@ def check_base(path):
                     problems.append(
                         f"base {ref(o)} container {c['name']}: --kubelet-registration-path={host_socket} "
                         f"is not the hostPath behind --csi-address={socket}")
-    return set(by_kind.get("StorageClass", {}))
+    return set(by_kind.get("StorageClass", {})), set(drivers)
 
 
-def check_example(path, storage_classes):
+def check_snapshot_classes(path, drivers):
+    """deploy/kubernetes/snapshots holds VolumeSnapshotClasses of our driver and nothing else."""
     objs = load(path)
-    if not objs:
-        problems.append(f"{path}: no objects")
-    claims = {o["metadata"]["name"] for o in objs if o["kind"] == "PersistentVolumeClaim"}
+    classes = {}
     for o in objs:
-        pvc_specs = []
-        if o["kind"] == "PersistentVolumeClaim":
-            pvc_specs.append(o["spec"])
-        for t in o.get("spec", {}).get("volumeClaimTemplates", []) if o["kind"] == "StatefulSet" else []:
-            pvc_specs.append(t["spec"])
-            claims.add(t["metadata"]["name"])
-        for s in pvc_specs:
-            if s.get("storageClassName") != STORAGE_CLASS:
-                problems.append(f"{path} {ref(o)}: storageClassName is {s.get('storageClassName')!r}")
-        for spec in pod_specs(o):
-            check_pod(f"{path} {ref(o)}", o, spec, None)
-            for v in spec.get("volumes", []):
-                claim = v.get("persistentVolumeClaim", {}).get("claimName")
-                if claim and claim not in claims:
-                    problems.append(f"{path} {ref(o)}: claim {claim!r} is not defined in this file")
+        if o["kind"] != "VolumeSnapshotClass":
+            problems.append(f"snapshots {ref(o)}: only VolumeSnapshotClasses belong here (the rest is in the base)")
+            continue
+        classes[o["metadata"]["name"]] = o
+        if o["metadata"].get("namespace"):
+            problems.append(f"snapshots {ref(o)}: cluster-scoped but has namespace")
+        if o.get("driver") not in drivers:
+            problems.append(f"snapshots {ref(o)}: driver {o.get('driver')!r} is not the CSIDriver {sorted(drivers)}")
+    defaults = [n for n, o in classes.items()
+                if (o["metadata"].get("annotations") or {}).get(
+                    "snapshot.storage.kubernetes.io/is-default-class") == "true"]
+    if len(defaults) > 1:
+        problems.append(f"snapshots: more than one default VolumeSnapshotClass for the driver: {defaults}")
+    if SNAPSHOT_CLASS not in classes:
+        problems.append(f"snapshots: no VolumeSnapshotClass {SNAPSHOT_CLASS!r}")
+    return set(classes)
+
+
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+UNITS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+         "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def storage_bytes(claim_spec):
+    value = str(claim_spec.get("resources", {}).get("requests", {}).get("storage", ""))
+    m = QUANTITY.match(value)
+    return float(m.group(1)) * UNITS[m.group(2)] if m else None
+
+
+def volume_mode(claim_spec):
+    return claim_spec.get("volumeMode", "Filesystem")
+
+
+def pinned(spec):
+    """Does the pod only run on nodes chosen by the stickyvol topology label?"""
+    if TOPOLOGY_KEY in spec.get("nodeSelector", {}):
+        return True
+    terms = (spec.get("affinity", {}).get("nodeAffinity", {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+    return bool(terms) and all(
+        any(e.get("key") == TOPOLOGY_KEY and e.get("operator") == "In"
+            for e in t.get("matchExpressions", []))
+        for t in terms)
+
+
+def check_examples(paths, storage_classes, snapshot_classes):
+    files = {path: load(path) for path in paths}
+    # Restores and clones may name sources from other example files (pvc-pod.yaml's claim).
+    all_claims, all_snapshots = {}, {}
+    for objs in files.values():
+        for o in objs:
+            if o["kind"] == "PersistentVolumeClaim":
+                all_claims[o["metadata"]["name"]] = o["spec"]
+            elif o["kind"] == "VolumeSnapshot":
+                all_snapshots[o["metadata"]["name"]] = o["spec"]
+    for path, objs in files.items():
+        if not objs:
+            problems.append(f"{path}: no objects")
+        claims = {o["metadata"]["name"] for o in objs if o["kind"] == "PersistentVolumeClaim"}
+        restored = set()  # claims with a dataSource: their pods must be pinned
+        for o in objs:
+            pvc_specs = []
+            if o["kind"] == "PersistentVolumeClaim":
+                pvc_specs.append((o["metadata"]["name"], o["spec"]))
+            for t in o.get("spec", {}).get("volumeClaimTemplates", []) if o["kind"] == "StatefulSet" else []:
+                pvc_specs.append((t["metadata"]["name"], t["spec"]))
+                claims.add(t["metadata"]["name"])
+            for name, s in pvc_specs:
+                if s.get("storageClassName") != STORAGE_CLASS:
+                    problems.append(f"{path} {ref(o)}: storageClassName is {s.get('storageClassName')!r}")
+                if "dataSourceRef" in s:
+                    problems.append(f"{path} {ref(o)}: use dataSource (the examples keep to one form)")
+                source = s.get("dataSource")
+                if source is None:
+                    continue
+                restored.add(name)
+                kind, group, source_name = source.get("kind"), source.get("apiGroup", ""), source.get("name")
+                if kind == "VolumeSnapshot" and group == SNAPSHOT_GROUP:
+                    snapshot = all_snapshots.get(source_name)
+                    if snapshot is None:
+                        problems.append(f"{path} {ref(o)}: dataSource VolumeSnapshot {source_name!r} is not in deploy/examples")
+                        continue
+                    origin = all_claims.get(snapshot["source"].get("persistentVolumeClaimName"))
+                elif kind == "PersistentVolumeClaim" and not group:
+                    origin = all_claims.get(source_name)
+                    if origin is None:
+                        problems.append(f"{path} {ref(o)}: dataSource claim {source_name!r} is not in deploy/examples")
+                        continue
+                else:
+                    problems.append(f"{path} {ref(o)}: dataSource {group}/{kind} is neither a VolumeSnapshot nor a claim")
+                    continue
+                if origin is None:
+                    continue
+                if volume_mode(origin) != volume_mode(s):
+                    problems.append(f"{path} {ref(o)}: volumeMode {volume_mode(s)} differs from its source's {volume_mode(origin)}")
+                if None not in (storage_bytes(origin), storage_bytes(s)) and storage_bytes(s) < storage_bytes(origin):
+                    problems.append(f"{path} {ref(o)}: requests less storage than its source")
+        for o in objs:
+            if o["kind"] == "VolumeSnapshot":
+                spec = o["spec"]
+                if spec.get("volumeSnapshotClassName") not in snapshot_classes:
+                    problems.append(f"{path} {ref(o)}: volumeSnapshotClassName {spec.get('volumeSnapshotClassName')!r} "
+                                    f"is not in deploy/kubernetes/snapshots {sorted(snapshot_classes)}")
+                source = spec.get("source", {}).get("persistentVolumeClaimName")
+                if source is not None and source not in all_claims:
+                    problems.append(f"{path} {ref(o)}: source claim {source!r} is not in deploy/examples")
+            for spec in pod_specs(o):
+                check_pod(f"{path} {ref(o)}", o, spec, None)
+                for v in spec.get("volumes", []):
+                    claim = v.get("persistentVolumeClaim", {}).get("claimName")
+                    if claim and claim not in claims:
+                        problems.append(f"{path} {ref(o)}: claim {claim!r} is not defined in this file")
+                    if claim in restored and not pinned(spec):
+                        problems.append(f"{path} {ref(o)}: uses restored/cloned claim {claim!r} but is not pinned "
+                                        f"with a nodeSelector (or required node affinity) on {TOPOLOGY_KEY}")
     if STORAGE_CLASS not in storage_classes:
-        problems.append(f"{path}: StorageClass {STORAGE_CLASS!r} is not in the base")
+        problems.append(f"examples: StorageClass {STORAGE_CLASS!r} is not in the base")
 
 
-storage_classes = check_base(sys.argv[1])
-for example in sys.argv[2:]:
-    check_example(example, storage_classes)
+storage_classes, drivers = check_base(sys.argv[1])
+snapshot_classes = check_snapshot_classes(sys.argv[2], drivers)
+check_examples(sys.argv[3:], storage_classes, snapshot_classes)
 for p in problems:
     print(f"FAIL {p}")
 if problems:
     sys.exit(1)
-print(f"ok   base and {len(sys.argv) - 2} example file(s) are consistent")
+print(f"ok   base, snapshot class and {len(sys.argv) - 3} example file(s) are consistent")
 PY
 
 if ((status != 0)); then
