@@ -15,7 +15,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::create::size_file;
-use super::limits::NewDirectory;
+use super::limits::{NewDirectory, split};
 use super::pool::Pool;
 use super::record::{Allocation, VolumeKind};
 use super::walk_failure_at;
@@ -214,16 +214,6 @@ fn make_private_dir(dir: &Path) -> Result<()> {
         .mode(0o700)
         .create(dir)
         .context(|| format!("creating {}", dir.display()))
-}
-
-fn split(path: &Path) -> Result<(&Path, &str)> {
-    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
-        (Some(parent), Some(name)) => Ok((parent, name)),
-        _ => Err(Error::host(
-            format!("making {}", path.display()),
-            std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        )),
-    }
 }
 
 #[cfg(test)]

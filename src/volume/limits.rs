@@ -332,7 +332,8 @@ fn mkdir(dir: &Path) -> Result<()> {
         .context(|| format!("creating {}", dir.display()))
 }
 
-fn split(dir: &Path) -> Result<(&Path, &str)> {
+/// A path's parent and final name, for calls that take them apart.
+pub(super) fn split(dir: &Path) -> Result<(&Path, &str)> {
     match (dir.parent(), dir.file_name().and_then(|n| n.to_str())) {
         (Some(parent), Some(name)) => Ok((parent, name)),
         _ => Err(Error::host(
