@@ -51,6 +51,9 @@ pub const MIB: i64 = 1 << 20;
 /// Size of the volumes tests create unless they care.
 pub const SIZE: i64 = 16 * MIB;
 
+/// How long [`TestDriver::create_snapshot_ready`] waits for a snapshot's copy.
+pub const SNAPSHOT_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long the driver may take to start serving or to stop on SIGTERM.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,6 +91,9 @@ pub struct Options {
     pub metrics_address: Option<SocketAddr>,
     /// More `serve` flags, e.g. `--pool NAME=PATH`.
     pub extra_args: Vec<String>,
+    /// `--node-id`; [`NODE_ID`] when None. Lets a test run a second driver as another node
+    /// (ids it issues carry that node's tag).
+    pub node_id: Option<&'static str>,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -181,7 +187,7 @@ impl TestDriver {
         cmd.arg("serve")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket.display()))
-            .args(["--node-id", NODE_ID])
+            .args(["--node-id", self.node_id()])
             .arg("--kubelet-dir")
             .arg(&self.kubelet)
             .arg("--data-dir")
@@ -237,6 +243,11 @@ impl TestDriver {
         }
         let log = shell_quote(&path_str(&self.log));
         format!("{} >>{log} 2>&1", words.join(" "))
+    }
+
+    /// The `--node-id` this driver runs as.
+    pub fn node_id(&self) -> &'static str {
+        self.options.node_id.unwrap_or(NODE_ID)
     }
 
     /// The running driver's process id.
@@ -529,6 +540,97 @@ impl TestDriver {
             "next_token set without max_entries"
         );
         response.entries
+    }
+
+    // ---- snapshots, as csi-snapshotter calls them ----
+
+    /// CreateSnapshot; the snapshot it answers (ready or not).
+    pub async fn create_snapshot(
+        &self,
+        request: csi::CreateSnapshotRequest,
+    ) -> Result<csi::Snapshot, Status> {
+        self.controller().create_snapshot(request).await.map(|r| {
+            r.into_inner()
+                .snapshot
+                .expect("CreateSnapshot returned no snapshot")
+        })
+    }
+
+    /// CreateSnapshot as csi-snapshotter repeats it: again (same request) while the answer is
+    /// not ready or ABORTED, until ready (panics after [`SNAPSHOT_READY_TIMEOUT`] or on any
+    /// other error). Every answer must carry the first answer's snapshot id.
+    pub async fn create_snapshot_ready(
+        &self,
+        request: &csi::CreateSnapshotRequest,
+    ) -> csi::Snapshot {
+        let deadline = Instant::now() + SNAPSHOT_READY_TIMEOUT;
+        let mut first_id: Option<String> = None;
+        loop {
+            match self.create_snapshot(request.clone()).await {
+                Ok(snapshot) => {
+                    let first = first_id.get_or_insert_with(|| snapshot.snapshot_id.clone());
+                    assert_eq!(
+                        &snapshot.snapshot_id, first,
+                        "CreateSnapshot {:?} changed its snapshot id",
+                        request.name
+                    );
+                    if snapshot.ready_to_use {
+                        return snapshot;
+                    }
+                }
+                Err(status) if status.code() == Code::Aborted => {}
+                Err(status) => panic!("CreateSnapshot {:?}: {status:?}", request.name),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "snapshot {:?} not ready within {SNAPSHOT_READY_TIMEOUT:?}",
+                request.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A ready snapshot of `volume_id` under a fresh name ([`snapshot_request`]).
+    pub async fn snapshot_of(&self, volume_id: &str) -> csi::Snapshot {
+        self.create_snapshot_ready(&snapshot_request(&new_snapshot_name(), volume_id))
+            .await
+    }
+
+    pub async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), Status> {
+        self.controller()
+            .delete_snapshot(csi::DeleteSnapshotRequest {
+                snapshot_id: snapshot_id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    pub async fn list_snapshots(
+        &self,
+        request: csi::ListSnapshotsRequest,
+    ) -> Result<csi::ListSnapshotsResponse, Status> {
+        self.controller()
+            .list_snapshots(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Every snapshot, in one ListSnapshots call.
+    pub async fn list_all_snapshots(&self) -> Vec<csi::Snapshot> {
+        let response = self
+            .list_snapshots(csi::ListSnapshotsRequest::default())
+            .await
+            .expect("ListSnapshots");
+        assert!(
+            response.next_token.is_empty(),
+            "next_token set without max_entries"
+        );
+        response
+            .entries
+            .into_iter()
+            .map(|e| e.snapshot.expect("ListSnapshots entry without snapshot"))
+            .collect()
     }
 
     /// Asserts that one ListVolumes call reports each of `volumes` as published on exactly
@@ -883,6 +985,40 @@ pub fn create_request(
         }),
         volume_capabilities: vec![capability],
         ..Default::default()
+    }
+}
+
+/// A VolumeSnapshotContent-like name, unique across tests.
+pub fn new_snapshot_name() -> String {
+    format!("snapshot-{}", uuid::Uuid::now_v7())
+}
+
+/// CreateSnapshot as csi-snapshotter sends it: name and source, no parameters.
+pub fn snapshot_request(name: &str, source_volume_id: &str) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest {
+        name: name.into(),
+        source_volume_id: source_volume_id.into(),
+        ..Default::default()
+    }
+}
+
+/// A volume_content_source restoring snapshot `snapshot_id`.
+pub fn from_snapshot(snapshot_id: &str) -> csi::VolumeContentSource {
+    use csi::volume_content_source::{SnapshotSource, Type};
+    csi::VolumeContentSource {
+        r#type: Some(Type::Snapshot(SnapshotSource {
+            snapshot_id: snapshot_id.into(),
+        })),
+    }
+}
+
+/// A volume_content_source cloning volume `volume_id`.
+pub fn from_volume(volume_id: &str) -> csi::VolumeContentSource {
+    use csi::volume_content_source::{Type, VolumeSource};
+    csi::VolumeContentSource {
+        r#type: Some(Type::Volume(VolumeSource {
+            volume_id: volume_id.into(),
+        })),
     }
 }
 

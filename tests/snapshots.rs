@@ -1,0 +1,2015 @@
+//! Snapshots, restores and clones through the CSI API, as csi-snapshotter (CreateSnapshot,
+//! DeleteSnapshot, ListSnapshots) and external-provisioner (CreateVolume with a
+//! volume_content_source) call it, with the data checked on the host: files, owners, modes,
+//! times, xattrs, links and holes, read through a NodePublish bind mount or the image file.
+//!
+//! Sections: capabilities; CreateSnapshot; DeleteSnapshot; ListSnapshots; restores and clones
+//! on the default pool (/var/tmp, ext4 here: full copies); block volumes; crash safety;
+//! capacity and metrics; btrfs with quota (snapshots of subvolumes) and XFS (reflinks) on
+//! loop-backed scratch filesystems. Tests that need a copy slower than CreateSnapshot waits
+//! (tens of thousands of small files) or free space no other test moves put the default pool
+//! on a tmpfs of their own ([`start_on_tmpfs`]); the mechanism is the same full copy.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::scratchfs::ScratchFs;
+use common::*;
+use csi::controller_service_capability::rpc::Type as ControllerRpc;
+use sha2::{Digest, Sha256};
+use stickyvol::host::btrfs;
+use stickyvol::volume::id::{NodeTag, SnapshotId, VolumeId};
+
+/// A second node for sources that live elsewhere.
+const OTHER_NODE: &str = "other-node";
+const UID: u32 = 1234;
+const GID: u32 = 5678;
+
+fn snw_mount() -> csi::VolumeCapability {
+    mount_cap(Mode::SingleNodeWriter)
+}
+
+fn snw_block() -> csi::VolumeCapability {
+    block_cap(Mode::SingleNodeWriter)
+}
+
+// ---- ids ----
+
+/// The tag ids issued by `node` end with: the first 8 hex digits of SHA-256 of its name.
+fn tag_of(node: &str) -> String {
+    Sha256::digest(node.as_bytes())[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `id` is `<prefix><32 lowercase hex>-<tag of node>`.
+#[track_caller]
+fn assert_id_of(id: &str, prefix: &str, node: &str) {
+    let hex = |s: &str| s.len() == 32 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let parts = id
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.split_once('-'));
+    assert!(
+        parts.is_some_and(|(uuid, tag)| hex(uuid) && tag == tag_of(node)),
+        "{id:?} is not {prefix}<32 hex>-{} (issued by {node})",
+        tag_of(node)
+    );
+}
+
+/// A well-formed snapshot id of `node` that no driver issued.
+fn snapshot_id_of(node: &str) -> String {
+    SnapshotId::generate(&NodeTag::of(node))
+        .as_str()
+        .to_string()
+}
+
+/// A well-formed volume id of `node` that no driver issued.
+fn volume_id_of(node: &str) -> String {
+    VolumeId::generate(&NodeTag::of(node)).as_str().to_string()
+}
+
+// ---- requests ----
+
+/// CreateVolume from `source` with `capability`, under a fresh name; no capacity_range when
+/// `required_bytes` is None (the provisioner always sends one; CSI allows none).
+fn restore_request(
+    capability: csi::VolumeCapability,
+    source: csi::VolumeContentSource,
+    required_bytes: Option<i64>,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: new_name(),
+        capacity_range: required_bytes.map(|required_bytes| csi::CapacityRange {
+            required_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability],
+        volume_content_source: Some(source),
+        ..Default::default()
+    }
+}
+
+fn list_request(f: impl FnOnce(&mut csi::ListSnapshotsRequest)) -> csi::ListSnapshotsRequest {
+    let mut request = csi::ListSnapshotsRequest::default();
+    f(&mut request);
+    request
+}
+
+/// Snapshot ids in a ListSnapshots answer.
+fn ids(response: &csi::ListSnapshotsResponse) -> Vec<String> {
+    response
+        .entries
+        .iter()
+        .map(|e| {
+            e.snapshot
+                .as_ref()
+                .expect("entry without snapshot")
+                .snapshot_id
+                .clone()
+        })
+        .collect()
+}
+
+// Where snapshot data and records live: `<pool root>/snapshots/<id>[.img]` and
+// `<data-dir>/state/snapshots/<id>.json`.
+
+fn snapshot_dir(pool_root: &Path, id: &str) -> PathBuf {
+    pool_root.join("snapshots").join(id)
+}
+
+fn snapshot_image(pool_root: &Path, id: &str) -> PathBuf {
+    pool_root.join("snapshots").join(format!("{id}.img"))
+}
+
+fn snapshot_record(driver: &TestDriver, id: &str) -> PathBuf {
+    driver
+        .data
+        .join("state/snapshots")
+        .join(format!("{id}.json"))
+}
+
+// ---- host helpers ----
+
+fn sha256_of(path: &Path) -> [u8; 32] {
+    let bytes = fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    Sha256::digest(&bytes).into()
+}
+
+fn c_path(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    let (path_c, name_c) = (c_path(path), CString::new(name).unwrap());
+    // SAFETY: valid NUL-terminated strings and a buffer of the given length.
+    let rc = unsafe {
+        libc::lsetxattr(
+            path_c.as_ptr(),
+            name_c.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "lsetxattr {name} on {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The `user.*` xattrs of `path` itself (never followed).
+fn user_xattrs(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    let path_c = c_path(path);
+    let mut names = vec![0u8; 64 << 10];
+    // SAFETY: valid path and a buffer of the given length.
+    let len = unsafe { libc::llistxattr(path_c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    assert!(
+        len >= 0,
+        "llistxattr {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    names.truncate(len as usize);
+    let mut out = BTreeMap::new();
+    for name in names.split(|&b| b == 0).filter(|n| n.starts_with(b"user.")) {
+        let name_c = CString::new(name).unwrap();
+        let mut value = vec![0u8; 64 << 10];
+        // SAFETY: as above.
+        let len = unsafe {
+            libc::lgetxattr(
+                path_c.as_ptr(),
+                name_c.as_ptr(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
+        };
+        assert!(len >= 0, "lgetxattr {name_c:?} on {}", path.display());
+        value.truncate(len as usize);
+        out.insert(String::from_utf8_lossy(name).into_owned(), value);
+    }
+    out
+}
+
+/// Sets atime and mtime of `path` itself (a symlink is not followed), to the nanosecond.
+fn set_times(path: &Path, seconds: i64, nanos: i64) {
+    let times = [
+        libc::timespec {
+            tv_sec: seconds - 1000,
+            tv_nsec: nanos,
+        },
+        libc::timespec {
+            tv_sec: seconds,
+            tv_nsec: nanos,
+        },
+    ];
+    let path_c = c_path(path);
+    // SAFETY: valid path and two timespecs.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path_c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(rc, 0, "utimensat {}", path.display());
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
+
+fn give_away(path: &Path) {
+    std::os::unix::fs::lchown(path, Some(UID), Some(GID))
+        .unwrap_or_else(|e| panic!("lchown {}: {e}", path.display()));
+}
+
+/// Allocated bytes of `path` (st_blocks × 512).
+fn allocated(path: &Path) -> u64 {
+    fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .blocks()
+        * 512
+}
+
+/// Every entry beneath `root` (not `root` itself), parents before children, sorted.
+fn walk(root: &Path) -> Vec<PathBuf> {
+    fn visit(dir: &Path, out: &mut Vec<PathBuf>) {
+        let mut entries: Vec<PathBuf> = fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            out.push(path.clone());
+            if fs::symlink_metadata(&path).unwrap().is_dir() {
+                visit(&path, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    visit(root, &mut out);
+    out
+}
+
+const SPARSE_LEN: u64 = 8 << 20;
+const SPARSE_DATA_AT: [u64; 2] = [0, 6 << 20];
+
+/// Builds beneath `root` a tree with everything a copy must keep: nested directories, owners,
+/// modes with setgid, nanosecond mtimes, a user xattr, symlinks (one dangling), a hard-link
+/// pair, a sparse file, a FIFO and an empty directory.
+fn build_tree(root: &Path) {
+    let at = |rel: &str| root.join(rel);
+    fs::create_dir_all(at("dir/nested/deeper")).unwrap();
+    fs::write(at("dir/nested/deeper/file.txt"), b"nested content").unwrap();
+    fs::write(at("data.bin"), pattern(3 * MIB as usize, 11)).unwrap();
+    fs::write(at("setgid-tool"), b"#!/bin/sh\necho hi\n").unwrap();
+    // Owners before modes: chown clears setuid and setgid.
+    for rel in [
+        "dir",
+        "dir/nested",
+        "dir/nested/deeper/file.txt",
+        "data.bin",
+        "setgid-tool",
+    ] {
+        give_away(&at(rel));
+    }
+    set_mode(&at("dir"), 0o2775);
+    set_mode(&at("dir/nested/deeper/file.txt"), 0o640);
+    set_mode(&at("setgid-tool"), 0o2755);
+    fs::write(at("xattr-file"), b"labelled").unwrap();
+    set_xattr(&at("xattr-file"), "user.color", b"blue");
+    symlink("dir/nested/deeper/file.txt", at("link")).unwrap();
+    give_away(&at("link"));
+    symlink("/nonexistent/stickyvol-test/target", at("dangling")).unwrap();
+    fs::write(at("hard-a"), b"linked twice").unwrap();
+    fs::hard_link(at("hard-a"), at("hard-b")).unwrap();
+    let sparse = File::create(at("sparse.img")).unwrap();
+    sparse.set_len(SPARSE_LEN).unwrap();
+    for (i, offset) in SPARSE_DATA_AT.iter().enumerate() {
+        sparse
+            .write_all_at(&pattern(4096, i as u8 + 1), *offset)
+            .unwrap();
+    }
+    sparse.sync_all().unwrap();
+    fs::create_dir(at("empty")).unwrap();
+    set_mode(&at("empty"), 0o700);
+    nix::unistd::mkfifo(&at("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o620)).unwrap();
+    // Times last, children before their directories (an entry made in a directory changes
+    // the directory's mtime); each entry its own second and nanosecond.
+    for (i, path) in walk(root).iter().rev().enumerate() {
+        set_times(path, 1_500_000_000 + i as i64 * 7, 123_456_789 - i as i64);
+    }
+}
+
+/// What a faithful copy keeps of one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    /// st_mode: type and permission bits (setuid, setgid, sticky included).
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    /// Length of anything but a directory (whose size is the filesystem's business).
+    len: Option<u64>,
+    mtime: (i64, i64),
+    content: Option<[u8; 32]>,
+    link_target: Option<PathBuf>,
+    user_xattrs: BTreeMap<String, Vec<u8>>,
+    /// For a file with several links: the first of its names (in walk order) in this tree.
+    first_link: Option<PathBuf>,
+}
+
+/// Every entry beneath `root` by relative path.
+fn manifest(root: &Path) -> BTreeMap<PathBuf, Entry> {
+    let mut first_names: BTreeMap<u64, PathBuf> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for path in walk(root) {
+        let rel = path.strip_prefix(root).unwrap().to_path_buf();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        let kind = meta.file_type();
+        let first_link = (!kind.is_dir() && meta.nlink() > 1)
+            .then(|| first_names.entry(meta.ino()).or_insert(rel.clone()).clone());
+        out.insert(
+            rel,
+            Entry {
+                mode: meta.mode(),
+                uid: meta.uid(),
+                gid: meta.gid(),
+                len: (!kind.is_dir()).then_some(meta.len()),
+                mtime: (meta.mtime(), meta.mtime_nsec()),
+                content: kind.is_file().then(|| sha256_of(&path)),
+                link_target: kind.is_symlink().then(|| fs::read_link(&path).unwrap()),
+                user_xattrs: user_xattrs(&path),
+                first_link,
+            },
+        );
+    }
+    out
+}
+
+/// `copy` holds exactly the tree `original` describes, and the properties that matter are
+/// checked one by one too (so a manifest mistake cannot hide them).
+#[track_caller]
+fn assert_same_tree(original: &BTreeMap<PathBuf, Entry>, copy: &Path) {
+    let copied = manifest(copy);
+    let names = |m: &BTreeMap<PathBuf, Entry>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        names(&copied),
+        names(original),
+        "entries of {}",
+        copy.display()
+    );
+    for (rel, entry) in original {
+        assert_eq!(
+            &copied[rel],
+            entry,
+            "{} in {}",
+            rel.display(),
+            copy.display()
+        );
+    }
+    let at = |rel: &str| copy.join(rel);
+    let mode = |rel: &str| fs::symlink_metadata(at(rel)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("dir"), 0o2775, "setgid directory");
+    assert_eq!(mode("setgid-tool"), 0o2755, "setgid file");
+    let owner = fs::symlink_metadata(at("dir/nested/deeper/file.txt")).unwrap();
+    assert_eq!((owner.uid(), owner.gid()), (UID, GID));
+    assert_eq!(
+        fs::read(at("dir/nested/deeper/file.txt")).unwrap(),
+        b"nested content"
+    );
+    assert_eq!(
+        user_xattrs(&at("xattr-file"))
+            .get("user.color")
+            .map(Vec::as_slice),
+        Some(&b"blue"[..])
+    );
+    assert_eq!(
+        fs::read_link(at("link")).unwrap(),
+        Path::new("dir/nested/deeper/file.txt")
+    );
+    let (a, b) = (
+        fs::metadata(at("hard-a")).unwrap(),
+        fs::metadata(at("hard-b")).unwrap(),
+    );
+    assert_eq!(
+        a.ino(),
+        b.ino(),
+        "the hard-link pair is one inode in the copy"
+    );
+    assert_eq!(a.nlink(), 2);
+    let sparse = at("sparse.img");
+    assert_eq!(fs::metadata(&sparse).unwrap().len(), SPARSE_LEN);
+    assert!(
+        allocated(&sparse) <= 256 << 10,
+        "the sparse file lost its holes: {} bytes allocated",
+        allocated(&sparse)
+    );
+    for (i, offset) in SPARSE_DATA_AT.iter().enumerate() {
+        assert_eq!(read_at(&sparse, *offset, 4096), pattern(4096, i as u8 + 1));
+    }
+    assert_eq!(read_at(&sparse, 3 << 20, 4096), vec![0u8; 4096]);
+}
+
+/// Writes `count` files of `each` bytes of real (non-zero) data into `dir`.
+fn write_files(dir: &Path, count: usize, each: usize) {
+    for i in 0..count {
+        let mut file = File::create(dir.join(format!("file-{i:03}"))).unwrap();
+        let chunk = pattern(MIB as usize, i as u8);
+        let mut left = each;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            file.write_all(&chunk[..n]).unwrap();
+            left -= n;
+        }
+    }
+}
+
+/// Seconds since the epoch, now.
+fn now_seconds() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// A published filesystem volume of `bytes` holding a file "file" of 1 MiB; the volume, its
+/// target and the file's content.
+async fn published_with_file(driver: &TestDriver, bytes: i64) -> (csi::Volume, PathBuf, Vec<u8>) {
+    let volume = driver
+        .create(create_request(&new_name(), snw_mount(), bytes))
+        .await;
+    let target = driver.publish_at_new_target(&volume, snw_mount()).await;
+    let content = pattern(MIB as usize, 42);
+    write_synced(&target.join("file"), &content);
+    (volume, target, content)
+}
+
+/// A filesystem volume of [`SIZE`] holding "file" (1 MiB, written on the host); the volume and
+/// the file's content.
+async fn volume_with_file(driver: &TestDriver) -> (csi::Volume, Vec<u8>) {
+    let volume = driver.create_fs_volume().await;
+    let content = pattern(MIB as usize, 42);
+    write_synced(&host_path(&volume).join("file"), &content);
+    (volume, content)
+}
+
+/// Small files added per round by [`snapshot_answered_not_ready`]: on a tmpfs data dir,
+/// copying 20,000 files of 4 KiB took about 0.7 s on the development VM, so 50,000 take well
+/// over the ~1 s CreateSnapshot waits.
+const SLOW_COPY_FILES: usize = 50_000;
+const SLOW_COPY_ROUNDS: usize = 3;
+
+/// A driver whose data dir (the default pool) is a fresh tmpfs of `size`: its free space is
+/// the test's alone, and big or many-file copies cost memory, not the disk's I/O budget (a
+/// test VM's disk may be rate-limited). The test driver's cleanup unmounts it, as everything
+/// beneath its directory, also when the test fails.
+async fn start_on_tmpfs(size: &str) -> TestDriver {
+    let mut driver = TestDriver::prepare(Options::default());
+    mount_tmpfs(&driver.data, size);
+    driver.start_again().await;
+    driver
+}
+
+/// Writes `count` files of 4 KiB, each with its own content, under `dir/round-<round>/`
+/// (1,000 per subdirectory).
+fn write_small_files(dir: &Path, round: usize, count: usize) {
+    let base = dir.join(format!("round-{round}"));
+    let mut block = vec![0x5au8; 4096];
+    for i in 0..count {
+        let sub = base.join(format!("d{:02}", i / 1000));
+        if i % 1000 == 0 {
+            fs::create_dir_all(&sub).unwrap();
+        }
+        block[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        block[8] = round as u8;
+        fs::write(sub.join(format!("f{i:05}")), &block).unwrap();
+    }
+}
+
+/// A filesystem volume holding so many small files that copying them takes longer than
+/// CreateSnapshot waits (use a driver from [`start_on_tmpfs`]), a CreateSnapshot request for
+/// it, and the first answer, which is not ready. Where a copy is quicker than expected, the
+/// volume gets as many files again and a new name is tried (at most [`SLOW_COPY_ROUNDS`]
+/// rounds; then the test fails, since what it means to test cannot happen here).
+async fn snapshot_answered_not_ready(
+    driver: &TestDriver,
+) -> (csi::Volume, csi::CreateSnapshotRequest, csi::Snapshot) {
+    let volume = driver
+        .create(create_request(&new_name(), snw_mount(), 1 << 30))
+        .await;
+    let mut files = 0;
+    for round in 0..SLOW_COPY_ROUNDS {
+        let more = if round == 0 { SLOW_COPY_FILES } else { files };
+        write_small_files(&host_path(&volume), round, more);
+        files += more;
+        let request = snapshot_request(&new_snapshot_name(), &volume.volume_id);
+        let first = driver.create_snapshot(request.clone()).await.unwrap();
+        if !first.ready_to_use {
+            return (volume, request, first);
+        }
+        eprintln!("a copy of {files} files was ready at once; doubling them");
+        driver.delete_snapshot(&first.snapshot_id).await.unwrap();
+    }
+    panic!("even a copy of {files} files was ready within the first CreateSnapshot call");
+}
+
+/// `copy` holds the same entries as `original` (as [`write_small_files`] made them), with the
+/// same content for a sample of them.
+#[track_caller]
+fn assert_same_small_files(original: &Path, copy: &Path) {
+    let relative = |root: &Path| -> Vec<PathBuf> {
+        walk(root)
+            .into_iter()
+            .map(|p| p.strip_prefix(root).unwrap().to_path_buf())
+            .collect()
+    };
+    let names = relative(original);
+    assert_eq!(relative(copy), names, "entries of {}", copy.display());
+    for rel in names.iter().step_by(997) {
+        let path = original.join(rel);
+        if path.is_file() {
+            assert_eq!(fs::read(copy.join(rel)).unwrap(), fs::read(&path).unwrap());
+        }
+    }
+}
+
+// =============================================================================================
+// Capabilities
+
+async fn controller_rpcs(driver: &TestDriver) -> Vec<ControllerRpc> {
+    use csi::controller_service_capability::Type::Rpc;
+    driver
+        .controller()
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .expect("ControllerGetCapabilities")
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|cap| match cap.r#type {
+            Some(Rpc(rpc)) => ControllerRpc::try_from(rpc.r#type).ok(),
+            None => None,
+        })
+        .collect()
+}
+
+const SNAPSHOT_RPCS: [ControllerRpc; 3] = [
+    ControllerRpc::CreateDeleteSnapshot,
+    ControllerRpc::ListSnapshots,
+    ControllerRpc::CloneVolume,
+];
+
+/// The default mode (`all`) advertises snapshots, their listing and clones.
+#[tokio::test]
+async fn mode_all_claims_snapshot_list_and_clone_capabilities() {
+    let driver = TestDriver::start().await;
+    let rpcs = controller_rpcs(&driver).await;
+    for wanted in SNAPSHOT_RPCS {
+        assert!(rpcs.contains(&wanted), "{wanted:?} missing from {rpcs:?}");
+    }
+}
+
+/// `--mode controller` (beside csi-resizer) does no host work, so claims none of them.
+#[tokio::test]
+async fn mode_controller_claims_no_snapshot_capability() {
+    let driver = TestDriver::start_with(Options {
+        mode: Some("controller"),
+        ..Default::default()
+    })
+    .await;
+    let rpcs = controller_rpcs(&driver).await;
+    for unwanted in SNAPSHOT_RPCS {
+        assert!(!rpcs.contains(&unwanted), "{unwanted:?} claimed: {rpcs:?}");
+    }
+}
+
+// =============================================================================================
+// CreateSnapshot
+
+/// The answer names a snapshot of ours (ss-…-<this node's tag>), echoes the source, carries
+/// the source's capacity and a creation time of now, becomes ready, and the data and record
+/// are where the contract puts them.
+#[tokio::test]
+async fn create_snapshot_answers_an_id_of_this_node_the_source_size_and_time() {
+    let driver = TestDriver::start().await;
+    let volume = driver
+        .create(create_request(&new_name(), snw_mount(), 3 * SIZE))
+        .await;
+    let content = pattern(MIB as usize, 9);
+    write_synced(&host_path(&volume).join("file"), &content);
+    let before = now_seconds();
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+
+    assert_id_of(&snapshot.snapshot_id, "ss-", NODE_ID);
+    assert_eq!(snapshot.source_volume_id, volume.volume_id);
+    assert_eq!(snapshot.size_bytes, 3 * SIZE);
+    assert!(snapshot.ready_to_use);
+    let time = snapshot.creation_time.expect("creation_time");
+    assert!(
+        time.seconds > 0 && (time.seconds - before).abs() <= 60,
+        "creation_time {time:?}, now {before}"
+    );
+    let data = snapshot_dir(&driver.data, &snapshot.snapshot_id);
+    assert!(
+        fs::symlink_metadata(&data).unwrap().is_dir(),
+        "{}",
+        data.display()
+    );
+    assert_eq!(fs::read(data.join("file")).unwrap(), content);
+    assert!(snapshot_record(&driver, &snapshot.snapshot_id).is_file());
+}
+
+/// Same name and source: the same snapshot (id, creation time), no second copy.
+#[tokio::test]
+async fn create_snapshot_is_idempotent_by_name_and_source() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let request = snapshot_request(&new_snapshot_name(), &volume.volume_id);
+    let first = driver.create_snapshot_ready(&request).await;
+    let again = driver.create_snapshot(request).await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(driver.list_all_snapshots().await, vec![first]);
+    assert_eq!(dir_names(&driver.data.join("snapshots")).len(), 1);
+}
+
+/// The same name for another source is ALREADY_EXISTS, and makes nothing.
+#[tokio::test]
+async fn create_snapshot_same_name_other_source_is_already_exists() {
+    let driver = TestDriver::start().await;
+    let (a, _) = volume_with_file(&driver).await;
+    let (b, _) = volume_with_file(&driver).await;
+    let name = new_snapshot_name();
+    let first = driver
+        .create_snapshot_ready(&snapshot_request(&name, &a.volume_id))
+        .await;
+    expect_code(
+        driver
+            .create_snapshot(snapshot_request(&name, &b.volume_id))
+            .await,
+        Code::AlreadyExists,
+    );
+    assert_eq!(driver.list_all_snapshots().await, vec![first]);
+}
+
+/// An empty name or an empty source is INVALID_ARGUMENT.
+#[tokio::test]
+async fn create_snapshot_without_name_or_source_is_invalid() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    for (what, request) in [
+        ("no name", snapshot_request("", &volume.volume_id)),
+        ("no source", snapshot_request(&new_snapshot_name(), "")),
+    ] {
+        let status = expect_code(driver.create_snapshot(request).await, Code::InvalidArgument);
+        assert!(!status.message().is_empty(), "{what}");
+    }
+    assert!(driver.list_all_snapshots().await.is_empty());
+}
+
+/// A source that is not a volume of ours (any other shape) or that this driver does not hold
+/// is NOT_FOUND.
+#[tokio::test]
+async fn create_snapshot_of_an_unknown_or_foreign_source_is_not_found() {
+    let driver = TestDriver::start().await;
+    let deleted = driver.create_fs_volume().await;
+    driver.delete(&deleted.volume_id).await.unwrap();
+    for source in [
+        deleted.volume_id.clone(),
+        unknown_volume_id(),
+        volume_id_of(OTHER_NODE),
+        format!("sv-{}", uuid::Uuid::now_v7().simple()),
+        "pvc-0123".to_string(),
+        "../volumes".to_string(),
+        snapshot_id_of(NODE_ID),
+    ] {
+        expect_code(
+            driver
+                .create_snapshot(snapshot_request(&new_snapshot_name(), &source))
+                .await,
+            Code::NotFound,
+        );
+    }
+    assert!(driver.list_all_snapshots().await.is_empty());
+    assert!(dir_names(&driver.data.join("snapshots")).is_empty());
+}
+
+/// VolumeSnapshotClass parameters: csi-snapshotter's `csi.storage.k8s.io/*` keys pass,
+/// anything else is INVALID_ARGUMENT naming the key.
+#[tokio::test]
+async fn create_snapshot_accepts_only_provisioner_parameters() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let with = |pairs: &[(&str, &str)]| csi::CreateSnapshotRequest {
+        parameters: params(pairs),
+        ..snapshot_request(&new_snapshot_name(), &volume.volume_id)
+    };
+    let accepted = with(&[
+        ("csi.storage.k8s.io/volumesnapshot/name", "snap"),
+        ("csi.storage.k8s.io/volumesnapshot/namespace", "default"),
+        (
+            "csi.storage.k8s.io/volumesnapshotcontent/name",
+            "snapcontent-1",
+        ),
+    ]);
+    driver.create_snapshot_ready(&accepted).await;
+    let refused = with(&[
+        ("csi.storage.k8s.io/volumesnapshot/name", "snap"),
+        ("compression", "zstd"),
+    ]);
+    let status = expect_code(driver.create_snapshot(refused).await, Code::InvalidArgument);
+    assert!(status.message().contains("compression"), "{status:?}");
+    assert_eq!(driver.list_all_snapshots().await.len(), 1);
+}
+
+/// A copy that takes longer than CreateSnapshot waits answers not ready; asked again and
+/// again under the same name, every answer names the same snapshot with the same creation
+/// time until one says it is ready, and the data is then complete.
+#[tokio::test]
+async fn a_long_copy_is_polled_until_ready_under_one_id() {
+    let driver = start_on_tmpfs("3g").await;
+    let (volume, request, first) = snapshot_answered_not_ready(&driver).await;
+    let ready = driver.create_snapshot_ready(&request).await;
+    assert_eq!(ready.snapshot_id, first.snapshot_id);
+    assert_eq!(ready.creation_time, first.creation_time);
+    assert_eq!(ready.source_volume_id, volume.volume_id);
+    assert_same_small_files(
+        &host_path(&volume),
+        &snapshot_dir(&driver.data, &ready.snapshot_id),
+    );
+}
+
+// =============================================================================================
+// DeleteSnapshot
+
+/// DeleteSnapshot removes the data and the record; a second delete is still OK.
+#[tokio::test]
+async fn delete_snapshot_removes_its_data_and_record() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    let data = snapshot_dir(&driver.data, &snapshot.snapshot_id);
+    let record = snapshot_record(&driver, &snapshot.snapshot_id);
+    assert!(data.exists() && record.exists());
+
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+    assert!(!exists_no_follow(&data), "data left at {}", data.display());
+    assert!(
+        !exists_no_follow(&record),
+        "record left at {}",
+        record.display()
+    );
+    assert!(driver.list_all_snapshots().await.is_empty());
+    assert!(dir_names(&driver.data.join("snapshots")).is_empty());
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+    // The source is untouched.
+    assert!(host_path(&volume).join("file").exists());
+}
+
+/// Unknown ids (ours or another node's) and ids of any other shape are already gone: OK. An
+/// empty id is INVALID_ARGUMENT.
+#[tokio::test]
+async fn delete_snapshot_of_unknown_ids_is_ok_and_of_no_id_invalid() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let kept = driver.snapshot_of(&volume.volume_id).await;
+    for id in [
+        snapshot_id_of(NODE_ID),
+        snapshot_id_of(OTHER_NODE),
+        "snap-123".to_string(),
+        "../state".to_string(),
+        volume.volume_id.clone(),
+    ] {
+        driver
+            .delete_snapshot(&id)
+            .await
+            .unwrap_or_else(|s| panic!("DeleteSnapshot {id:?}: {s:?}"));
+    }
+    expect_code(driver.delete_snapshot("").await, Code::InvalidArgument);
+    assert_eq!(driver.list_all_snapshots().await, vec![kept]);
+    assert!(host_path(&volume).join("file").exists());
+}
+
+// =============================================================================================
+// ListSnapshots
+
+/// Every snapshot is listed, with the fields CreateSnapshot answered.
+#[tokio::test]
+async fn list_snapshots_lists_every_snapshot_with_its_fields() {
+    let driver = TestDriver::start().await;
+    let (a, _) = volume_with_file(&driver).await;
+    let b = driver
+        .create(create_request(&new_name(), snw_mount(), 2 * SIZE))
+        .await;
+    let mut made = vec![
+        driver.snapshot_of(&a.volume_id).await,
+        driver.snapshot_of(&a.volume_id).await,
+        driver.snapshot_of(&b.volume_id).await,
+    ];
+    let mut listed = driver.list_all_snapshots().await;
+    made.sort_by(|x, y| x.snapshot_id.cmp(&y.snapshot_id));
+    listed.sort_by(|x, y| x.snapshot_id.cmp(&y.snapshot_id));
+    assert_eq!(listed, made);
+    for snapshot in &listed {
+        assert!(snapshot.ready_to_use);
+        assert!(snapshot.creation_time.is_some_and(|t| t.seconds > 0));
+        let source = if snapshot.source_volume_id == a.volume_id {
+            &a
+        } else {
+            &b
+        };
+        assert_eq!(snapshot.source_volume_id, source.volume_id);
+        assert_eq!(snapshot.size_bytes, source.capacity_bytes);
+    }
+}
+
+/// Filters: by snapshot id (the one snapshot; an unknown or malformed id gives an empty
+/// list), by source volume (its snapshots only; an unknown source gives an empty list), both.
+#[tokio::test]
+async fn list_snapshots_filters_by_snapshot_id_and_source_volume() {
+    let driver = TestDriver::start().await;
+    let (a, _) = volume_with_file(&driver).await;
+    let (b, _) = volume_with_file(&driver).await;
+    let a1 = driver.snapshot_of(&a.volume_id).await;
+    let a2 = driver.snapshot_of(&a.volume_id).await;
+    let b1 = driver.snapshot_of(&b.volume_id).await;
+    let list = |f: fn(&mut csi::ListSnapshotsRequest, &[String]), args: Vec<String>| {
+        let request = list_request(|r| f(r, &args));
+        let driver = &driver;
+        async move {
+            let response = driver
+                .list_snapshots(request.clone())
+                .await
+                .unwrap_or_else(|s| panic!("ListSnapshots {request:?}: {s:?}"));
+            let mut ids = ids(&response);
+            ids.sort();
+            ids
+        }
+    };
+    let by_id = |r: &mut csi::ListSnapshotsRequest, a: &[String]| r.snapshot_id = a[0].clone();
+    let by_source =
+        |r: &mut csi::ListSnapshotsRequest, a: &[String]| r.source_volume_id = a[0].clone();
+    let by_both = |r: &mut csi::ListSnapshotsRequest, a: &[String]| {
+        r.snapshot_id = a[0].clone();
+        r.source_volume_id = a[1].clone();
+    };
+
+    assert_eq!(
+        list(by_id, vec![a2.snapshot_id.clone()]).await,
+        vec![a2.snapshot_id.clone()]
+    );
+    for unknown in [
+        snapshot_id_of(NODE_ID),
+        snapshot_id_of(OTHER_NODE),
+        "snap-1".into(),
+    ] {
+        assert_eq!(list(by_id, vec![unknown]).await, Vec::<String>::new());
+    }
+    let mut of_a = vec![a1.snapshot_id.clone(), a2.snapshot_id.clone()];
+    of_a.sort();
+    assert_eq!(list(by_source, vec![a.volume_id.clone()]).await, of_a);
+    assert_eq!(
+        list(by_source, vec![b.volume_id.clone()]).await,
+        vec![b1.snapshot_id.clone()]
+    );
+    for unknown in [unknown_volume_id(), "pvc-1".into()] {
+        assert_eq!(list(by_source, vec![unknown]).await, Vec::<String>::new());
+    }
+    assert_eq!(
+        list(by_both, vec![b1.snapshot_id.clone(), b.volume_id.clone()]).await,
+        vec![b1.snapshot_id.clone()]
+    );
+    assert_eq!(
+        list(by_both, vec![b1.snapshot_id.clone(), a.volume_id.clone()]).await,
+        Vec::<String>::new()
+    );
+}
+
+/// Pages of max_entries, followed by next_token, cover every snapshot exactly once; the last
+/// page has no next_token. Also with a source filter.
+#[tokio::test]
+async fn list_snapshots_pages_cover_every_snapshot_once() {
+    let driver = TestDriver::start().await;
+    let (a, _) = volume_with_file(&driver).await;
+    let (b, _) = volume_with_file(&driver).await;
+    let mut all = Vec::new();
+    let mut of_a = Vec::new();
+    for i in 0..7 {
+        let source = if i % 3 == 2 { &b } else { &a };
+        let snapshot = driver.snapshot_of(&source.volume_id).await;
+        if i % 3 != 2 {
+            of_a.push(snapshot.snapshot_id.clone());
+        }
+        all.push(snapshot.snapshot_id);
+    }
+    all.sort();
+    of_a.sort();
+
+    for (source, expected) in [(String::new(), &all), (a.volume_id.clone(), &of_a)] {
+        for page_size in [1, 2, 3, 5] {
+            let mut seen = Vec::new();
+            let mut token = String::new();
+            let mut pages = 0;
+            loop {
+                let response = driver
+                    .list_snapshots(list_request(|r| {
+                        r.max_entries = page_size;
+                        r.starting_token = token.clone();
+                        r.source_volume_id = source.clone();
+                    }))
+                    .await
+                    .unwrap();
+                assert!(response.entries.len() <= page_size as usize);
+                seen.extend(ids(&response));
+                pages += 1;
+                assert!(pages <= expected.len() + 1, "paging does not end");
+                if response.next_token.is_empty() {
+                    break;
+                }
+                token = response.next_token;
+            }
+            seen.sort();
+            assert_eq!(&seen, expected, "pages of {page_size}, source {source:?}");
+        }
+    }
+}
+
+/// Negative max_entries is INVALID_ARGUMENT; a starting_token we never issued is ABORTED.
+#[tokio::test]
+async fn list_snapshots_refuses_negative_pages_and_strange_tokens() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    driver.snapshot_of(&volume.volume_id).await;
+    expect_code(
+        driver
+            .list_snapshots(list_request(|r| r.max_entries = -1))
+            .await,
+        Code::InvalidArgument,
+    );
+    for token in ["bogus", "1", volume.volume_id.as_str(), "../state"] {
+        expect_code(
+            driver
+                .list_snapshots(list_request(|r| r.starting_token = token.into()))
+                .await,
+            Code::Aborted,
+        );
+    }
+}
+
+// =============================================================================================
+// Restores and clones (default pool: full copies)
+
+/// A volume restored from a snapshot holds the source's tree with every property (owners,
+/// modes with setgid, times, xattrs, symlinks, hard links, holes), seen through bind mounts.
+#[tokio::test]
+async fn restore_keeps_content_and_metadata() {
+    let driver = TestDriver::start().await;
+    let source = driver.create_fs_volume().await;
+    let target = driver.publish_at_new_target(&source, snw_mount()).await;
+    build_tree(&target);
+    let original = manifest(&target);
+    driver.unpublish_ok(&source, &target).await;
+    let snapshot = driver.snapshot_of(&source.volume_id).await;
+
+    let restored = driver
+        .create(restore_request(
+            snw_mount(),
+            from_snapshot(&snapshot.snapshot_id),
+            Some(SIZE),
+        ))
+        .await;
+    assert_id_of(&restored.volume_id, "sv-", NODE_ID);
+    let restored_target = driver.publish_at_new_target(&restored, snw_mount()).await;
+    assert_same_tree(&original, &restored_target);
+    assert_same_tree(&original, &host_path(&restored));
+}
+
+/// A clone of a volume holds the source's tree with every property, like a restore.
+#[tokio::test]
+async fn clone_keeps_content_and_metadata() {
+    let driver = TestDriver::start().await;
+    let source = driver.create_fs_volume().await;
+    let target = driver.publish_at_new_target(&source, snw_mount()).await;
+    build_tree(&target);
+    let original = manifest(&target);
+    driver.unpublish_ok(&source, &target).await;
+
+    let clone = driver
+        .create(restore_request(
+            snw_mount(),
+            from_volume(&source.volume_id),
+            Some(SIZE),
+        ))
+        .await;
+    assert_id_of(&clone.volume_id, "sv-", NODE_ID);
+    let clone_target = driver.publish_at_new_target(&clone, snw_mount()).await;
+    assert_same_tree(&original, &clone_target);
+    // The source keeps its data.
+    assert_same_tree(&original, &host_path(&source));
+}
+
+/// The response echoes the content source; without a capacity_range the new volume has the
+/// source's size (the snapshot's size_bytes, the cloned volume's capacity).
+#[tokio::test]
+async fn restore_and_clone_echo_the_source_and_default_to_its_size() {
+    let driver = TestDriver::start().await;
+    let volume = driver
+        .create(create_request(&new_name(), snw_mount(), 3 * SIZE))
+        .await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    for source in [
+        from_snapshot(&snapshot.snapshot_id),
+        from_volume(&volume.volume_id),
+    ] {
+        let made = driver
+            .create(restore_request(snw_mount(), source.clone(), None))
+            .await;
+        assert_eq!(made.content_source, Some(source.clone()));
+        assert_eq!(made.capacity_bytes, 3 * SIZE, "{source:?}");
+        assert_eq!(driver.capacity_of(&made.volume_id).await, 3 * SIZE);
+        // ListVolumes and ControllerGetVolume tell the same story.
+        let got = driver.get_volume(&made.volume_id).await.unwrap();
+        assert_eq!(got.volume.unwrap().content_source, Some(source));
+    }
+}
+
+/// A capacity range that allows only less than the source is OUT_OF_RANGE; nothing is made.
+#[tokio::test]
+async fn restore_or_clone_smaller_than_the_source_is_out_of_range() {
+    let driver = TestDriver::start().await;
+    let volume = driver
+        .create(create_request(&new_name(), snw_mount(), 2 * SIZE))
+        .await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    for source in [
+        from_snapshot(&snapshot.snapshot_id),
+        from_volume(&volume.volume_id),
+    ] {
+        // Required and limit both below the source; only a limit below it.
+        for (required_bytes, limit_bytes) in [(SIZE, SIZE), (0, SIZE)] {
+            let request = csi::CreateVolumeRequest {
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes,
+                    limit_bytes,
+                }),
+                ..restore_request(snw_mount(), source.clone(), None)
+            };
+            expect_code(
+                driver.controller().create_volume(request).await,
+                Code::OutOfRange,
+            );
+        }
+    }
+    assert_eq!(driver.list_all().await.len(), 1);
+}
+
+/// A larger capacity than the source's is granted as asked.
+#[tokio::test]
+async fn restore_or_clone_larger_than_the_source_gets_the_size_asked() {
+    let driver = TestDriver::start().await;
+    let (volume, content) = volume_with_file(&driver).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    for source in [
+        from_snapshot(&snapshot.snapshot_id),
+        from_volume(&volume.volume_id),
+    ] {
+        let made = driver
+            .create(restore_request(snw_mount(), source, Some(4 * SIZE)))
+            .await;
+        assert_eq!(made.capacity_bytes, 4 * SIZE);
+        assert_eq!(driver.capacity_of(&made.volume_id).await, 4 * SIZE);
+        assert_eq!(fs::read(host_path(&made).join("file")).unwrap(), content);
+    }
+}
+
+/// Filesystem data cannot become a block volume, nor the reverse: INVALID_ARGUMENT.
+#[tokio::test]
+async fn restore_or_clone_into_another_access_type_is_invalid() {
+    let driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    let block_volume = driver.create_block_volume().await;
+    let fs_snapshot = driver.snapshot_of(&fs_volume.volume_id).await;
+    let block_snapshot = driver.snapshot_of(&block_volume.volume_id).await;
+    for (capability, source) in [
+        (snw_block(), from_snapshot(&fs_snapshot.snapshot_id)),
+        (snw_mount(), from_snapshot(&block_snapshot.snapshot_id)),
+        (snw_block(), from_volume(&fs_volume.volume_id)),
+        (snw_mount(), from_volume(&block_volume.volume_id)),
+    ] {
+        expect_code(
+            driver
+                .controller()
+                .create_volume(restore_request(capability, source, Some(SIZE)))
+                .await,
+            Code::InvalidArgument,
+        );
+    }
+    assert_eq!(driver.list_all().await.len(), 2);
+    assert_eq!(driver.data_entries().len(), 2);
+}
+
+/// A source this node issued but no longer holds (deleted, or never made) is NOT_FOUND.
+#[tokio::test]
+async fn restore_or_clone_of_a_missing_source_of_this_node_is_not_found() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+    driver.delete(&volume.volume_id).await.unwrap();
+    for source in [
+        from_snapshot(&snapshot.snapshot_id),
+        from_snapshot(&snapshot_id_of(NODE_ID)),
+        from_volume(&volume.volume_id),
+        from_volume(&unknown_volume_id()),
+    ] {
+        expect_code(
+            driver
+                .controller()
+                .create_volume(restore_request(snw_mount(), source, Some(SIZE)))
+                .await,
+            Code::NotFound,
+        );
+    }
+    assert!(driver.list_all().await.is_empty());
+}
+
+/// A source issued by another node (a real second driver, and made-up ids with its tag) is
+/// RESOURCE_EXHAUSTED, so the provisioner reschedules the claim.
+#[tokio::test]
+async fn restore_or_clone_of_another_nodes_source_is_resource_exhausted() {
+    let other = TestDriver::start_with(Options {
+        node_id: Some(OTHER_NODE),
+        ..Default::default()
+    })
+    .await;
+    let (elsewhere, _) = volume_with_file(&other).await;
+    let elsewhere_snapshot = other.snapshot_of(&elsewhere.volume_id).await;
+    assert_id_of(&elsewhere.volume_id, "sv-", OTHER_NODE);
+    assert_id_of(&elsewhere_snapshot.snapshot_id, "ss-", OTHER_NODE);
+
+    let driver = TestDriver::start().await;
+    for source in [
+        from_snapshot(&elsewhere_snapshot.snapshot_id),
+        from_volume(&elsewhere.volume_id),
+        from_snapshot(&snapshot_id_of(OTHER_NODE)),
+        from_volume(&volume_id_of(OTHER_NODE)),
+    ] {
+        expect_code(
+            driver
+                .controller()
+                .create_volume(restore_request(snw_mount(), source, Some(SIZE)))
+                .await,
+            Code::ResourceExhausted,
+        );
+    }
+    assert!(driver.list_all().await.is_empty());
+}
+
+/// Source ids of any shape we never issue are NOT_FOUND.
+#[tokio::test]
+async fn restore_or_clone_of_a_foreign_shaped_id_is_not_found() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let upper = snapshot_id_of(NODE_ID)
+        .to_uppercase()
+        .replacen("SS-", "ss-", 1);
+    for source in [
+        from_snapshot("snapshot-1234"),
+        from_snapshot("ss-0123"),
+        from_snapshot(&upper),
+        from_snapshot(&volume.volume_id),
+        from_snapshot("../snapshots"),
+        from_volume("pvc-1234"),
+        from_volume("sv-xyz"),
+        from_volume(&snapshot_id_of(NODE_ID)),
+    ] {
+        expect_code(
+            driver
+                .controller()
+                .create_volume(restore_request(snw_mount(), source, Some(SIZE)))
+                .await,
+            Code::NotFound,
+        );
+    }
+    assert_eq!(driver.list_all().await.len(), 1);
+}
+
+/// The same name and source give the same volume; the same name with another source, or
+/// with a source where there was none (and the reverse), is ALREADY_EXISTS.
+#[tokio::test]
+async fn restore_is_idempotent_by_name_and_source() {
+    let driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let one = driver.snapshot_of(&volume.volume_id).await;
+    let two = driver.snapshot_of(&volume.volume_id).await;
+    let request = restore_request(snw_mount(), from_snapshot(&one.snapshot_id), Some(SIZE));
+    let first = driver.create(request.clone()).await;
+    assert_eq!(driver.create(request.clone()).await, first);
+
+    let plain_name = create_request(&new_name(), snw_mount(), SIZE);
+    driver.create(plain_name.clone()).await;
+    for (what, conflicting) in [
+        (
+            "another snapshot",
+            csi::CreateVolumeRequest {
+                volume_content_source: Some(from_snapshot(&two.snapshot_id)),
+                ..request.clone()
+            },
+        ),
+        (
+            "a volume instead",
+            csi::CreateVolumeRequest {
+                volume_content_source: Some(from_volume(&volume.volume_id)),
+                ..request.clone()
+            },
+        ),
+        (
+            "no source",
+            csi::CreateVolumeRequest {
+                volume_content_source: None,
+                ..request.clone()
+            },
+        ),
+        (
+            "a source for a volume made empty",
+            csi::CreateVolumeRequest {
+                volume_content_source: Some(from_snapshot(&one.snapshot_id)),
+                ..plain_name.clone()
+            },
+        ),
+    ] {
+        let status = expect_code(
+            driver.controller().create_volume(conflicting).await,
+            Code::AlreadyExists,
+        );
+        assert!(!status.message().is_empty(), "{what}");
+    }
+    assert_eq!(driver.list_all().await.len(), 3);
+}
+
+/// Clones are idempotent by name and source too.
+#[tokio::test]
+async fn clone_is_idempotent_by_name_and_source() {
+    let driver = TestDriver::start().await;
+    let (a, _) = volume_with_file(&driver).await;
+    let (b, _) = volume_with_file(&driver).await;
+    let request = restore_request(snw_mount(), from_volume(&a.volume_id), Some(SIZE));
+    let first = driver.create(request.clone()).await;
+    assert_eq!(driver.create(request.clone()).await, first);
+    let other = csi::CreateVolumeRequest {
+        volume_content_source: Some(from_volume(&b.volume_id)),
+        ..request
+    };
+    expect_code(
+        driver.controller().create_volume(other).await,
+        Code::AlreadyExists,
+    );
+    assert_eq!(driver.list_all().await.len(), 3);
+}
+
+/// A restored volume is a volume like any other: it publishes, takes writes, reports stats,
+/// expands online and deletes, and its snapshot stays usable.
+#[tokio::test]
+async fn a_restored_volume_publishes_expands_and_deletes() {
+    let driver = TestDriver::start().await;
+    let (volume, content) = volume_with_file(&driver).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    let restored = driver
+        .create(restore_request(
+            snw_mount(),
+            from_snapshot(&snapshot.snapshot_id),
+            None,
+        ))
+        .await;
+    let target = driver.publish_at_new_target(&restored, snw_mount()).await;
+    assert_eq!(fs::read(target.join("file")).unwrap(), content);
+    fs::write(target.join("new"), b"written after the restore").unwrap();
+    driver
+        .stats(&restored.volume_id, &path_str(&target))
+        .await
+        .expect("stats of a restored volume");
+    let grown = driver
+        .expand(expand_request(&restored.volume_id, &target, 2 * SIZE, 0))
+        .await
+        .unwrap();
+    assert_eq!(grown, 2 * SIZE);
+    assert_eq!(driver.capacity_of(&restored.volume_id).await, 2 * SIZE);
+    driver.unpublish_ok(&restored, &target).await;
+    driver.delete(&restored.volume_id).await.unwrap();
+    assert!(!exists_no_follow(&host_path(&restored)));
+    // The snapshot did not get the new file, and still restores.
+    assert!(
+        !snapshot_dir(&driver.data, &snapshot.snapshot_id)
+            .join("new")
+            .exists()
+    );
+    let again = driver
+        .create(restore_request(
+            snw_mount(),
+            from_snapshot(&snapshot.snapshot_id),
+            None,
+        ))
+        .await;
+    assert_eq!(fs::read(host_path(&again).join("file")).unwrap(), content);
+    assert!(!host_path(&again).join("new").exists());
+}
+
+/// A snapshot is independent of its source: the source can be deleted, the snapshot is still
+/// listed and still restores the data of the moment it was taken.
+#[tokio::test]
+async fn a_snapshot_outlives_its_source_volume() {
+    let driver = TestDriver::start().await;
+    let (volume, content) = volume_with_file(&driver).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    fs::write(
+        host_path(&volume).join("file"),
+        b"overwritten after the snapshot",
+    )
+    .unwrap();
+    driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!exists_no_follow(&host_path(&volume)));
+
+    assert_eq!(driver.list_all_snapshots().await, vec![snapshot.clone()]);
+    let restored = driver
+        .create(restore_request(
+            snw_mount(),
+            from_snapshot(&snapshot.snapshot_id),
+            None,
+        ))
+        .await;
+    assert_eq!(
+        fs::read(host_path(&restored).join("file")).unwrap(),
+        content
+    );
+}
+
+/// Deleting a snapshot leaves the volumes restored from it intact.
+#[tokio::test]
+async fn a_restored_volume_outlives_its_snapshot() {
+    let driver = TestDriver::start().await;
+    let source = driver.create_fs_volume().await;
+    build_tree(&host_path(&source));
+    let original = manifest(&host_path(&source));
+    let snapshot = driver.snapshot_of(&source.volume_id).await;
+    let restored = driver
+        .create(restore_request(
+            snw_mount(),
+            from_snapshot(&snapshot.snapshot_id),
+            None,
+        ))
+        .await;
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+    assert!(dir_names(&driver.data.join("snapshots")).is_empty());
+    let target = driver.publish_at_new_target(&restored, snw_mount()).await;
+    assert_same_tree(&original, &target);
+}
+
+/// A snapshot of a volume a pod has published (and writes to) works; it holds what the pod
+/// wrote before it. The publication is undisturbed.
+#[tokio::test]
+async fn a_published_volume_can_be_snapshotted() {
+    let driver = TestDriver::start().await;
+    let (volume, target, content) = published_with_file(&driver, SIZE).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    assert_eq!(mounts_at(&target).len(), 1);
+    fs::write(target.join("later"), b"after the snapshot").unwrap();
+    let restored = driver
+        .create(restore_request(
+            snw_mount(),
+            from_snapshot(&snapshot.snapshot_id),
+            None,
+        ))
+        .await;
+    assert_eq!(
+        fs::read(host_path(&restored).join("file")).unwrap(),
+        content
+    );
+    assert!(!host_path(&restored).join("later").exists());
+    // A clone of the published volume has both.
+    let clone = driver
+        .create(restore_request(
+            snw_mount(),
+            from_volume(&volume.volume_id),
+            None,
+        ))
+        .await;
+    assert_eq!(fs::read(host_path(&clone).join("file")).unwrap(), content);
+    assert!(host_path(&clone).join("later").exists());
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+// =============================================================================================
+// Block volumes
+
+const CHUNK: usize = 64 << 10;
+/// Offsets (multiples of 4096) where block tests write; the rest of the image stays a hole.
+const OFFSETS: [u64; 3] = [0, 5 << 20, (13 << 20) + 4096];
+/// Offsets inside holes.
+const HOLES: [u64; 2] = [2 << 20, 9 << 20];
+
+fn write_chunks_into_file(image: &Path, seed: u8) {
+    let file = fs::OpenOptions::new().write(true).open(image).unwrap();
+    for (i, offset) in OFFSETS.iter().enumerate() {
+        file.write_all_at(&pattern(CHUNK, seed + i as u8), *offset)
+            .unwrap();
+    }
+    file.sync_all().unwrap();
+}
+
+/// The image holds the chunks `seed` wrote at [`OFFSETS`], zeros in [`HOLES`], and at most
+/// a little more than the chunks allocated.
+#[track_caller]
+fn assert_image_holds(image: &Path, seed: u8) {
+    for (i, offset) in OFFSETS.iter().enumerate() {
+        assert!(
+            read_at(image, *offset, CHUNK) == pattern(CHUNK, seed + i as u8),
+            "{} at {offset} does not hold pattern {}",
+            image.display(),
+            seed + i as u8
+        );
+    }
+    for hole in HOLES {
+        assert_eq!(
+            read_at(image, hole, 4096),
+            vec![0u8; 4096],
+            "hole at {hole}"
+        );
+    }
+    let written = (OFFSETS.len() * CHUNK) as u64;
+    assert!(
+        allocated(image) <= written + (1 << 20),
+        "{} lost its holes: {} bytes allocated for {written} written",
+        image.display(),
+        allocated(image)
+    );
+}
+
+/// A block snapshot is the image at the time (`<data>/snapshots/<id>.img`); overwriting the
+/// source afterwards does not reach it, and a restore has the old pattern and the holes,
+/// readable through the published device.
+#[tokio::test]
+async fn block_snapshot_and_restore_keep_the_pattern_and_the_holes() {
+    let driver = TestDriver::start().await;
+    let (volume, target) = driver.published_block_volume().await;
+    for (i, offset) in OFFSETS.iter().enumerate() {
+        write_direct_at(&target, *offset, &pattern(CHUNK, 1 + i as u8));
+    }
+    driver.unpublish_ok(&volume, &target).await;
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    assert_eq!(snapshot.size_bytes, SIZE);
+    let image = snapshot_image(&driver.data, &snapshot.snapshot_id);
+    assert_eq!(fs::metadata(&image).unwrap().len(), SIZE as u64);
+    assert_image_holds(&image, 1);
+
+    write_chunks_into_file(&host_path(&volume), 100);
+    let restored = driver
+        .create(restore_request(
+            snw_block(),
+            from_snapshot(&snapshot.snapshot_id),
+            None,
+        ))
+        .await;
+    assert_eq!(restored.capacity_bytes, SIZE);
+    assert_eq!(
+        fs::metadata(host_path(&restored)).unwrap().len(),
+        SIZE as u64
+    );
+    assert_image_holds(&host_path(&restored), 1);
+    assert_image_holds(&image, 1);
+    let target = driver.publish_at_new_target(&restored, snw_block()).await;
+    assert_eq!(
+        read_direct_at(&target, OFFSETS[1], CHUNK),
+        pattern(CHUNK, 2)
+    );
+    driver.unpublish_ok(&restored, &target).await;
+}
+
+/// A block clone copies the image as it is (written directly into the unpublished image);
+/// overwriting the source afterwards does not reach the clone.
+#[tokio::test]
+async fn block_clone_keeps_the_pattern_and_the_holes() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    write_chunks_into_file(&host_path(&volume), 1);
+    let clone = driver
+        .create(restore_request(
+            snw_block(),
+            from_volume(&volume.volume_id),
+            None,
+        ))
+        .await;
+    write_chunks_into_file(&host_path(&volume), 100);
+    assert_eq!(clone.capacity_bytes, SIZE);
+    assert_image_holds(&host_path(&clone), 1);
+    assert_image_holds(&host_path(&volume), 100);
+}
+
+/// A block restore asked larger than its snapshot has an image (and a device) of the new
+/// size, with the old data at its place.
+#[tokio::test]
+async fn block_restore_larger_than_the_snapshot_has_the_new_size() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_block_volume().await;
+    write_chunks_into_file(&host_path(&volume), 1);
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    let restored = driver
+        .create(restore_request(
+            snw_block(),
+            from_snapshot(&snapshot.snapshot_id),
+            Some(3 * SIZE),
+        ))
+        .await;
+    assert_eq!(restored.capacity_bytes, 3 * SIZE);
+    let image = host_path(&restored);
+    assert_eq!(fs::metadata(&image).unwrap().len(), 3 * SIZE as u64);
+    assert_image_holds(&image, 1);
+    let target = driver.publish_at_new_target(&restored, snw_block()).await;
+    assert_eq!(sysfs_size_bytes(&linked_device(&target)), 3 * SIZE as u64);
+    driver.unpublish_ok(&restored, &target).await;
+}
+
+// =============================================================================================
+// Crash safety
+
+/// kill -9 while a copy runs (CreateSnapshot answered not ready): after the restart the
+/// snapshot is either gone from the list or finishes under the same id (CreateSnapshot with
+/// the same name answers it, eventually ready, with complete data), and no staging copy stays
+/// behind.
+#[tokio::test]
+async fn kill9_during_a_copy_ends_with_the_same_snapshot_ready_or_none() {
+    let mut driver = start_on_tmpfs("3g").await;
+    let (volume, request, first) = snapshot_answered_not_ready(&driver).await;
+    driver.kill9();
+    eprintln!(
+        "killed during the copy; snapshots/ holds {:?}",
+        dir_names(&driver.data.join("snapshots"))
+    );
+    driver.start_again().await;
+
+    let listed = driver
+        .list_snapshots(list_request(|r| r.snapshot_id = first.snapshot_id.clone()))
+        .await
+        .unwrap();
+    let snapshot = match ids(&listed).as_slice() {
+        [] => {
+            eprintln!("the interrupted snapshot was forgotten; taking it again");
+            driver.create_snapshot_ready(&request).await
+        }
+        [id] => {
+            assert_eq!(id, &first.snapshot_id);
+            let ready = driver.create_snapshot_ready(&request).await;
+            assert_eq!(ready.snapshot_id, first.snapshot_id, "the id changed");
+            assert_eq!(ready.creation_time, first.creation_time);
+            ready
+        }
+        more => panic!("one id filter listed {more:?}"),
+    };
+    let staged: Vec<String> = dir_names(&driver.data.join("snapshots"))
+        .into_iter()
+        .filter(|n| n.starts_with(".creating-"))
+        .collect();
+    assert!(staged.is_empty(), "staging copies left: {staged:?}");
+    assert_eq!(
+        dir_names(&driver.data.join("lost+found")),
+        Vec::<String>::new()
+    );
+    assert_same_small_files(
+        &host_path(&volume),
+        &snapshot_dir(&driver.data, &snapshot.snapshot_id),
+    );
+    assert_eq!(driver.list_all_snapshots().await, vec![snapshot]);
+}
+
+/// DeleteSnapshot while the copy still runs (CreateSnapshot answered not ready) cancels it:
+/// no data, staging copy or record stays, and the source is untouched.
+#[tokio::test]
+async fn delete_snapshot_during_its_copy_removes_everything() {
+    let driver = start_on_tmpfs("3g").await;
+    let (volume, _, first) = snapshot_answered_not_ready(&driver).await;
+    retry_aborted(|| driver.delete_snapshot(&first.snapshot_id))
+        .await
+        .unwrap();
+    assert!(driver.list_all_snapshots().await.is_empty());
+    assert_eq!(
+        dir_names(&driver.data.join("snapshots")),
+        Vec::<String>::new()
+    );
+    assert!(!exists_no_follow(&snapshot_record(
+        &driver,
+        &first.snapshot_id
+    )));
+    assert!(host_path(&volume).join("round-0/d00/f00000").is_file());
+    // The volume is free to go too: no copy holds it any more.
+    driver.delete(&volume.volume_id).await.unwrap();
+}
+
+/// A staging copy (`.creating-ss-…`, directory or image) without any record, as a crash
+/// leaves it, is removed at start.
+#[tokio::test]
+async fn start_removes_staged_snapshot_copies_without_a_record() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let snapshots = driver.data.join("snapshots");
+    let staged_dir = snapshots.join(format!(".creating-{}", snapshot_id_of(NODE_ID)));
+    fs::create_dir_all(staged_dir.join("sub")).unwrap();
+    fs::write(staged_dir.join("sub/file"), b"half copied").unwrap();
+    let staged_image = snapshots.join(format!(".creating-{}.img", snapshot_id_of(NODE_ID)));
+    fs::write(&staged_image, b"half an image").unwrap();
+
+    driver.start_again().await;
+    assert!(!exists_no_follow(&staged_dir), "{}", staged_dir.display());
+    assert!(
+        !exists_no_follow(&staged_image),
+        "{}",
+        staged_image.display()
+    );
+    // Removed, not set aside like data without a record.
+    assert_eq!(
+        dir_names(&driver.data.join("lost+found")),
+        Vec::<String>::new()
+    );
+    assert!(driver.list_all_snapshots().await.is_empty());
+}
+
+// =============================================================================================
+// Capacity and metrics
+
+/// Mounts a tmpfs of `size` at `path` (created if missing). The test driver's cleanup
+/// unmounts it, as everything beneath its directory, also when the test fails.
+fn mount_tmpfs(path: &Path, size: &str) {
+    fs::create_dir_all(path).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        path,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(format!("size={size},mode=0755").as_str()),
+    )
+    .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", path.display()));
+}
+
+/// A copied snapshot (default pool) takes its data size out of GetCapacity: the copy holds
+/// real space. The data dir is a tmpfs of its own, so no other test moves the free space.
+#[tokio::test]
+async fn a_copied_snapshot_lowers_capacity_by_its_data_size() {
+    let driver = start_on_tmpfs("512m").await;
+    let data = 32 * MIB;
+    let volume = driver
+        .create(create_request(&new_name(), snw_mount(), 64 * MIB))
+        .await;
+    let target = driver.publish_at_new_target(&volume, snw_mount()).await;
+    write_files(&target, 4, (data / 4) as usize);
+    // Unenforced directories: the driver learns the volume's usage from a stats walk.
+    driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let before = driver.available_capacity(&[], snw_mount()).await;
+    driver.snapshot_of(&volume.volume_id).await;
+    let after = driver.available_capacity(&[], snw_mount()).await;
+    eprintln!("capacity {before} before, {after} after a snapshot of {data} bytes");
+    let slack = 2 * MIB;
+    assert!(
+        before - after >= data - slack,
+        "capacity {before} before, {after} after a snapshot of {data} bytes"
+    );
+}
+
+/// A snapshot whose copy cannot fit in its pool is refused with RESOURCE_EXHAUSTED and leaves
+/// nothing behind; a small one in the same pool fits.
+#[tokio::test]
+async fn a_snapshot_that_does_not_fit_its_pool_is_resource_exhausted() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let small = driver.root.join("small");
+    mount_tmpfs(&small, "64m");
+    driver.add_args(["--pool".to_string(), format!("small={}", small.display())]);
+    driver.start_again().await;
+    let in_small = |bytes| csi::CreateVolumeRequest {
+        parameters: params(&[("pool", "small")]),
+        ..create_request(&new_name(), snw_mount(), bytes)
+    };
+
+    let little = driver.create(in_small(4 * MIB)).await;
+    write_synced(&host_path(&little).join("f"), &pattern(MIB as usize, 1));
+    let fits = driver.snapshot_of(&little.volume_id).await;
+    assert!(snapshot_dir(&small, &fits.snapshot_id).join("f").exists());
+
+    let big = driver.create(in_small(48 * MIB)).await;
+    write_files(&host_path(&big), 5, 8 * MIB as usize);
+    expect_code(
+        driver
+            .create_snapshot(snapshot_request(&new_snapshot_name(), &big.volume_id))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert_eq!(driver.list_all_snapshots().await, vec![fits.clone()]);
+    assert_eq!(
+        dir_names(&small.join("snapshots")),
+        vec![fits.snapshot_id.clone()]
+    );
+    assert_eq!(
+        dir_names(&driver.data.join("state/snapshots")),
+        vec![format!("{}.json", fits.snapshot_id)]
+    );
+}
+
+/// `stickyvol_snapshots{pool}` counts snapshots; `stickyvol_pool_snapshot_bytes{pool}` shows
+/// what copied snapshots hold.
+#[tokio::test]
+async fn snapshot_metrics_count_snapshots_and_their_bytes() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let default = [("pool", "default")];
+    let count = |driver: &TestDriver| driver.scrape().get("stickyvol_snapshots", &default);
+    assert_eq!(count(&driver).unwrap_or(0.0), 0.0);
+    let volume = driver.create_fs_volume().await;
+    write_files(&host_path(&volume), 1, 4 * MIB as usize);
+    let one = driver.snapshot_of(&volume.volume_id).await;
+    driver.snapshot_of(&volume.volume_id).await;
+    let metrics = driver.scrape();
+    assert_eq!(metrics.value("stickyvol_snapshots", &default), 2.0);
+    let bytes = metrics.value("stickyvol_pool_snapshot_bytes", &default);
+    assert!(bytes > 0.0, "snapshot bytes {bytes}");
+    driver.delete_snapshot(&one.snapshot_id).await.unwrap();
+    assert_eq!(count(&driver), Some(1.0));
+}
+
+// =============================================================================================
+// btrfs with quota: volumes are subvolumes, snapshots are btrfs snapshots
+
+/// A driver whose pool "fast" is on a fresh btrfs with quota (`--enforcement fast=btrfs`).
+/// Field order matters: the driver (and its mounts) goes before the filesystem.
+struct BtrfsDriver {
+    driver: TestDriver,
+    pool: PathBuf,
+    _fs: ScratchFs,
+}
+
+async fn start_on_btrfs() -> BtrfsDriver {
+    // Not a skip: CI installs btrfs-progs, and a silently skipped test proves nothing.
+    let fs = ScratchFs::new("btrfs", 1 << 30, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"));
+    let pool = fs.mount_point.join("pool");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args([
+        "--pool".to_string(),
+        format!("fast={}", pool.display()),
+        "--enforcement".to_string(),
+        "fast=btrfs".to_string(),
+    ]);
+    driver.start_again().await;
+    BtrfsDriver {
+        driver,
+        pool,
+        _fs: fs,
+    }
+}
+
+fn fast(capability: csi::VolumeCapability, bytes: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        parameters: params(&[("pool", "fast")]),
+        ..create_request(&new_name(), capability, bytes)
+    }
+}
+
+fn fast_restore(source: csi::VolumeContentSource, bytes: Option<i64>) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        parameters: params(&[("pool", "fast")]),
+        ..restore_request(snw_mount(), source, bytes)
+    }
+}
+
+/// Writes `bytes` in 1 MiB chunks (synced) into a new file; how much went in and the error
+/// that stopped it, if any.
+fn fill(path: &Path, bytes: i64) -> (i64, Option<std::io::Error>) {
+    let mut file = File::create(path).unwrap();
+    let chunk = pattern(MIB as usize, 7);
+    let mut written = 0;
+    while written < bytes {
+        if let Err(err) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
+            return (written, Some(err));
+        }
+        written += MIB;
+    }
+    (written, None)
+}
+
+/// Writing stopped with EDQUOT (or ENOSPC) once `total` reached about `limit`.
+#[track_caller]
+fn assert_stopped_at_limit(err: Option<std::io::Error>, total: i64, limit: i64) {
+    let err = err.unwrap_or_else(|| panic!("{total} bytes fit in a volume of {limit}"));
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EDQUOT) | Some(libc::ENOSPC)),
+        "writing past the size failed with {err}, not EDQUOT"
+    );
+    assert!(
+        total <= limit && total >= limit - 6 * MIB,
+        "stopped at {total} bytes, limit {limit}"
+    );
+}
+
+/// A snapshot of a published subvolume is ready in the first answer and is a read-only
+/// subvolume holding the data.
+#[tokio::test]
+async fn btrfs_snapshot_is_ready_at_once_and_a_read_only_subvolume() {
+    let setup = start_on_btrfs().await;
+    let driver = &setup.driver;
+    let volume = driver.create(fast(snw_mount(), 16 * MIB)).await;
+    assert!(btrfs::is_subvolume(&host_path(&volume)).unwrap());
+    let target = driver.publish_at_new_target(&volume, snw_mount()).await;
+    write_files(&target, 1, 4 * MIB as usize);
+    let snapshot = driver
+        .create_snapshot(snapshot_request(&new_snapshot_name(), &volume.volume_id))
+        .await
+        .unwrap();
+    assert!(snapshot.ready_to_use, "{snapshot:?}");
+    assert_eq!(snapshot.size_bytes, 16 * MIB);
+    let data = snapshot_dir(&setup.pool, &snapshot.snapshot_id);
+    assert!(btrfs::is_subvolume(&data).unwrap(), "{}", data.display());
+    assert_eq!(
+        sha256_of(&data.join("file-000")),
+        sha256_of(&target.join("file-000"))
+    );
+    let write = fs::write(data.join("intruder"), b"x");
+    assert_eq!(
+        write.as_ref().map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EROFS)),
+        "the snapshot is writable"
+    );
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+/// A restore on btrfs is a writable subvolume with the data, limited to its size.
+#[tokio::test]
+async fn btrfs_restore_is_a_writable_subvolume_limited_to_its_size() {
+    let setup = start_on_btrfs().await;
+    let driver = &setup.driver;
+    let volume = driver.create(fast(snw_mount(), 16 * MIB)).await;
+    write_files(&host_path(&volume), 1, 4 * MIB as usize);
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    let restored = driver
+        .create(fast_restore(from_snapshot(&snapshot.snapshot_id), None))
+        .await;
+    assert_eq!(restored.capacity_bytes, 16 * MIB);
+    assert!(btrfs::is_subvolume(&host_path(&restored)).unwrap());
+    let target = driver.publish_at_new_target(&restored, snw_mount()).await;
+    assert_eq!(
+        sha256_of(&target.join("file-000")),
+        sha256_of(&host_path(&volume).join("file-000"))
+    );
+    let (written, err) = fill(&target.join("more"), 32 * MIB);
+    assert_stopped_at_limit(err, written + 4 * MIB, 16 * MIB);
+    driver.unpublish_ok(&restored, &target).await;
+}
+
+/// A restore asked larger than its snapshot can be written up to its new size, not beyond.
+#[tokio::test]
+async fn btrfs_restore_larger_than_its_snapshot_fills_up_to_the_new_size() {
+    let setup = start_on_btrfs().await;
+    let driver = &setup.driver;
+    let volume = driver.create(fast(snw_mount(), 16 * MIB)).await;
+    write_files(&host_path(&volume), 1, 4 * MIB as usize);
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    let restored = driver
+        .create(fast_restore(
+            from_snapshot(&snapshot.snapshot_id),
+            Some(48 * MIB),
+        ))
+        .await;
+    assert_eq!(restored.capacity_bytes, 48 * MIB);
+    let target = driver.publish_at_new_target(&restored, snw_mount()).await;
+    let (written, err) = fill(&target.join("more"), 64 * MIB);
+    assert_stopped_at_limit(err, written + 4 * MIB, 48 * MIB);
+    driver.unpublish_ok(&restored, &target).await;
+}
+
+/// A clone on btrfs is a limited subvolume with the source's tree, every property kept.
+#[tokio::test]
+async fn btrfs_clone_keeps_the_tree_in_a_limited_subvolume() {
+    let setup = start_on_btrfs().await;
+    let driver = &setup.driver;
+    let volume = driver.create(fast(snw_mount(), 16 * MIB)).await;
+    build_tree(&host_path(&volume));
+    let original = manifest(&host_path(&volume));
+    let clone = driver
+        .create(fast_restore(from_volume(&volume.volume_id), None))
+        .await;
+    assert!(btrfs::is_subvolume(&host_path(&clone)).unwrap());
+    let target = driver.publish_at_new_target(&clone, snw_mount()).await;
+    assert_same_tree(&original, &target);
+    let (written, err) = fill(&target.join("more"), 32 * MIB);
+    // The tree holds about 3 MiB of data.
+    assert!(
+        err.is_some(),
+        "{written} bytes more fit in a clone of 16 MiB"
+    );
+    driver.unpublish_ok(&clone, &target).await;
+}
+
+/// A block volume on btrfs: its snapshot is ready in the first answer and restores the image.
+#[tokio::test]
+async fn btrfs_block_snapshot_is_ready_at_once_and_restores() {
+    let setup = start_on_btrfs().await;
+    let driver = &setup.driver;
+    let volume = driver.create(fast(snw_block(), SIZE)).await;
+    write_chunks_into_file(&host_path(&volume), 1);
+    let snapshot = driver
+        .create_snapshot(snapshot_request(&new_snapshot_name(), &volume.volume_id))
+        .await
+        .unwrap();
+    assert!(snapshot.ready_to_use, "{snapshot:?}");
+    assert_image_holds(&snapshot_image(&setup.pool, &snapshot.snapshot_id), 1);
+    write_chunks_into_file(&host_path(&volume), 100);
+    let restored = driver
+        .create(csi::CreateVolumeRequest {
+            parameters: params(&[("pool", "fast")]),
+            ..restore_request(snw_block(), from_snapshot(&snapshot.snapshot_id), None)
+        })
+        .await;
+    assert_image_holds(&host_path(&restored), 1);
+}
+
+// =============================================================================================
+// XFS with reflink
+
+/// A driver whose pool "fast" is on a fresh XFS with reflink. Field order as for btrfs.
+struct XfsDriver {
+    driver: TestDriver,
+    pool: PathBuf,
+    fs: ScratchFs,
+}
+
+async fn start_on_xfs() -> XfsDriver {
+    let fs = ScratchFs::new("xfs", 512 << 20, &["-q", "-m", "reflink=1"], "")
+        .unwrap_or_else(|why| panic!("cannot make an XFS filesystem for this test: {why}"));
+    let pool = fs.mount_point.join("pool");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args(["--pool".to_string(), format!("fast={}", pool.display())]);
+    driver.start_again().await;
+    XfsDriver { driver, pool, fs }
+}
+
+/// A volume in pool "fast" of 128 MiB holding one file ("file-000") of `data` bytes, flushed.
+async fn xfs_volume_with(setup: &XfsDriver, data: i64) -> csi::Volume {
+    let volume = setup.driver.create(fast(snw_mount(), 128 * MIB)).await;
+    write_files(&host_path(&volume), 1, data as usize);
+    stickyvol::host::copy::sync_filesystem(&setup.fs.mount_point).unwrap();
+    volume
+}
+
+/// A snapshot on XFS is ready in the first answer and shares the extents: free space barely
+/// changes for a 64 MiB file.
+#[tokio::test]
+async fn xfs_snapshot_is_ready_at_once_and_shares_extents() {
+    let setup = start_on_xfs().await;
+    let volume = xfs_volume_with(&setup, 64 * MIB).await;
+    let before = available_bytes(&setup.fs.mount_point) as i64;
+    let snapshot = setup
+        .driver
+        .create_snapshot(snapshot_request(&new_snapshot_name(), &volume.volume_id))
+        .await
+        .unwrap();
+    assert!(snapshot.ready_to_use, "{snapshot:?}");
+    stickyvol::host::copy::sync_filesystem(&setup.fs.mount_point).unwrap();
+    let taken = before - available_bytes(&setup.fs.mount_point) as i64;
+    eprintln!("an XFS snapshot of a 64 MiB file took {taken} bytes");
+    assert!(taken < 4 * MIB, "the snapshot took {taken} bytes");
+    let data = snapshot_dir(&setup.pool, &snapshot.snapshot_id);
+    assert_eq!(
+        sha256_of(&data.join("file-000")),
+        sha256_of(&host_path(&volume).join("file-000"))
+    );
+}
+
+/// A restore from a reflinked snapshot on XFS has the data, and is independent of the
+/// snapshot (a write to it does not reach the snapshot).
+#[tokio::test]
+async fn xfs_restore_from_a_reflinked_snapshot_has_the_data() {
+    let setup = start_on_xfs().await;
+    let volume = xfs_volume_with(&setup, 8 * MIB).await;
+    let original = sha256_of(&host_path(&volume).join("file-000"));
+    let snapshot = setup.driver.snapshot_of(&volume.volume_id).await;
+    let restored = setup
+        .driver
+        .create(fast_restore(from_snapshot(&snapshot.snapshot_id), None))
+        .await;
+    let file = host_path(&restored).join("file-000");
+    assert_eq!(sha256_of(&file), original);
+    let handle = fs::OpenOptions::new().write(true).open(&file).unwrap();
+    handle.write_all_at(b"changed", 4096).unwrap();
+    handle.sync_all().unwrap();
+    let data = snapshot_dir(&setup.pool, &snapshot.snapshot_id);
+    assert_eq!(sha256_of(&data.join("file-000")), original);
+    assert_eq!(sha256_of(&host_path(&volume).join("file-000")), original);
+}
