@@ -19,8 +19,8 @@ pub(super) struct SourceData {
 }
 
 impl Volumes {
-    /// Finds `source` and claims it (a snapshot: its operation slot; a volume: its "being
-    /// read" slot), so it cannot be deleted while it is copied.
+    /// Finds `source` and claims it for reading (other restores and clones of it may run at
+    /// the same time), so it cannot be deleted while it is copied.
     pub(super) fn claim_source(&self, source: &ContentSource) -> Result<SourceData> {
         match source {
             ContentSource::Snapshot(id) => {
@@ -30,7 +30,7 @@ impl Volumes {
                         "snapshot {id} (its data is still being copied)"
                     )));
                 }
-                let claimed = self.claim_snapshot(id)?;
+                let claimed = self.claim_snapshot_reading(id)?;
                 let pool = self.pool(&record.pool)?;
                 Ok(SourceData {
                     path: pool.snapshot_path(id, record.kind),

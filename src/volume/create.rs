@@ -189,7 +189,7 @@ impl Volumes {
     pub fn delete(&self, id: &VolumeId) -> Result<()> {
         let _guard = self.claim(id)?;
         // Not while a snapshot or clone copies its data.
-        let _reading = self.claim_reading(id)?;
+        let _unread = self.claim_unread(id)?;
         let Some(record) = self.store.get(id) else {
             if self.store.has_record_file(id) {
                 return Err(Error::FailedPrecondition(format!(

@@ -255,6 +255,17 @@ impl Volumes {
         self.guards
             .acquire(format!("snapshot:{id}"), &format!("snapshot {id}"))
     }
+
+    /// Claims the snapshot for reading (a restore), beside other restores of it.
+    pub(super) fn claim_snapshot_reading(
+        &self,
+        id: &SnapshotId,
+    ) -> Result<super::guard::OperationGuard> {
+        self.guards.acquire_shared(
+            format!("snapshot:{id}"),
+            &format!("snapshot {id} (being copied or deleted)"),
+        )
+    }
 }
 
 /// Removes a snapshot's data: a (read-only) btrfs subvolume in one call, anything else by a

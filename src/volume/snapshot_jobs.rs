@@ -224,10 +224,17 @@ impl Volumes {
         Ok(())
     }
 
-    /// Claims "volume `id` is being read" (a copy from it runs): DeleteVolume claims it too.
+    /// Claims "volume `id` is being read" (a copy from it runs), beside other copies of it;
+    /// `claim_unread` (DeleteVolume) waits for them all.
     pub(super) fn claim_reading(&self, id: &VolumeId) -> Result<OperationGuard> {
+        self.guards
+            .acquire_shared(reading_key(id), &format!("volume {id} (being deleted)"))
+    }
+
+    /// Claims "nothing reads volume `id`", for as long as it is being deleted.
+    pub(super) fn claim_unread(&self, id: &VolumeId) -> Result<OperationGuard> {
         self.guards.acquire(
-            format!("reading:{id}"),
+            reading_key(id),
             &format!("volume {id} (a copy of its data is being made)"),
         )
     }
@@ -286,4 +293,8 @@ impl Volumes {
             }
         }
     }
+}
+
+fn reading_key(id: &VolumeId) -> String {
+    format!("reading:{id}")
 }
