@@ -85,10 +85,13 @@ fn to_csi_condition(condition: Condition) -> csi::VolumeCondition {
 fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<CreateRequest, Error> {
     let name = request::volume_name(&req.name)?.to_string();
     let caps = request::capabilities(&req.volume_capabilities)?;
-    if let Some(reason) = caps.iter().find_map(request::unsupported_reason) {
+    let parameters = request::parameters(&req.parameters)?;
+    if let Some(reason) = caps
+        .iter()
+        .find_map(|cap| request::unsupported_reason(cap, parameters.shared_access))
+    {
         return Err(Error::InvalidArgument(reason));
     }
-    let parameters = request::parameters(&req.parameters)?;
     if !req.mutable_parameters.is_empty() {
         return Err(Error::InvalidArgument(
             "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
@@ -216,7 +219,7 @@ impl Controller for ControllerService {
                         cap.kind.as_str()
                     ))
                 } else {
-                    request::unsupported_reason(cap)
+                    request::unsupported_reason(cap, record.is_shared())
                 }
             })
             .or_else(|| {
@@ -322,7 +325,7 @@ impl Controller for ControllerService {
         });
         let servable = caps
             .iter()
-            .all(|cap| request::unsupported_reason(cap).is_none());
+            .all(|cap| request::unsupported_reason(cap, parameters.shared_access).is_none());
         let volumes = self.volumes()?;
         let kinds: Vec<_> = caps.iter().map(|cap| cap.kind).collect();
         let available = if here && servable {

@@ -9,7 +9,6 @@ use crate::csi::node_server::Node;
 use crate::csi::node_service_capability::{Rpc, rpc};
 use crate::csi::{self, volume_usage::Unit};
 use crate::driver::{Driver, blocking};
-use crate::error::Error;
 use crate::request;
 use crate::volume::id::VolumeId;
 use crate::volume::stats::Amounts;
@@ -55,9 +54,6 @@ impl Node for NodeService {
         request::required("volume_id", &req.volume_id)?;
         let target = request::path_beneath(self.kubelet_dir(), "target_path", &req.target_path)?;
         let capability = request::capability(req.volume_capability.as_ref())?;
-        if let Some(reason) = request::unsupported_reason(&capability) {
-            return Err(Error::InvalidArgument(reason).into());
-        }
         let id = request::volume_id(&req.volume_id)?;
         let volumes = self.volumes()?;
         let publish = PublishRequest {

@@ -29,6 +29,8 @@ pub const PARAM_POOL: &str = "pool";
 pub const PARAM_BLOCK_ALLOCATION: &str = "blockAllocation";
 /// StorageClass parameter: `"true"` refuses filesystem volumes on pools that cannot limit sizes.
 pub const PARAM_REQUIRE_ENFORCEMENT: &str = "requireEnforcement";
+/// StorageClass parameter: `"true"` lets claims ask ReadWriteMany / ReadOnlyMany.
+pub const PARAM_SHARED_ACCESS: &str = "sharedAccess";
 
 /// StorageClass parameters stickyvol itself understands; anything else is refused so a typo
 /// never goes unnoticed.
@@ -36,6 +38,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_POOL,
     PARAM_BLOCK_ALLOCATION,
     PARAM_REQUIRE_ENFORCEMENT,
+    PARAM_SHARED_ACCESS,
 ];
 
 /// Validated StorageClass parameters.
@@ -46,6 +49,8 @@ pub struct ClassParameters {
     pub pool: String,
     pub allocation: Allocation,
     pub require_enforcement: bool,
+    /// Multi-node access modes are accepted (the volume still lives on one node).
+    pub shared_access: bool,
 }
 
 /// One requested way of using a volume.
@@ -183,17 +188,15 @@ fn access_mode(mode: i32) -> Result<AccessMode> {
     })
 }
 
-/// Why a capability cannot be served, or None when it can.
-pub fn unsupported_reason(cap: &Capability) -> Option<String> {
-    match cap.access_mode {
-        AccessMode::MultiNodeReaderOnly
-        | AccessMode::MultiNodeSingleWriter
-        | AccessMode::MultiNodeMultiWriter => Some(format!(
-            "access mode {:?} is not supported: stickyvol volumes live on a single node",
+/// Why a capability cannot be served, or None when it can. Multi-node modes (ReadWriteMany,
+/// ReadOnlyMany) need `shared`: a class with `sharedAccess: "true"`, or a volume made by one.
+pub fn unsupported_reason(cap: &Capability, shared: bool) -> Option<String> {
+    (cap.access_mode.is_multi_node() && !shared).then(|| {
+        format!(
+            "access mode {:?} needs a StorageClass with {PARAM_SHARED_ACCESS}: \"true\" (the volume stays on one node, and every pod using it runs there)",
             cap.access_mode
-        )),
-        _ => None,
-    }
+        )
+    })
 }
 
 /// Parses one capability. Unsupported modes are reported by `unsupported_reason`, not here,
@@ -298,16 +301,21 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
         Some("thick") => Allocation::Thick,
         Some(other) => return invalid(PARAM_BLOCK_ALLOCATION, other, "thin or thick"),
     };
-    let require_enforcement = match params.get(PARAM_REQUIRE_ENFORCEMENT).map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return invalid(PARAM_REQUIRE_ENFORCEMENT, other, "\"true\" or \"false\""),
+    let flag = |key: &str| match params.get(key).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "StorageClass parameter {key}: {other:?} is not \"true\" or \"false\""
+        ))),
     };
+    let require_enforcement = flag(PARAM_REQUIRE_ENFORCEMENT)?;
+    let shared_access = flag(PARAM_SHARED_ACCESS)?;
     Ok(ClassParameters {
         raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         pool,
         allocation,
         require_enforcement,
+        shared_access,
     })
 }
 
@@ -437,11 +445,13 @@ mod tests {
     }
 
     #[test]
-    fn multi_node_modes_are_unsupported() {
+    fn multi_node_modes_need_shared_access() {
         let cap = capability(Some(&mount_cap(CsiMode::MultiNodeMultiWriter, &[], ""))).unwrap();
-        assert!(unsupported_reason(&cap).is_some());
+        let reason = unsupported_reason(&cap, false).unwrap();
+        assert!(reason.contains("sharedAccess"), "{reason}");
+        assert!(unsupported_reason(&cap, true).is_none());
         let cap = capability(Some(&mount_cap(CsiMode::SingleNodeMultiWriter, &[], ""))).unwrap();
-        assert!(unsupported_reason(&cap).is_none());
+        assert!(unsupported_reason(&cap, false).is_none());
     }
 
     #[test]

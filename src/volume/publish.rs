@@ -45,6 +45,9 @@ impl Volumes {
                 cap.kind.as_str()
             )));
         }
+        if let Some(reason) = crate::request::unsupported_reason(cap, record.is_shared()) {
+            return Err(Error::InvalidArgument(reason));
+        }
         let readonly = req.readonly || cap.access_mode.is_read_only();
         let wanted = Publication {
             target: req.target.clone(),

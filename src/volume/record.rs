@@ -87,6 +87,17 @@ impl AccessMode {
         )
     }
 
+    /// Modes Kubernetes uses for ReadWriteMany / ReadOnlyMany claims. Served only by volumes of
+    /// a class with `sharedAccess: "true"`: every pod sharing one runs on its node.
+    pub fn is_multi_node(self) -> bool {
+        matches!(
+            self,
+            AccessMode::MultiNodeReaderOnly
+                | AccessMode::MultiNodeSingleWriter
+                | AccessMode::MultiNodeMultiWriter
+        )
+    }
+
     /// Modes that allow a single writer workload only (Kubernetes ReadWriteOncePod).
     pub fn is_single_writer(self) -> bool {
         self == AccessMode::SingleNodeSingleWriter
@@ -179,6 +190,12 @@ impl VolumeRecord {
     /// A thick block file: every byte of its size is allocated.
     pub fn fully_allocated(&self) -> bool {
         self.kind == VolumeKind::Block && self.allocation == Allocation::Thick
+    }
+
+    /// Created for a multi-node access mode (a class with `sharedAccess: "true"`), so pods may
+    /// publish it with one.
+    pub fn is_shared(&self) -> bool {
+        self.access_modes.iter().any(|m| m.is_multi_node())
     }
 
     pub fn publication(&self, target: &std::path::Path) -> Option<&Publication> {
