@@ -4,8 +4,7 @@
 
 mod common;
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use common::scratchfs::ScratchFs;
@@ -84,33 +83,6 @@ impl BtrfsDriver {
     }
 }
 
-/// Writes `bytes` in 1 MiB chunks into a new file; returns how much went in and the error
-/// that stopped it, if any.
-fn fill(path: &Path, bytes: i64) -> (i64, Option<std::io::Error>) {
-    let mut file = File::create(path).unwrap();
-    let chunk = pattern(MIB as usize, 7);
-    let mut written = 0;
-    while written < bytes {
-        if let Err(err) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
-            return (written, Some(err));
-        }
-        written += MIB;
-    }
-    (written, None)
-}
-
-fn assert_quota_error(err: Option<std::io::Error>, written: i64, limit: i64) {
-    let err = err.unwrap_or_else(|| panic!("{written} bytes fit in a volume of {limit}"));
-    assert!(
-        matches!(err.raw_os_error(), Some(libc::EDQUOT) | Some(libc::ENOSPC)),
-        "writing past the size failed with {err}, not EDQUOT/ENOSPC"
-    );
-    assert!(
-        written <= limit && written >= limit - 4 * MIB,
-        "stopped after {written} bytes, limit {limit}"
-    );
-}
-
 #[tokio::test]
 async fn writes_past_a_volume_size_fail_and_the_neighbour_is_unaffected() {
     let setup = start_on_btrfs(Some("btrfs")).await;
@@ -119,7 +91,7 @@ async fn writes_past_a_volume_size_fail_and_the_neighbour_is_unaffected() {
     assert!(btrfs::is_subvolume(&host_path(&full)).unwrap());
 
     let (written, err) = fill(&full_target.join("big"), 32 * MIB);
-    assert_quota_error(err, written, 16 * MIB);
+    assert_stopped_at_limit(err, written, 16 * MIB, 4 * MIB);
     let (written, err) = fill(&neighbour_target.join("small"), 8 * MIB);
     assert!(err.is_none(), "neighbour refused after {written}: {err:?}");
 
@@ -140,7 +112,7 @@ async fn expansion_lets_more_data_in_while_published_and_survives_a_restart() {
     let mut setup = start_on_btrfs(Some("btrfs")).await;
     let (volume, target) = setup.published(16 * MIB).await;
     let (written, err) = fill(&target.join("first"), 32 * MIB);
-    assert_quota_error(err, written, 16 * MIB);
+    assert_stopped_at_limit(err, written, 16 * MIB, 4 * MIB);
 
     let grown = setup
         .driver
@@ -172,7 +144,7 @@ async fn expansion_lets_more_data_in_while_published_and_survives_a_restart() {
     let (usage, _) = setup.used(&volume, &target).await;
     assert_eq!(usage.total, 48 * MIB);
     let (written, err) = fill(&target.join("third"), 32 * MIB);
-    assert_quota_error(err, written + usage.used, 48 * MIB);
+    assert_stopped_at_limit(err, written + usage.used, 48 * MIB, 4 * MIB);
 }
 
 #[tokio::test]

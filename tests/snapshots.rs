@@ -976,48 +976,37 @@ async fn list_snapshots_refuses_negative_pages_and_strange_tokens() {
 /// modes with setgid, times, xattrs, symlinks, hard links, holes), seen through bind mounts.
 #[tokio::test]
 async fn restore_keeps_content_and_metadata() {
-    let driver = TestDriver::start().await;
-    let source = driver.create_fs_volume().await;
-    let target = driver.publish_at_new_target(&source, snw_mount()).await;
-    build_tree(&target);
-    let original = manifest(&target);
-    driver.unpublish_ok(&source, &target).await;
-    let snapshot = driver.snapshot_of(&source.volume_id).await;
-
-    let restored = driver
-        .create(restore_request(
-            snw_mount(),
-            from_snapshot(&snapshot.snapshot_id),
-            Some(SIZE),
-        ))
-        .await;
-    assert_id_of(&restored.volume_id, "sv-", NODE_ID);
-    let restored_target = driver.publish_at_new_target(&restored, snw_mount()).await;
-    assert_same_tree(&original, &restored_target);
-    assert_same_tree(&original, &host_path(&restored));
+    assert_copy_keeps_the_tree(true).await;
 }
 
 /// A clone of a volume holds the source's tree with every property, like a restore.
 #[tokio::test]
 async fn clone_keeps_content_and_metadata() {
+    assert_copy_keeps_the_tree(false).await;
+}
+
+/// Restores (`via_snapshot`) or clones a volume holding `build_tree`'s tree and compares the
+/// new volume, published and on the host, with the original; the source keeps its data.
+async fn assert_copy_keeps_the_tree(via_snapshot: bool) {
     let driver = TestDriver::start().await;
     let source = driver.create_fs_volume().await;
     let target = driver.publish_at_new_target(&source, snw_mount()).await;
     build_tree(&target);
     let original = manifest(&target);
     driver.unpublish_ok(&source, &target).await;
+    let content = if via_snapshot {
+        from_snapshot(&driver.snapshot_of(&source.volume_id).await.snapshot_id)
+    } else {
+        from_volume(&source.volume_id)
+    };
 
-    let clone = driver
-        .create(restore_request(
-            snw_mount(),
-            from_volume(&source.volume_id),
-            Some(SIZE),
-        ))
+    let copy = driver
+        .create(restore_request(snw_mount(), content, Some(SIZE)))
         .await;
-    assert_id_of(&clone.volume_id, "sv-", NODE_ID);
-    let clone_target = driver.publish_at_new_target(&clone, snw_mount()).await;
-    assert_same_tree(&original, &clone_target);
-    // The source keeps its data.
+    assert_id_of(&copy.volume_id, "sv-", NODE_ID);
+    let copy_target = driver.publish_at_new_target(&copy, snw_mount()).await;
+    assert_same_tree(&original, &copy_target);
+    assert_same_tree(&original, &host_path(&copy));
     assert_same_tree(&original, &host_path(&source));
 }
 
@@ -1790,35 +1779,6 @@ fn fast_restore(source: csi::VolumeContentSource, bytes: Option<i64>) -> csi::Cr
     }
 }
 
-/// Writes `bytes` in 1 MiB chunks (synced) into a new file; how much went in and the error
-/// that stopped it, if any.
-fn fill(path: &Path, bytes: i64) -> (i64, Option<std::io::Error>) {
-    let mut file = File::create(path).unwrap();
-    let chunk = pattern(MIB as usize, 7);
-    let mut written = 0;
-    while written < bytes {
-        if let Err(err) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
-            return (written, Some(err));
-        }
-        written += MIB;
-    }
-    (written, None)
-}
-
-/// Writing stopped with EDQUOT (or ENOSPC) once `total` reached about `limit`.
-#[track_caller]
-fn assert_stopped_at_limit(err: Option<std::io::Error>, total: i64, limit: i64) {
-    let err = err.unwrap_or_else(|| panic!("{total} bytes fit in a volume of {limit}"));
-    assert!(
-        matches!(err.raw_os_error(), Some(libc::EDQUOT) | Some(libc::ENOSPC)),
-        "writing past the size failed with {err}, not EDQUOT"
-    );
-    assert!(
-        total <= limit && total >= limit - 6 * MIB,
-        "stopped at {total} bytes, limit {limit}"
-    );
-}
-
 /// A snapshot of a published subvolume is ready in the first answer and is a read-only
 /// subvolume holding the data.
 #[tokio::test]
@@ -1869,7 +1829,7 @@ async fn btrfs_restore_is_a_writable_subvolume_limited_to_its_size() {
         sha256_of(&host_path(&volume).join("file-000"))
     );
     let (written, err) = fill(&target.join("more"), 32 * MIB);
-    assert_stopped_at_limit(err, written + 4 * MIB, 16 * MIB);
+    assert_stopped_at_limit(err, written + 4 * MIB, 16 * MIB, 6 * MIB);
     driver.unpublish_ok(&restored, &target).await;
 }
 
@@ -1890,7 +1850,7 @@ async fn btrfs_restore_larger_than_its_snapshot_fills_up_to_the_new_size() {
     assert_eq!(restored.capacity_bytes, 48 * MIB);
     let target = driver.publish_at_new_target(&restored, snw_mount()).await;
     let (written, err) = fill(&target.join("more"), 64 * MIB);
-    assert_stopped_at_limit(err, written + 4 * MIB, 48 * MIB);
+    assert_stopped_at_limit(err, written + 4 * MIB, 48 * MIB, 6 * MIB);
     driver.unpublish_ok(&restored, &target).await;
 }
 

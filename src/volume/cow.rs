@@ -98,7 +98,7 @@ pub fn snapshot(
     progress: &mut dyn Progress,
 ) -> Result<Copied> {
     let copied = match kind {
-        VolumeKind::Block => copy_image(pool.cow, source, dest, progress)?,
+        VolumeKind::Block => carry(pool.cow, source, dest, progress, copy::copy_file)?,
         VolumeKind::Filesystem => {
             if pool.cow == Mechanism::BtrfsSnapshot && is_subvolume(source)? {
                 let (parent, name) = split(dest)?;
@@ -117,7 +117,7 @@ pub fn snapshot(
                 });
             } else {
                 make_private_dir(dest)?;
-                copy_tree(pool.cow, source, dest, progress)?
+                carry(pool.cow, source, dest, progress, copy::copy_tree)?
             }
         }
     };
@@ -137,7 +137,7 @@ pub fn fill_volume(
 ) -> Result<Option<NewDirectory>> {
     let made = match kind {
         VolumeKind::Block => {
-            copy_image(pool.cow, source, dest, &mut copy::Always)?;
+            carry(pool.cow, source, dest, &mut copy::Always, copy::copy_file)?;
             let file = OpenOptions::new()
                 .write(true)
                 .open(dest)
@@ -156,7 +156,7 @@ pub fn fill_volume(
                 pool.enforcement.clone_subvolume(source, dest, capacity)?
             } else {
                 let made = pool.enforcement.make_directory(dest, capacity)?;
-                copy_tree(pool.cow, source, dest, &mut copy::Always)?;
+                carry(pool.cow, source, dest, &mut copy::Always, copy::copy_tree)?;
                 made
             })
         }
@@ -165,24 +165,15 @@ pub fn fill_volume(
     Ok(made)
 }
 
-fn copy_image(
+/// Runs one of host::copy's copies with the mechanism's data mode.
+fn carry(
     mechanism: Mechanism,
     source: &Path,
     dest: &Path,
     progress: &mut dyn Progress,
+    copy: fn(&Path, &Path, DataMode, &mut dyn Progress) -> Result<CopyReport, CopyError>,
 ) -> Result<Copied> {
-    let report = copy::copy_file(source, dest, mechanism.data_mode(), progress)
-        .map_err(|err| copy_failure(source, err))?;
-    Ok(Copied::from_report(mechanism, report))
-}
-
-fn copy_tree(
-    mechanism: Mechanism,
-    source: &Path,
-    dest: &Path,
-    progress: &mut dyn Progress,
-) -> Result<Copied> {
-    let report = copy::copy_tree(source, dest, mechanism.data_mode(), progress)
+    let report = copy(source, dest, mechanism.data_mode(), progress)
         .map_err(|err| copy_failure(source, err))?;
     Ok(Copied::from_report(mechanism, report))
 }

@@ -138,9 +138,9 @@ impl<R: Record> Records<R> {
         (page, more)
     }
 
-    /// Writes `durable` (the bytes of what must survive) and makes `record` visible.
-    pub fn put(&self, record: Arc<R>, durable: &impl Serialize) -> io::Result<()> {
-        self.write(record.id(), durable)?;
+    /// Writes `record` durably and makes it visible.
+    pub fn put(&self, record: Arc<R>) -> io::Result<()> {
+        self.write(record.id(), &*record)?;
         self.write_index().insert(record);
         Ok(())
     }

@@ -127,7 +127,7 @@ impl Volumes {
         };
         let record = Arc::new(record);
         // The commit point of the id: from here on, the snapshot exists (not ready yet).
-        if let Err(err) = self.snapshots.put(record.clone(), &*record) {
+        if let Err(err) = self.snapshots.put(record.clone()) {
             pool.release(&id);
             return Err(Error::host(
                 format!("writing the record of snapshot {id}"),
@@ -163,11 +163,6 @@ impl Volumes {
         pool.release(id);
         info!(snapshot = %id, name = %record.name, pool = %pool.name, "deleted snapshot");
         Ok(())
-    }
-
-    /// The snapshot with this id, if it exists here.
-    pub fn snapshot(&self, id: &SnapshotId) -> Option<Arc<SnapshotRecord>> {
-        self.snapshots.get(id)
     }
 
     /// A snapshot that must exist to be restored: NOT_FOUND if this node issued its id (or

@@ -202,7 +202,7 @@ impl Volumes {
         };
         let ready = Arc::new(ready);
         self.snapshots
-            .put(ready.clone(), &*ready)
+            .put(ready.clone())
             .context(|| format!("writing the record of snapshot {id}"))?;
         pool.restore(id, data_bytes);
         pool.set_used(id, copied.copied_bytes);

@@ -1143,6 +1143,36 @@ pub fn exists_no_follow(path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok()
 }
 
+/// Writes `bytes` in 1 MiB chunks (each synced) into a new file; returns how much went in and
+/// the error that stopped it, if any.
+pub fn fill(path: &Path, bytes: i64) -> (i64, Option<std::io::Error>) {
+    let mut file = File::create(path).unwrap();
+    let chunk = pattern(MIB as usize, 7);
+    let mut written = 0;
+    while written < bytes {
+        if let Err(err) = file.write_all(&chunk).and_then(|()| file.sync_data()) {
+            return (written, Some(err));
+        }
+        written += MIB;
+    }
+    (written, None)
+}
+
+/// Writing stopped with EDQUOT (or ENOSPC) once `total` bytes were in, within `slack` below
+/// the volume's `limit`.
+#[track_caller]
+pub fn assert_stopped_at_limit(err: Option<std::io::Error>, total: i64, limit: i64, slack: i64) {
+    let err = err.unwrap_or_else(|| panic!("{total} bytes fit in a volume of {limit}"));
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EDQUOT) | Some(libc::ENOSPC)),
+        "writing past the size failed with {err}, not EDQUOT/ENOSPC"
+    );
+    assert!(
+        total <= limit && total >= limit - slack,
+        "stopped after {total} bytes, limit {limit}"
+    );
+}
+
 /// A deterministic pattern, different for each `seed`.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
