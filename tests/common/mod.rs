@@ -7,13 +7,14 @@
 //! file in it and removes it, also when the test panicked (then the driver log is printed).
 //!
 //! Submodules: `scrape` (HTTP GET and Prometheus text parsing for the metrics server),
-//! `doctor` (running `stickyvol doctor` and reading its report), `mounts` (scratch tmpfs mounts
+//! `fidelity` (a tree with every property a copy must keep, and comparing trees), `doctor` (running `stickyvol doctor` and reading its report), `mounts` (scratch tmpfs mounts
 //! with chosen flags and propagation, unmounted on drop).
 
 // Each test binary uses a different subset of the helpers.
 #![allow(dead_code)]
 
 pub mod doctor;
+pub mod fidelity;
 pub mod mounts;
 pub mod scrape;
 pub mod scratchfs;
@@ -1095,6 +1096,34 @@ pub fn published_nodes(entries: &[csi::list_volumes_response::Entry], id: &str) 
         .clone()
         .expect("ListVolumes entry without status")
         .published_node_ids
+}
+
+/// A driver whose pool "fast" is on a fresh btrfs with quota (`--enforcement fast=btrfs`).
+/// Field order matters: the driver (and its mounts) goes before the filesystem.
+pub struct BtrfsDriver {
+    pub driver: TestDriver,
+    pub pool: PathBuf,
+    pub _fs: scratchfs::ScratchFs,
+}
+
+pub async fn start_on_btrfs() -> BtrfsDriver {
+    // Not a skip: CI installs btrfs-progs, and a silently skipped test proves nothing.
+    let fs = scratchfs::ScratchFs::new("btrfs", 1 << 30, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"));
+    let pool = fs.mount_point.join("pool");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args([
+        "--pool".to_string(),
+        format!("fast={}", pool.display()),
+        "--enforcement".to_string(),
+        "fast=btrfs".to_string(),
+    ]);
+    driver.start_again().await;
+    BtrfsDriver {
+        driver,
+        pool,
+        _fs: fs,
+    }
 }
 
 /// Where the volume's data lives on the host, from its volume_context.
