@@ -15,24 +15,20 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::{File, OpenOptions};
+use std::hash::Hash;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat, readlinkat};
-use nix::sys::stat::{
-    FchmodatFlags, Mode, SFlag, UtimensatFlags, fchmod, fchmodat, fstat, fstatat, futimens,
-    mkdirat, mknodat, utimensat,
-};
-use nix::sys::time::TimeSpec;
-use nix::unistd::{
-    Gid, Uid, UnlinkatFlags, Whence, fchown, fchownat, linkat, lseek, symlinkat, unlinkat,
-};
+use nix::sys::stat::{Mode, SFlag, mkdirat, mknodat};
+use nix::unistd::{UnlinkatFlags, Whence, linkat, lseek, symlinkat, unlinkat};
 
 use super::fsstat::{self, Stat};
+use super::meta::{Meta, Node, apply_meta, read_meta};
 use super::tree::{self, AtMountPoint, Visitor, WalkError};
 
 /// How file data is carried over.
@@ -106,10 +102,12 @@ pub fn copy_tree(
     mode: DataMode,
     progress: &mut dyn Progress,
 ) -> Result<CopyReport, CopyError> {
-    let mut copier = Copier::new(source, dest, mode, progress)?;
-    if let Err(err) = tree::walk(source, AtMountPoint::Refuse, &mut copier) {
-        return Err(copier.explain(err));
+    let mut walker = Naming::new(Copier::new(source, dest, mode, progress)?);
+    if let Err(err) = tree::walk(source, AtMountPoint::Refuse, &mut walker) {
+        let err = walker.explain(err);
+        return Err(walker.visitor.explain(err));
     }
+    let copier = &mut walker.visitor;
     copier.finish().map_err(failed_at(dest))?;
     Ok(copier.mover.report)
 }
@@ -125,16 +123,7 @@ pub fn copy_file(
     mode: DataMode,
     progress: &mut dyn Progress,
 ) -> Result<CopyReport, CopyError> {
-    let input = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(source)
-        .map_err(failed_at(source))?;
-    let stat = input.metadata().map_err(failed_at(source))?;
-    if !stat.is_file() {
-        let err = io::Error::new(io::ErrorKind::InvalidInput, "not a regular file");
-        return Err(failed_at(source)(err).into());
-    }
+    let (input, stat) = open_regular(source, OpenOptions::new().read(true), 0)?;
     let mut mover = Mover::new(mode, progress);
     if mover.keep_going().is_err() {
         return Err(CopyError::Cancelled);
@@ -182,15 +171,96 @@ pub fn sync_filesystem(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn failed_at(path: &Path) -> impl FnOnce(io::Error) -> WalkError + '_ {
+pub(super) fn failed_at(path: &Path) -> impl FnOnce(io::Error) -> WalkError + '_ {
     move |source| WalkError::Io {
         path: path.to_path_buf(),
         source,
     }
 }
 
+/// Makes `name` in `dir` (an open directory and its path below `root`) another name of the
+/// file at `first`, a path below `root` of our own making, whose directories are opened one
+/// by one from `root` (a deep tree's path may exceed PATH_MAX) without following symlinks.
+pub(super) fn link_below(
+    root: &OwnedFd,
+    first: &Path,
+    (dir, dir_path): (BorrowedFd<'_>, &Path),
+    name: &CStr,
+) -> io::Result<()> {
+    let (Some(first_dir), Some(first_name)) = (first.parent(), first.file_name()) else {
+        unreachable!("recorded paths end in a name");
+    };
+    let opened = if first_dir == dir_path {
+        None
+    } else {
+        let mut opened = root.try_clone()?;
+        for part in first_dir.components() {
+            opened = open_dir(Some(opened.as_fd()), part.as_os_str())?;
+        }
+        Some(opened)
+    };
+    let from = opened.as_ref().map_or(dir, |opened| opened.as_fd());
+    linkat(from, first_name, dir, name, AtFlags::empty())?;
+    Ok(())
+}
+
+/// Inodes with several names, from their first name until all the others were met: the only
+/// bookkeeping of a copy, an export or an import that grows with the tree's width.
+pub(super) struct LinkBook<K, T> {
+    waiting: HashMap<K, (T, u64)>,
+}
+
+impl<K: Hash + Eq, T: Clone> LinkBook<K, T> {
+    pub(super) fn new() -> Self {
+        LinkBook {
+            waiting: HashMap::new(),
+        }
+    }
+
+    /// Records the first name of an inode with `later` names to come.
+    pub(super) fn first(&mut self, key: K, value: T, later: u64) {
+        if later > 0 {
+            self.waiting.insert(key, (value, later));
+        }
+    }
+
+    /// What was recorded at the inode's first name, if this is one of its later names.
+    pub(super) fn again(&mut self, key: &K) -> Option<T> {
+        let (value, left) = self.waiting.get_mut(key)?;
+        let value = value.clone();
+        *left -= 1;
+        if *left == 0 {
+            self.waiting.remove(key);
+        }
+        Some(value)
+    }
+
+    pub(super) fn knows(&self, key: &K) -> bool {
+        self.waiting.contains_key(key)
+    }
+}
+
+/// Opens `path` with `options` and `flags` (not following a symlink) and checks that it is a
+/// regular file.
+pub(super) fn open_regular(
+    path: &Path,
+    options: &mut OpenOptions,
+    flags: i32,
+) -> Result<(File, std::fs::Metadata), WalkError> {
+    let file = options
+        .custom_flags(libc::O_NOFOLLOW | flags)
+        .open(path)
+        .map_err(failed_at(path))?;
+    let stat = file.metadata().map_err(failed_at(path))?;
+    if !stat.is_file() {
+        let err = io::Error::new(io::ErrorKind::InvalidInput, "not a regular file");
+        return Err(failed_at(path)(err));
+    }
+    Ok((file, stat))
+}
+
 /// Refuses a destination that already holds something: we would mix two trees.
-fn check_empty(dir: &OwnedFd) -> io::Result<()> {
+pub(super) fn check_empty(dir: &OwnedFd) -> io::Result<()> {
     // Through our descriptor, so it is the directory we opened without following links.
     let mut listed = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
     match listed.next() {
@@ -210,7 +280,7 @@ fn check_apart(source: &Stat, dest: &Stat) -> io::Result<()> {
 }
 
 /// Opens a directory without following a symlink in its last component.
-fn open_dir(parent: Option<BorrowedFd<'_>>, name: &OsStr) -> io::Result<OwnedFd> {
+pub(super) fn open_dir(parent: Option<BorrowedFd<'_>>, name: &OsStr) -> io::Result<OwnedFd> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let opened = match parent {
         Some(dir) => openat(dir, name, flags, Mode::empty()),
@@ -220,13 +290,9 @@ fn open_dir(parent: Option<BorrowedFd<'_>>, name: &OsStr) -> io::Result<OwnedFd>
 }
 
 /// Errors of a source entry that was removed or replaced since the walk listed it.
-fn vanished(err: &io::Error) -> bool {
+pub(super) fn vanished(err: &io::Error) -> bool {
     let errno = err.raw_os_error().unwrap_or(0);
     errno == libc::ENOENT || errno == libc::ENOTDIR || errno == libc::ELOOP
-}
-
-fn unsupported(err: &io::Error) -> bool {
-    err.raw_os_error() == Some(libc::EOPNOTSUPP)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,7 +444,7 @@ impl<'p> Mover<'p> {
 
 /// The next stretch of data at or after `from`, holes skipped, clipped to `size`; None when
 /// only holes remain.
-fn next_data(file: &File, from: u64, size: u64) -> io::Result<Option<(u64, u64)>> {
+pub(super) fn next_data(file: &File, from: u64, size: u64) -> io::Result<Option<(u64, u64)>> {
     let start = match lseek(file, from as libc::off_t, Whence::SeekData) {
         Ok(start) => start as u64,
         Err(Errno::ENXIO) => return Ok(None),
@@ -453,214 +519,6 @@ fn clone_refused(err: &io::Error) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Metadata
-
-/// An inode to read or change: an open file, or a name in an open directory (never followed).
-#[derive(Clone, Copy)]
-enum Node<'a> {
-    Open(BorrowedFd<'a>),
-    At(BorrowedFd<'a>, &'a CStr),
-}
-
-/// What is copied about an inode besides its data.
-struct Meta {
-    ino: u64,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    rdev: u64,
-    size: u64,
-    allocated: u64,
-    atime: TimeSpec,
-    mtime: TimeSpec,
-    xattrs: Vec<(CString, Vec<u8>)>,
-}
-
-impl Meta {
-    /// Still the inode the walk reported (not replaced in between)?
-    fn is(&self, stat: &Stat) -> bool {
-        self.ino == stat.ino && self.mode & libc::S_IFMT == stat.mode & libc::S_IFMT
-    }
-}
-
-fn read_meta(node: Node<'_>) -> io::Result<Meta> {
-    let st = match node {
-        Node::Open(fd) => fstat(fd),
-        Node::At(dir, name) => fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW),
-    }?;
-    Ok(Meta {
-        ino: st.st_ino,
-        mode: st.st_mode,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        rdev: st.st_rdev,
-        size: st.st_size as u64,
-        allocated: (st.st_blocks as u64).saturating_mul(512),
-        atime: TimeSpec::new(st.st_atime, st.st_atime_nsec),
-        mtime: TimeSpec::new(st.st_mtime, st.st_mtime_nsec),
-        xattrs: read_xattrs(node)?,
-    })
-}
-
-/// Sets owner, xattrs, mode and times, in that order: chown clears setuid/setgid and file
-/// capabilities, an ACL rewrites the mode, and each change moves ctime but not atime/mtime.
-fn apply_meta(node: Node<'_>, meta: &Meta) -> io::Result<()> {
-    let (uid, gid) = (Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)));
-    match node {
-        Node::Open(fd) => fchown(fd, uid, gid),
-        Node::At(dir, name) => fchownat(dir, name, uid, gid, AtFlags::AT_SYMLINK_NOFOLLOW),
-    }?;
-    let xattrs = XattrTarget::of(node);
-    for (name, value) in &meta.xattrs {
-        match xattrs.set(name, value) {
-            // A filesystem without ACLs or a security module's labels cannot hold these.
-            Err(err) if unsupported(&err) && optional_xattr(name.to_bytes()) => {}
-            other => other?,
-        }
-    }
-    let perm = Mode::from_bits_truncate(meta.mode & 0o7777);
-    match node {
-        Node::Open(fd) => fchmod(fd, perm)?,
-        // Linux keeps no mode on symlinks.
-        Node::At(..) if meta.mode & libc::S_IFMT == libc::S_IFLNK => {}
-        // Not followed in practice: we created this name ourselves, and not as a symlink.
-        Node::At(dir, name) => fchmodat(dir, name, perm, FchmodatFlags::FollowSymlink)?,
-    }
-    match node {
-        Node::Open(fd) => futimens(fd, &meta.atime, &meta.mtime),
-        Node::At(dir, name) => utimensat(
-            dir,
-            name,
-            &meta.atime,
-            &meta.mtime,
-            UtimensatFlags::NoFollowSymlink,
-        ),
-    }?;
-    Ok(())
-}
-
-/// The xattr namespaces we copy: user data, privileged data, security labels and capabilities,
-/// and POSIX ACLs.
-fn copied_xattr(name: &[u8]) -> bool {
-    [&b"user."[..], b"trusted.", b"security."]
-        .iter()
-        .any(|prefix| name.starts_with(prefix))
-        || name == b"system.posix_acl_access"
-        || name == b"system.posix_acl_default"
-}
-
-/// Xattrs a destination filesystem may lack support for without the copy failing.
-fn optional_xattr(name: &[u8]) -> bool {
-    name.starts_with(b"security.") || name.starts_with(b"system.")
-}
-
-fn read_xattrs(node: Node<'_>) -> io::Result<Vec<(CString, Vec<u8>)>> {
-    let target = XattrTarget::of(node);
-    let names = match target.list() {
-        Err(err) if unsupported(&err) => return Ok(Vec::new()),
-        names => names?,
-    };
-    let mut xattrs = Vec::new();
-    for name in names.split(|&byte| byte == 0) {
-        if name.is_empty() || !copied_xattr(name) {
-            continue;
-        }
-        let name = CString::new(name).expect("split at every NUL");
-        match target.get(&name) {
-            Ok(value) => xattrs.push((name, value)),
-            Err(err) if err.raw_os_error() == Some(libc::ENODATA) => {} // removed meanwhile
-            Err(err) => return Err(err),
-        }
-    }
-    Ok(xattrs)
-}
-
-/// Where xattr calls go: an open descriptor, or a name in an open directory reached through
-/// /proc/self/fd (there is no *at form of the xattr calls before Linux 6.13), whose last
-/// component the l*xattr calls do not follow.
-enum XattrTarget {
-    Fd(RawFd),
-    Path(CString),
-}
-
-impl XattrTarget {
-    fn of(node: Node<'_>) -> XattrTarget {
-        match node {
-            Node::Open(fd) => XattrTarget::Fd(fd.as_raw_fd()),
-            Node::At(dir, name) => {
-                let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
-                path.extend_from_slice(name.to_bytes());
-                XattrTarget::Path(CString::new(path).expect("a C string holds no NUL"))
-            }
-        }
-    }
-
-    /// The names, each followed by a NUL.
-    fn list(&self) -> io::Result<Vec<u8>> {
-        read_sized(|buf, len| match self {
-            // SAFETY: buf is null with len 0 (a size query) or points to len writable bytes;
-            // the descriptor is open for the call.
-            XattrTarget::Fd(fd) => unsafe { libc::flistxattr(*fd, buf.cast(), len) },
-            // SAFETY: as above; path is a valid C string.
-            XattrTarget::Path(path) => unsafe { libc::llistxattr(path.as_ptr(), buf.cast(), len) },
-        })
-    }
-
-    fn get(&self, name: &CStr) -> io::Result<Vec<u8>> {
-        read_sized(|buf, len| match self {
-            // SAFETY: buf is null with len 0 (a size query) or points to len writable bytes;
-            // name is a valid C string and the descriptor is open for the call.
-            XattrTarget::Fd(fd) => unsafe { libc::fgetxattr(*fd, name.as_ptr(), buf.cast(), len) },
-            // SAFETY: as above; path is a valid C string.
-            XattrTarget::Path(path) => unsafe {
-                libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.cast(), len)
-            },
-        })
-    }
-
-    fn set(&self, name: &CStr, value: &[u8]) -> io::Result<()> {
-        let (data, len) = (value.as_ptr().cast(), value.len());
-        let rc = match self {
-            // SAFETY: data points to len readable bytes, name is a valid C string and the
-            // descriptor is open for the call.
-            XattrTarget::Fd(fd) => unsafe { libc::fsetxattr(*fd, name.as_ptr(), data, len, 0) },
-            // SAFETY: as above; path is a valid C string.
-            XattrTarget::Path(path) => unsafe {
-                libc::lsetxattr(path.as_ptr(), name.as_ptr(), data, len, 0)
-            },
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-}
-
-/// Runs a size query (`call(null, 0)`), then `call` with a buffer that large, again from the
-/// start if the value grew in between (ERANGE).
-fn read_sized(mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<Vec<u8>> {
-    loop {
-        let size = call(std::ptr::null_mut(), 0);
-        if size < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if size == 0 {
-            return Ok(Vec::new());
-        }
-        let mut buf = vec![0u8; size as usize];
-        let got = call(buf.as_mut_ptr(), buf.len());
-        if got >= 0 {
-            buf.truncate(got as usize);
-            return Ok(buf);
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::ERANGE) {
-            return Err(err);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The tree
 
 /// A source directory being copied, from the root down to the one whose entries the walk is
@@ -692,16 +550,50 @@ struct Copier<'p> {
     dest_path: PathBuf,
     levels: Vec<Level>,
     pending: Option<Pending>,
-    /// Inodes with more names to come: the copy's path below `dest_root` and the count of
-    /// names still to link.
-    linked: HashMap<((u32, u32), u64), (PathBuf, u32)>,
-    /// The entry whose callback failed, to name it in the error.
-    failed_name: Option<CString>,
+    /// Inodes with more names to come: the copy's path below `dest_root`.
+    linked: LinkBook<((u32, u32), u64), PathBuf>,
 }
 
 impl Visitor for Copier<'_> {
     fn entry(&mut self, parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<()> {
-        let result = self.visit(parent, name, stat);
+        self.visit(parent, name, stat)
+    }
+
+    fn leave_dir(&mut self, parent: BorrowedFd<'_>, _name: &CStr) -> io::Result<()> {
+        self.leave(parent)
+    }
+}
+
+/// Runs a visitor and keeps the name of the entry whose callback failed: the walk's own error
+/// names only the directory.
+pub(super) struct Naming<V> {
+    pub(super) visitor: V,
+    failed_name: Option<CString>,
+}
+
+impl<V> Naming<V> {
+    pub(super) fn new(visitor: V) -> Self {
+        Naming {
+            visitor,
+            failed_name: None,
+        }
+    }
+
+    /// The walk's error with the failed entry added to its path, where known.
+    pub(super) fn explain(&mut self, err: WalkError) -> WalkError {
+        match (err, self.failed_name.take()) {
+            (WalkError::Io { path, source }, Some(name)) => WalkError::Io {
+                path: path.join(OsStr::from_bytes(name.to_bytes())),
+                source,
+            },
+            (err, _) => err,
+        }
+    }
+}
+
+impl<V: Visitor> Visitor for Naming<V> {
+    fn entry(&mut self, parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<()> {
+        let result = self.visitor.entry(parent, name, stat);
         if result.is_err() {
             self.failed_name = Some(name.to_owned());
         }
@@ -709,7 +601,7 @@ impl Visitor for Copier<'_> {
     }
 
     fn leave_dir(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-        let result = self.leave(parent);
+        let result = self.visitor.leave_dir(parent, name);
         if result.is_err() {
             self.failed_name = Some(name.to_owned());
         }
@@ -746,8 +638,7 @@ impl<'p> Copier<'p> {
                 meta: root_meta,
             }],
             pending: None,
-            linked: HashMap::new(),
-            failed_name: None,
+            linked: LinkBook::new(),
         })
     }
 
@@ -784,7 +675,7 @@ impl<'p> Copier<'p> {
             if hard_linked {
                 let first = self.dest_path.join(OsStr::from_bytes(name.to_bytes()));
                 self.linked
-                    .insert((stat.dev, stat.ino), (first, stat.links - 1));
+                    .first((stat.dev, stat.ino), first, u64::from(stat.links - 1));
             }
         }
         Ok(())
@@ -840,37 +731,15 @@ impl<'p> Copier<'p> {
 
     /// Gives the copy of an inode met before another name; false if this is its first name.
     fn link_again(&mut self, stat: &Stat, name: &CStr) -> io::Result<bool> {
-        let key = (stat.dev, stat.ino);
-        let Some((first, _)) = self.linked.get(&key) else {
+        let Some(first) = self.linked.again(&(stat.dev, stat.ino)) else {
             return Ok(false);
         };
-        let (Some(first_dir), Some(first_name)) = (first.parent(), first.file_name()) else {
-            unreachable!("recorded paths end in a name");
-        };
-        // Opened component by component: a deep tree's path may exceed PATH_MAX.
-        let opened;
-        let dir = if first_dir == self.dest_path {
-            self.dest_dir.as_fd()
-        } else {
-            let mut dir = self.dest_root.try_clone()?;
-            for part in first_dir.components() {
-                dir = open_dir(Some(dir.as_fd()), part.as_os_str())?;
-            }
-            opened = dir;
-            opened.as_fd()
-        };
-        linkat(
-            dir,
-            first_name,
-            self.dest_dir.as_fd(),
+        link_below(
+            &self.dest_root,
+            &first,
+            (self.dest_dir.as_fd(), &self.dest_path),
             name,
-            AtFlags::empty(),
         )?;
-        let left = &mut self.linked.get_mut(&key).expect("just found").1;
-        *left -= 1;
-        if *left == 0 {
-            self.linked.remove(&key);
-        }
         Ok(true)
     }
 
@@ -945,24 +814,21 @@ impl<'p> Copier<'p> {
         Ok(true)
     }
 
-    /// The error to return for a failed walk: the entry's own path where we know it.
-    fn explain(&mut self, err: WalkError) -> CopyError {
+    /// The error to return for a failed walk (already naming the entry where known).
+    fn explain(&self, err: WalkError) -> CopyError {
         if self.mover.cancelled {
             return CopyError::Cancelled;
         }
-        match (err, self.failed_name.take()) {
-            (WalkError::Io { path, source }, Some(name)) => WalkError::Io {
-                path: path.join(OsStr::from_bytes(name.to_bytes())),
-                source,
-            }
-            .into(),
-            (err, _) => err.into(),
-        }
+        err.into()
     }
 }
 
 /// The metadata of a source entry; None if it vanished or is no longer the inode the walk saw.
-fn source_meta(parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<Option<Meta>> {
+pub(super) fn source_meta(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    stat: &Stat,
+) -> io::Result<Option<Meta>> {
     match read_meta(Node::At(parent, name)) {
         Err(err) if vanished(&err) => Ok(None),
         meta => {
@@ -974,7 +840,7 @@ fn source_meta(parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<O
 
 /// Opens a source file for reading without following a symlink, blocking on a fifo swapped in,
 /// or (where we may) updating its atime.
-fn open_source_file(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<File> {
+pub(super) fn open_source_file(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<File> {
     let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
     let opened = match openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
         // O_NOATIME is for the owner or CAP_FOWNER only.

@@ -1,9 +1,11 @@
 //! Host mechanics with no knowledge of gRPC or CSI: each module does one thing to the kernel.
 
+pub mod archive;
 pub mod btrfs;
 pub mod copy;
 pub mod fsstat;
 pub mod loopdev;
+mod meta;
 pub mod mount;
 pub mod mountinfo;
 pub mod projquota;

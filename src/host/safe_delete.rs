@@ -47,6 +47,12 @@ pub fn remove_all(path: &Path) -> Result<(), WalkError> {
     ignore_missing(fs::remove_dir(path)).map_err(io_err)
 }
 
+/// Removes everything below the directory `dir`, keeping `dir` itself (its owner, mode, quota
+/// and subvolume stay): emptying a volume in place.
+pub fn remove_contents(dir: &Path) -> Result<(), WalkError> {
+    tree::walk(dir, AtMountPoint::Refuse, &mut Remover)
+}
+
 fn ignore_missing(result: io::Result<()>) -> io::Result<()> {
     match result {
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -77,6 +83,21 @@ mod tests {
             b"keep me"
         );
         remove_all(&root).unwrap(); // idempotent
+    }
+
+    #[test]
+    fn emptying_keeps_the_directory_and_spares_what_symlinks_point_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("keep"), b"x").unwrap();
+        let root = dir.path().join("v");
+        fs::create_dir_all(root.join("a/b")).unwrap();
+        fs::write(root.join("a/b/f"), b"data").unwrap();
+        symlink(outside.path(), root.join("link")).unwrap();
+        remove_contents(&root).unwrap();
+        assert!(root.is_dir());
+        assert_eq!(fs::read_dir(&root).unwrap().count(), 0);
+        assert!(outside.path().join("keep").exists());
     }
 
     #[test]
