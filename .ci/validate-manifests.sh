@@ -219,6 +219,17 @@ def arg_value(container, flag):
     return None
 
 
+def driver_endpoint(container):
+    """The socket a stickyvol container serves: its --endpoint flag, else its CSI_ENDPOINT env."""
+    flag = arg_value(container, "--endpoint")
+    if flag is not None:
+        return flag
+    for var in container.get("env", []):
+        if var.get("name") == "CSI_ENDPOINT":
+            return var.get("value")
+    return None
+
+
 def has_arg(container, flag):
     args = container.get("args", []) + container.get("command", [])
     return flag in args or f"{flag}=true" in args
@@ -261,7 +272,7 @@ def check_sidecars(where, spec):
     """The sidecars talk to the driver's socket, listen on distinct declared ports, and the
     node-deployment ones know their node and run without leader election."""
     containers = spec["containers"]
-    endpoints = {arg_value(c, "--endpoint") for c in containers} - {None}
+    endpoints = {driver_endpoint(c) for c in containers} - {None}
     sockets = {e.removeprefix("unix://") for e in endpoints}
     declared = {p["containerPort"] for c in containers for p in c.get("ports", [])}
     listening = {}

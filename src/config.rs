@@ -172,16 +172,9 @@ impl Config {
             .data_dir
             .unwrap_or_else(|| args.kubelet_dir.join("volumes").join(&args.driver_name));
         require_absolute("--data-dir", &data_dir)?;
-        let endpoint = args.endpoint.unwrap_or_else(|| {
-            format!(
-                "unix://{}",
-                args.kubelet_dir
-                    .join("plugins")
-                    .join(&args.driver_name)
-                    .join("csi.sock")
-                    .display()
-            )
-        });
+        let endpoint = args
+            .endpoint
+            .unwrap_or_else(|| default_endpoint(&args.kubelet_dir, &args.driver_name));
         let socket_path = parse_unix_endpoint(&endpoint)?;
         let pools = pools(&data_dir, &args.pools, &args.enforcement, &args.overcommit)?;
         Ok(Config {
@@ -206,6 +199,19 @@ impl Config {
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)
     }
+}
+
+/// `unix://<kubelet-dir>/plugins/<driver-name>/csi.sock`: where kubelet's plugin registration
+/// looks for the driver, so where `serve` listens and the admin commands call by default.
+pub fn default_endpoint(kubelet_dir: &Path, driver_name: &str) -> String {
+    format!(
+        "unix://{}",
+        kubelet_dir
+            .join("plugins")
+            .join(driver_name)
+            .join("csi.sock")
+            .display()
+    )
 }
 
 /// `<kubelet-dir>/volumes/<driver-name>`: beside kubelet's own state, as the emptyDir-PV idea has it.
@@ -345,7 +351,7 @@ pub fn is_pool_name(name: &str) -> bool {
 }
 
 /// Accepts `unix:///abs/path` (and, like other drivers, `unix:/abs/path`).
-fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, ConfigError> {
+pub fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, ConfigError> {
     let path = endpoint
         .strip_prefix("unix://")
         .or_else(|| endpoint.strip_prefix("unix:"))
@@ -475,6 +481,23 @@ mod tests {
             PathBuf::from("/var/lib/kubelet/volumes/stickyvol.csi.io")
         );
         assert_eq!(config.topology_key(), "topology.stickyvol.csi.io/node");
+    }
+
+    #[test]
+    fn default_endpoint_is_the_plugin_socket_and_parses() {
+        let endpoint = default_endpoint(Path::new("/var/lib/kubelet"), "stickyvol.csi.io");
+        assert_eq!(
+            endpoint,
+            "unix:///var/lib/kubelet/plugins/stickyvol.csi.io/csi.sock"
+        );
+        assert_eq!(
+            parse_unix_endpoint(&endpoint).unwrap(),
+            PathBuf::from("/var/lib/kubelet/plugins/stickyvol.csi.io/csi.sock")
+        );
+        assert_eq!(
+            default_endpoint(Path::new("/k"), "other.example.com"),
+            "unix:///k/plugins/other.example.com/csi.sock"
+        );
     }
 
     #[test]

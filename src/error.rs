@@ -32,6 +32,9 @@ pub enum Error {
     /// This instance does not do the requested kind of work (e.g. controller mode).
     #[error("{0}")]
     Unimplemented(String),
+    /// Data handed to us arrived damaged: an import stream cut short or failing its checksum.
+    #[error("{0}")]
+    DataLoss(String),
     /// The host refused a system call.
     #[error("{context}: {source}")]
     Host {
@@ -63,6 +66,7 @@ impl Error {
             Error::ResourceExhausted(m) => Error::ResourceExhausted(m.clone()),
             Error::Pending(m) => Error::Pending(m.clone()),
             Error::Unimplemented(m) => Error::Unimplemented(m.clone()),
+            Error::DataLoss(m) => Error::DataLoss(m.clone()),
             Error::Host { context, source } => Error::Host {
                 context: context.clone(),
                 source: match source.raw_os_error() {
@@ -83,7 +87,28 @@ impl Error {
             Error::ResourceExhausted(_) => Code::ResourceExhausted,
             Error::Pending(_) => Code::Aborted,
             Error::Unimplemented(_) => Code::Unimplemented,
+            Error::DataLoss(_) => Code::DataLoss,
             Error::Host { source, .. } => host_code(source),
+        }
+    }
+
+    /// The same error (same code) with `more` said at the end of its message.
+    pub fn followed_by(self, more: &str) -> Error {
+        let more = |m: String| m + more;
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(more(m)),
+            Error::NotFound(m) => Error::NotFound(more(m)),
+            Error::AlreadyExists(m) => Error::AlreadyExists(more(m)),
+            Error::FailedPrecondition(m) => Error::FailedPrecondition(more(m)),
+            Error::OutOfRange(m) => Error::OutOfRange(more(m)),
+            Error::ResourceExhausted(m) => Error::ResourceExhausted(more(m)),
+            Error::Pending(m) => Error::Pending(more(m)),
+            Error::Unimplemented(m) => Error::Unimplemented(more(m)),
+            Error::DataLoss(m) => Error::DataLoss(more(m)),
+            Error::Host { context, source } => Error::Host {
+                context: more(context),
+                source,
+            },
         }
     }
 }

@@ -5,6 +5,7 @@
 //! crash-safe store, per-volume operation guards, create/publish/delete); `host` holds the
 //! mechanics that know nothing about gRPC (mounts, loop devices, safe deletion, usage).
 
+pub mod admin;
 pub mod config;
 pub mod controller;
 pub mod doctor;
@@ -23,7 +24,13 @@ pub mod volume;
 pub mod csi {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("csi.v1");
-
-    /// Encoded descriptors of the CSI schema, served through gRPC reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("csi_descriptor");
 }
+
+/// Our admin API's types and stubs, generated from `proto/admin.proto`.
+pub mod admin_api {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("stickyvol.admin.v1");
+}
+
+/// Encoded descriptors of both schemas (CSI and admin), served through gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("descriptors");

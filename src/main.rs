@@ -39,6 +39,9 @@ enum Command {
     Serve(ServeArgs),
     /// Check that this node can run stickyvol; exits non-zero when it cannot.
     Doctor(DoctorArgs),
+    /// `volumes` and `volume …`: ask the driver serving on this node about its volumes.
+    #[command(flatten)]
+    Admin(stickyvol::admin::cli::AdminCommand),
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +114,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
+        Command::Admin(command) => stickyvol::admin::cli::run(command),
         Command::Doctor(args) => {
             let data_dir = args
                 .data_dir

@@ -258,7 +258,7 @@ impl Metrics {
 fn known_methods() -> &'static HashSet<String> {
     static METHODS: OnceLock<HashSet<String>> = OnceLock::new();
     METHODS.get_or_init(|| {
-        let schema = prost_types::FileDescriptorSet::decode(crate::csi::FILE_DESCRIPTOR_SET)
+        let schema = prost_types::FileDescriptorSet::decode(crate::FILE_DESCRIPTOR_SET)
             .expect("the embedded CSI descriptor set decodes");
         schema
             .file

@@ -18,6 +18,8 @@ use tonic::transport::Server;
 use tower::{Layer, Service};
 use tracing::{debug, info, warn};
 
+use crate::admin::service::AdminService;
+use crate::admin_api;
 use crate::config::{Config, Mode};
 use crate::controller::ControllerService;
 use crate::csi;
@@ -83,10 +85,13 @@ async fn serve_on(
 
     // Advertise only the services this mode serves (the schema holds all four CSI services).
     let mut reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(csi::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
         .with_service_name("grpc.reflection.v1.ServerReflection")
         .with_service_name("csi.v1.Identity")
         .with_service_name("csi.v1.Node");
+    if mode.works_on_host() {
+        reflection = reflection.with_service_name("stickyvol.admin.v1.Admin");
+    }
     if mode != Mode::Node {
         reflection = reflection.with_service_name("csi.v1.Controller");
     }
@@ -112,6 +117,12 @@ async fn serve_on(
     router = router.add_service(csi::node_server::NodeServer::new(NodeService::new(
         driver.clone(),
     )));
+    // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
+    if mode.works_on_host() {
+        router = router.add_service(admin_api::admin_server::AdminServer::new(
+            AdminService::new(driver.clone()),
+        ));
+    }
 
     router
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)

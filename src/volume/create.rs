@@ -136,6 +136,7 @@ impl Volumes {
                 parameters: req.parameters,
                 created_unix_ms: now_ms(),
                 content_source: req.content_source,
+                importing: false,
                 publications: Vec::new(),
             };
             let record = self.store.put(record).map_err(|err| {

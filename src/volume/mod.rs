@@ -13,6 +13,7 @@ mod devices;
 mod expand;
 pub mod guard;
 pub mod id;
+pub mod inventory;
 pub mod limits;
 pub mod pool;
 mod publish;
@@ -24,6 +25,7 @@ mod snapshot_jobs;
 mod space;
 pub mod stats;
 pub mod store;
+mod transfer;
 
 use std::fs;
 
@@ -41,6 +43,7 @@ pub use pool::{Pool, STAGING_PREFIX};
 pub use publish::PublishRequest;
 pub use snapshot::{SnapshotFilter, SnapshotRequest};
 pub use stats::VolumeStats;
+pub use transfer::ExportSource;
 
 use guard::OperationGuards;
 use id::{NodeTag, VolumeId};

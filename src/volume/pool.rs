@@ -7,6 +7,7 @@
 //! - `volumes/.creating-<id>[.img]`  data of a create not yet committed
 //! - `snapshots/<snapshot-id>[.img]` a snapshot's data (see `snapshot`)
 //! - `snapshots/.creating-<snapshot-id>[.img]` a snapshot being copied
+//! - `snapshots/.exporting-<uuid>[.img]` a temporary snapshot an admin export reads from
 //! - `lost+found/`       data found without a record, kept for an admin
 //! - `.lock`             held while a driver uses the pool
 
@@ -31,6 +32,9 @@ use crate::host::projquota::ProjectIds;
 
 /// Prefix of data not yet committed by a record.
 pub const STAGING_PREFIX: &str = ".creating-";
+
+/// Prefix of the temporary snapshots exports of published volumes read from.
+pub const EXPORT_PREFIX: &str = ".exporting-";
 
 #[derive(Debug)]
 pub struct Pool {
@@ -138,6 +142,13 @@ impl Pool {
     pub fn snapshot_staging_path(&self, id: &SnapshotId, kind: VolumeKind) -> PathBuf {
         self.snapshots
             .join(format!("{STAGING_PREFIX}{}", data_name(id, kind)))
+    }
+
+    /// A fresh place for the temporary snapshot an export reads from.
+    pub fn export_snapshot_path(&self, kind: VolumeKind) -> PathBuf {
+        let name = uuid::Uuid::now_v7().simple().to_string();
+        self.snapshots
+            .join(format!("{EXPORT_PREFIX}{}", data_name(&name, kind)))
     }
 
     /// Where data found without a record is moved instead of being deleted.

@@ -165,6 +165,10 @@ pub struct VolumeRecord {
     /// The snapshot or volume whose data the volume started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_source: Option<ContentSource>,
+    /// An admin import is writing the data: if the driver stops before it finishes, the next
+    /// start empties the volume instead of leaving it half-written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub importing: bool,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,

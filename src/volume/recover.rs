@@ -27,6 +27,7 @@ impl Volumes {
             warn!(volume = %id, reason = %why, "publications file is unreadable (a power loss while it was written?); treating the volume as unpublished");
         }
         self.remove_orphaned_data()?;
+        self.finish_interrupted_imports()?;
         let in_use = self.forget_stale_publications()?;
         self.detach_unused_devices(&in_use);
         info!(volumes = self.store.len(), data_dir = %self.default_pool().root.display(), "volume state loaded");

@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 use super::cow;
 use super::guard::OperationGuard;
 use super::id::{SnapshotId, VolumeId};
+use super::pool::EXPORT_PREFIX;
 use super::pool::id_of_snapshot_entry;
 use super::snapshot::{SnapshotRecord, remove_snapshot_data};
 use super::store::sync_dir;
@@ -253,6 +254,17 @@ impl Volumes {
                 let path = entry.path();
                 let name = entry.file_name();
                 let name = name.to_str().unwrap_or_default();
+                if name.starts_with(EXPORT_PREFIX) {
+                    match remove_snapshot_data(&path) {
+                        Ok(()) => {
+                            info!(path = %path.display(), "removed the temporary snapshot of an interrupted export")
+                        }
+                        Err(err) => {
+                            warn!(path = %path.display(), error = %err, "could not remove the temporary snapshot of an interrupted export")
+                        }
+                    }
+                    continue;
+                }
                 let staged = name.strip_prefix(STAGING_PREFIX);
                 let Some(id) = id_of_snapshot_entry(staged.unwrap_or(name)) else {
                     warn!(path = %path.display(), "unknown entry in the snapshots directory; leaving it alone");

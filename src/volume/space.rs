@@ -59,7 +59,7 @@ impl Volumes {
 }
 
 /// A volume's usage without walking its tree, if its kind or limit allows.
-fn cheap_usage(pool: &Pool, record: &VolumeRecord) -> Option<u64> {
+pub(super) fn cheap_usage(pool: &Pool, record: &VolumeRecord) -> Option<u64> {
     let path = pool.data_path(&record.id, record.kind);
     let measured = match (record.kind, record.size_limit) {
         (VolumeKind::Block, _) => fsstat::lstat(&path).map(|stat| Some(stat.allocated)),

@@ -199,6 +199,7 @@ mod tests {
             parameters: Default::default(),
             created_unix_ms: 1,
             content_source: None,
+            importing: false,
             publications: vec![],
         }
     }

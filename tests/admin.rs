@@ -1,0 +1,651 @@
+//! The admin commands through the real binary, as an admin on the node runs them:
+//! `stickyvol volumes`, `stickyvol volume show|delete|export|import`, against a driver made by
+//! the harness (volumes created and published through CSI, as the provisioner and kubelet do).
+//!
+//! Moves are tested between two drivers with their own data dirs ("two nodes"): export on one,
+//! import on the other, and the data compared on the host with everything a copy must keep.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use common::fidelity::*;
+use common::*;
+use serde_json::Value;
+
+const OTHER_NODE: &str = "other-node";
+
+/// `stickyvol <args>` aimed at `driver`'s socket, with nothing of the caller's environment
+/// that the commands read.
+fn stickyvol(driver: &TestDriver, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_stickyvol"));
+    cmd.args(args)
+        .env(
+            "CSI_ENDPOINT",
+            format!("unix://{}", driver.socket.display()),
+        )
+        .env_remove("KUBELET_DIR")
+        .env_remove("DRIVER_NAME")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run(driver: &TestDriver, args: &[&str]) -> Output {
+    stickyvol(driver, args)
+        .output()
+        .unwrap_or_else(|e| panic!("running stickyvol {args:?}: {e}"))
+}
+
+/// Runs a command that must succeed; its stdout.
+#[track_caller]
+fn run_ok(driver: &TestDriver, args: &[&str]) -> String {
+    let out = run(driver, args);
+    assert!(
+        out.status.success(),
+        "stickyvol {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// Runs a command that must fail with exit code 1; its stderr.
+#[track_caller]
+fn run_failing(driver: &TestDriver, args: &[&str]) -> String {
+    let out = run(driver, args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stickyvol {args:?} should fail; stdout: {}; stderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `stickyvol volume export ID > file`.
+#[track_caller]
+fn export_to(driver: &TestDriver, volume_id: &str, file: &Path) -> Output {
+    stickyvol(driver, &["volume", "export", volume_id])
+        .stdout(File::create(file).unwrap())
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn export_ok(driver: &TestDriver, volume_id: &str, file: &Path) {
+    let out = export_to(driver, volume_id, file);
+    assert!(
+        out.status.success(),
+        "export of {volume_id} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `stickyvol volume import ID [extra] < file`.
+fn import_from(driver: &TestDriver, volume_id: &str, file: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["volume", "import", volume_id];
+    args.extend_from_slice(extra);
+    stickyvol(driver, &args)
+        .stdin(File::open(file).unwrap())
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn import_ok(driver: &TestDriver, volume_id: &str, file: &Path) -> String {
+    let out = import_from(driver, volume_id, file, &[]);
+    assert!(
+        out.status.success(),
+        "import into {volume_id} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[track_caller]
+fn import_failing(driver: &TestDriver, volume_id: &str, file: &Path, extra: &[&str]) -> String {
+    let out = import_from(driver, volume_id, file, extra);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "import into {volume_id} should fail: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The entry of `volume_id` in `volumes --json [extra]`.
+fn listed_with(driver: &TestDriver, volume_id: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["volumes", "--json"];
+    args.extend_from_slice(extra);
+    let all = json_of(&run_ok(driver, &args));
+    all.as_array()
+        .expect("a JSON array")
+        .iter()
+        .find(|v| v["volume_id"] == volume_id)
+        .unwrap_or_else(|| panic!("{volume_id} not in {all}"))
+        .clone()
+}
+
+fn listed(driver: &TestDriver, volume_id: &str) -> Value {
+    listed_with(driver, volume_id, &[])
+}
+
+/// CreateVolume as csi-provisioner with `--extra-create-metadata` sends it.
+fn provisioned(
+    pvc_namespace: &str,
+    pvc: &str,
+    capability: csi::VolumeCapability,
+    bytes: i64,
+) -> csi::CreateVolumeRequest {
+    let pv = format!("pvc-{}", uuid::Uuid::now_v7());
+    csi::CreateVolumeRequest {
+        parameters: params(&[
+            ("csi.storage.k8s.io/pv/name", &pv),
+            ("csi.storage.k8s.io/pvc/name", pvc),
+            ("csi.storage.k8s.io/pvc/namespace", pvc_namespace),
+        ]),
+        ..create_request(&pv, capability, bytes)
+    }
+}
+
+fn fs_cap() -> csi::VolumeCapability {
+    mount_cap(Mode::SingleNodeWriter)
+}
+
+fn block_capability() -> csi::VolumeCapability {
+    block_cap(Mode::SingleNodeWriter)
+}
+
+/// A second "node": a driver with its own data dir and node id.
+async fn other_node() -> TestDriver {
+    TestDriver::start_with(Options {
+        node_id: Some(OTHER_NODE),
+        ..Options::default()
+    })
+    .await
+}
+
+/// A file for a stream, beneath the test's directory (removed with it).
+fn stream_file(driver: &TestDriver, name: &str) -> PathBuf {
+    driver.root.join(name)
+}
+
+fn entries_of(dir: &Path) -> Vec<String> {
+    dir_names(dir)
+}
+
+// =============================================================================================
+// Listing and showing
+
+#[tokio::test]
+async fn volumes_lists_what_the_provisioner_made_in_table_and_json() {
+    let driver = TestDriver::start().await;
+    let fs_volume = driver
+        .create(provisioned("shop", "data-db-0", fs_cap(), 32 * MIB))
+        .await;
+    let block_volume = driver
+        .create(provisioned(
+            "shop",
+            "wal-db-0",
+            block_capability(),
+            16 * MIB,
+        ))
+        .await;
+    let target = driver.publish_at_new_target(&fs_volume, fs_cap()).await;
+    write_synced(&target.join("two-mib"), &pattern(2 * MIB as usize, 1));
+    let snapshot = driver
+        .create_snapshot_ready(&snapshot_request(
+            &new_snapshot_name(),
+            &fs_volume.volume_id,
+        ))
+        .await;
+
+    let fs_entry = listed(&driver, &fs_volume.volume_id);
+    assert_eq!(fs_entry["pvc_namespace"], "shop");
+    assert_eq!(fs_entry["pvc_name"], "data-db-0");
+    assert!(fs_entry["pv_name"].as_str().unwrap().starts_with("pvc-"));
+    assert_eq!(fs_entry["pool"], "default");
+    assert_eq!(fs_entry["access_type"], "filesystem");
+    assert_eq!(fs_entry["capacity_bytes"], 32 * MIB);
+    assert_eq!(fs_entry["enforcement"], "none");
+    // A plain directory's usage needs a walk: unknown unless asked for, said as null.
+    assert_eq!(fs_entry["used_bytes"], Value::Null);
+    let measured = listed_with(&driver, &fs_volume.volume_id, &["--measure"]);
+    let used = measured["used_bytes"].as_i64().expect("measured usage");
+    assert!((2 * MIB..3 * MIB).contains(&used), "used {used}");
+    assert_eq!(fs_entry["abnormal"], false);
+    assert_eq!(
+        fs_entry["host_path"],
+        host_path(&fs_volume).display().to_string()
+    );
+    let publications = fs_entry["publications"].as_array().unwrap();
+    assert_eq!(publications.len(), 1);
+    assert_eq!(publications[0]["target_path"], path_str(&target));
+    let pod_uid = target
+        .strip_prefix(driver.kubelet.join("pods"))
+        .unwrap()
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(publications[0]["pod_uid"], pod_uid);
+    let snapshots = fs_entry["snapshots"].as_array().unwrap();
+    assert_eq!(snapshots.len(), 1);
+    assert_eq!(snapshots[0]["snapshot_id"], snapshot.snapshot_id);
+
+    let block_entry = listed(&driver, &block_volume.volume_id);
+    assert_eq!(block_entry["access_type"], "block");
+    assert_eq!(block_entry["enforcement"], "file");
+    assert!(block_entry["used_bytes"].is_u64(), "{block_entry}");
+
+    let table = run_ok(&driver, &["volumes"]);
+    let row = |id: &str| {
+        table
+            .lines()
+            .find(|line| line.contains(id))
+            .unwrap_or_else(|| panic!("no row for {id} in:\n{table}"))
+            .to_string()
+    };
+    assert!(
+        row(&fs_volume.volume_id).contains("shop/data-db-0"),
+        "{table}"
+    );
+    assert!(
+        row(&block_volume.volume_id).contains("shop/wal-db-0"),
+        "{table}"
+    );
+    assert!(
+        row(&fs_volume.volume_id).contains(&host_path(&fs_volume).display().to_string()),
+        "{table}"
+    );
+    assert_eq!(table.lines().count(), 3, "a header and two rows:\n{table}");
+
+    // `show` measures, and gives the same object as the measured list.
+    let shown = json_of(&run_ok(
+        &driver,
+        &["volume", "show", &fs_volume.volume_id, "--json"],
+    ));
+    assert_eq!(shown, measured);
+    let text = run_ok(&driver, &["volume", "show", &fs_volume.volume_id]);
+    for expected in [
+        fs_volume.volume_id.as_str(),
+        "shop/data-db-0",
+        &snapshot.snapshot_id,
+        &pod_uid,
+    ] {
+        assert!(text.contains(expected), "{expected} missing from:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn volumes_filters_by_pool_and_refuses_unknown_pools_and_ids() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let second = driver.root.join("second-pool");
+    driver.add_args(["--pool".to_string(), format!("second={}", second.display())]);
+    driver.start_again().await;
+    let in_default = driver.create_fs_volume().await;
+    let in_second = driver
+        .create(csi::CreateVolumeRequest {
+            parameters: params(&[("pool", "second")]),
+            ..create_request(&new_name(), fs_cap(), SIZE)
+        })
+        .await;
+    let only_second = json_of(&run_ok(&driver, &["volumes", "--json", "--pool", "second"]));
+    let ids: Vec<&str> = only_second
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["volume_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [in_second.volume_id.as_str()]);
+    assert!(!ids.contains(&in_default.volume_id.as_str()));
+
+    let err = run_failing(&driver, &["volumes", "--pool", "nope"]);
+    assert!(err.contains("nope"), "{err}");
+    let err = run_failing(&driver, &["volume", "show", "sv-not-ours"]);
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+#[tokio::test]
+async fn commands_say_what_to_do_when_no_driver_answers() {
+    let driver = TestDriver::prepare(Options::default());
+    let err = run_failing(&driver, &["volumes"]);
+    assert!(
+        err.contains(&driver.socket.display().to_string()) && err.contains("running"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn controller_mode_does_not_serve_the_admin_api() {
+    let driver = TestDriver::start_with(Options {
+        mode: Some("controller"),
+        ..Options::default()
+    })
+    .await;
+    let err = run_failing(&driver, &["volumes"]);
+    assert!(err.contains("admin API"), "{err}");
+}
+
+// =============================================================================================
+// Deleting
+
+#[tokio::test]
+async fn delete_refuses_a_published_volume_and_removes_an_unpublished_one() {
+    let driver = TestDriver::start().await;
+    let (volume, target) = driver.published_fs_volume().await;
+    fs::write(target.join("file"), b"kept while published").unwrap();
+
+    let err = run_failing(&driver, &["volume", "delete", &volume.volume_id]);
+    assert!(err.contains("published"), "{err}");
+    assert!(host_path(&volume).join("file").exists());
+
+    driver.unpublish_ok(&volume, &target).await;
+    let out = run_ok(&driver, &["volume", "delete", &volume.volume_id]);
+    assert!(out.contains(&volume.volume_id), "{out}");
+    assert!(!host_path(&volume).exists());
+    assert!(driver.list_all().await.is_empty());
+    assert!(
+        driver.state_entries().is_empty(),
+        "{:?}",
+        driver.state_entries()
+    );
+
+    let err = run_failing(&driver, &["volume", "delete", &volume.volume_id]);
+    assert!(err.contains("does not exist"), "{err}");
+}
+
+// =============================================================================================
+// Export and import
+
+/// The move the docs describe, between two nodes: every property of the tree survives, and
+/// the moved volume publishes and reads on its new node.
+#[tokio::test]
+async fn filesystem_volume_moves_between_nodes_with_everything_kept() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let source = node_a
+        .create(create_request(&new_name(), fs_cap(), 64 * MIB))
+        .await;
+    build_tree(&host_path(&source));
+    let original = manifest(&host_path(&source));
+    let target = node_b
+        .create(create_request(&new_name(), fs_cap(), 64 * MIB))
+        .await;
+
+    let stream = stream_file(&node_a, "move.svx");
+    export_ok(&node_a, &source.volume_id, &stream);
+    let said = import_ok(&node_b, &target.volume_id, &stream);
+    assert!(said.contains("sha256"), "{said}");
+
+    assert_same_tree(&original, &host_path(&target));
+    // The source is untouched by its export.
+    assert_same_tree(&original, &host_path(&source));
+    let mounted = node_b.publish_at_new_target(&target, fs_cap()).await;
+    assert_eq!(
+        fs::read(mounted.join("dir/nested/deeper/file.txt")).unwrap(),
+        b"nested content"
+    );
+}
+
+#[tokio::test]
+async fn block_volume_moves_with_its_holes() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let source = node_a
+        .create(create_request(&new_name(), block_capability(), 32 * MIB))
+        .await;
+    let image = host_path(&source);
+    let file = OpenOptions::new().write(true).open(&image).unwrap();
+    let offsets = [0u64, 5 << 20, (32 << 20) - 4096];
+    for (i, offset) in offsets.iter().enumerate() {
+        file.write_all_at(&pattern(4096, i as u8 + 7), *offset)
+            .unwrap();
+    }
+    file.sync_all().unwrap();
+    let target = node_b
+        .create(create_request(&new_name(), block_capability(), 32 * MIB))
+        .await;
+
+    let stream = stream_file(&node_a, "block.svx");
+    export_ok(&node_a, &source.volume_id, &stream);
+    assert!(
+        fs::metadata(&stream).unwrap().len() < 1 << 20,
+        "holes are not in the stream"
+    );
+    import_ok(&node_b, &target.volume_id, &stream);
+
+    let copy = host_path(&target);
+    assert_eq!(fs::metadata(&copy).unwrap().len(), 32 << 20);
+    for (i, offset) in offsets.iter().enumerate() {
+        assert_eq!(read_at(&copy, *offset, 4096), pattern(4096, i as u8 + 7));
+    }
+    assert_eq!(read_at(&copy, 1 << 20, 4096), vec![0; 4096]);
+    assert!(
+        allocated(&copy) <= 1 << 20,
+        "the copy lost its holes: {} bytes allocated",
+        allocated(&copy)
+    );
+    // And it works as a device on its new node.
+    let device = node_b
+        .publish_at_new_target(&target, block_capability())
+        .await;
+    assert_eq!(read_at(&device, 5 << 20, 4096), pattern(4096, 8));
+}
+
+/// A fresh volume holding one file of `bytes` on `driver`, exported to a stream file; the
+/// volume and the stream.
+async fn exported_volume(driver: &TestDriver, bytes: usize) -> (csi::Volume, PathBuf) {
+    let volume = driver
+        .create(create_request(&new_name(), fs_cap(), 64 * MIB))
+        .await;
+    write_synced(&host_path(&volume).join("payload"), &pattern(bytes, 3));
+    let stream = stream_file(driver, &format!("{}.svx", volume.volume_id));
+    export_ok(driver, &volume.volume_id, &stream);
+    (volume, stream)
+}
+
+#[tokio::test]
+async fn damaged_streams_fail_clearly_and_leave_the_volume_empty() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let (_, stream) = exported_volume(&node_a, 3 * MIB as usize).await;
+    let bytes = fs::read(&stream).unwrap();
+    let target = node_b.create_fs_volume().await;
+
+    let truncated = stream_file(&node_a, "truncated.svx");
+    fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let err = import_failing(&node_b, &target.volume_id, &truncated, &[]);
+    assert!(err.contains("truncated"), "{err}");
+    assert!(err.contains("left empty"), "{err}");
+    assert!(entries_of(&host_path(&target)).is_empty());
+
+    let corrupt = stream_file(&node_a, "corrupt.svx");
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x40;
+    fs::write(&corrupt, &flipped).unwrap();
+    let err = import_failing(&node_b, &target.volume_id, &corrupt, &[]);
+    assert!(err.contains("checksum"), "{err}");
+    assert!(entries_of(&host_path(&target)).is_empty());
+
+    let garbage = stream_file(&node_a, "garbage.svx");
+    fs::write(&garbage, b"this is not an export at all").unwrap();
+    let err = import_failing(&node_b, &target.volume_id, &garbage, &[]);
+    assert!(err.contains("not a stickyvol export"), "{err}");
+
+    // The intact stream still imports after all that.
+    import_ok(&node_b, &target.volume_id, &stream);
+    assert_eq!(
+        fs::read(host_path(&target).join("payload")).unwrap(),
+        pattern(3 * MIB as usize, 3)
+    );
+}
+
+#[tokio::test]
+async fn a_stream_bigger_than_the_volume_is_refused() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let (_, stream) = exported_volume(&node_a, 24 * MIB as usize).await;
+    let small = node_b.create_fs_volume().await; // 16 MiB
+    let err = import_failing(&node_b, &small.volume_id, &stream, &[]);
+    assert!(err.contains("needs"), "{err}");
+    assert!(entries_of(&host_path(&small)).is_empty());
+
+    let block = node_b.create_block_volume().await;
+    let err = import_failing(&node_b, &block.volume_id, &stream, &[]);
+    assert!(
+        err.contains("block"),
+        "a filesystem stream into a block volume: {err}"
+    );
+}
+
+#[tokio::test]
+async fn import_refuses_published_and_non_empty_volumes_unless_replacing() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let (_, stream) = exported_volume(&node_a, MIB as usize).await;
+    let (busy, target) = node_b.published_fs_volume().await;
+    let err = import_failing(&node_b, &busy.volume_id, &stream, &[]);
+    assert!(err.contains("published"), "{err}");
+    node_b.unpublish_ok(&busy, &target).await;
+
+    fs::write(host_path(&busy).join("old"), b"old content").unwrap();
+    let err = import_failing(&node_b, &busy.volume_id, &stream, &[]);
+    assert!(err.contains("--replace"), "{err}");
+    assert!(
+        host_path(&busy).join("old").exists(),
+        "refused means untouched"
+    );
+
+    let out = import_from(&node_b, &busy.volume_id, &stream, &["--replace"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(entries_of(&host_path(&busy)), ["payload"]);
+}
+
+#[tokio::test]
+async fn a_published_volume_on_a_copying_pool_is_not_exported() {
+    let driver = TestDriver::start().await;
+    let (volume, target) = driver.published_fs_volume().await;
+    fs::write(target.join("f"), b"x").unwrap();
+    let out = export_to(&driver, &volume.volume_id, &stream_file(&driver, "x.svx"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("published") && err.contains("snapshot"),
+        "{err}"
+    );
+}
+
+/// On btrfs a published volume is exported from a snapshot, which is gone afterwards.
+#[tokio::test]
+async fn a_published_btrfs_volume_exports_from_a_temporary_snapshot() {
+    let setup = start_on_btrfs().await;
+    let driver = &setup.driver;
+    let volume = driver
+        .create(csi::CreateVolumeRequest {
+            parameters: params(&[("pool", "fast")]),
+            ..create_request(&new_name(), fs_cap(), 64 * MIB)
+        })
+        .await;
+    let target = driver.publish_at_new_target(&volume, fs_cap()).await;
+    write_synced(&target.join("live"), &pattern(2 * MIB as usize, 9));
+    let stream = stream_file(driver, "live.svx");
+    let out = export_to(driver, &volume.volume_id, &stream);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("snapshot"),
+        "says how it read: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        dir_names(&setup.pool.join("snapshots")).is_empty(),
+        "the temporary snapshot is removed"
+    );
+
+    let node_b = other_node().await;
+    let copy = node_b
+        .create(create_request(&new_name(), fs_cap(), 64 * MIB))
+        .await;
+    import_ok(&node_b, &copy.volume_id, &stream);
+    assert_eq!(
+        fs::read(host_path(&copy).join("live")).unwrap(),
+        pattern(2 * MIB as usize, 9)
+    );
+}
+
+/// A driver killed in the middle of an import empties the volume at its next start.
+#[tokio::test]
+async fn an_import_cut_by_a_crash_is_emptied_at_the_next_start() {
+    let node_a = TestDriver::start().await;
+    let mut node_b = other_node().await;
+    let (_, stream) = exported_volume(&node_a, 8 * MIB as usize).await;
+    let bytes = fs::read(&stream).unwrap();
+    let target = node_b
+        .create(create_request(&new_name(), fs_cap(), 64 * MIB))
+        .await;
+
+    // Half the stream, then the pipe stays open: the import waits for more.
+    let mut import = stickyvol(&node_b, &["volume", "import", &target.volume_id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pipe = import.stdin.take().unwrap();
+    pipe.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    pipe.flush().unwrap();
+    let record = node_b
+        .data
+        .join("state")
+        .join(format!("{}.json", target.volume_id));
+    wait_for(|| {
+        fs::read_to_string(&record).is_ok_and(|r| json_of(&r)["importing"] == true)
+            && host_path(&target).join("payload").exists()
+    })
+    .await;
+
+    node_b.kill9_and_restart().await;
+    drop(pipe);
+    let _ = import.wait();
+    assert!(entries_of(&host_path(&target)).is_empty());
+    assert!(!fs::read_to_string(&record).unwrap().contains("importing"));
+    assert!(
+        node_b
+            .log_text()
+            .contains("import into this volume was interrupted")
+    );
+    import_ok(&node_b, &target.volume_id, &stream);
+}
+
+/// Polls `done` for up to 30 s.
+async fn wait_for(mut done: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("condition not reached in 30 s");
+}
