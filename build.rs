@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     tonic_prost_build::configure()
         .generate_default_stubs(true)
+        // Stream chunks as `Bytes`: decoded as slices of the received buffer, not copied.
+        .bytes(".stickyvol.admin.v1")
         .compile_fds(descriptors)?;
     Ok(())
 }

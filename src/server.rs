@@ -28,6 +28,9 @@ use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 
+/// Flow-control window per stream: a few of the admin streams' 1 MiB messages in flight.
+pub const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
 const SOCKET_MODE: u32 = 0o660;
 
@@ -103,6 +106,10 @@ async fn serve_on(
             .map_err(|source| ServeError::Metrics { address, source })?;
     }
     let mut router = Server::builder()
+        // HTTP/2's default 64 KiB windows stall a stream on a WINDOW_UPDATE round trip every
+        // 64 KiB: export and import streams move MiB-sized messages.
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(STREAM_WINDOW_BYTES * 2)
         .layer(RpcObserverLayer { metrics })
         .add_service(reflection)
         .add_service(csi::identity_server::IdentityServer::new(

@@ -13,7 +13,9 @@ pub async fn connect(
 ) -> Result<Channel, tonic::transport::Error> {
     let socket = socket.to_path_buf();
     // The authority is never resolved: the connector below ignores it.
-    let mut endpoint = Endpoint::from_static("http://csi.sock");
+    let mut endpoint = Endpoint::from_static("http://csi.sock")
+        .initial_stream_window_size(crate::server::STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(crate::server::STREAM_WINDOW_BYTES * 2);
     if let Some(deadline) = deadline {
         endpoint = endpoint.timeout(deadline).connect_timeout(deadline);
     }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use prost::bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::Stream;
 use tonic::transport::Channel;
@@ -308,7 +309,7 @@ impl Admin {
             }
         }
 
-        let (chunks, to_write) = mpsc::channel::<Vec<u8>>(BUFFERED_CHUNKS);
+        let (chunks, to_write) = mpsc::channel::<Bytes>(BUFFERED_CHUNKS);
         let writer = tokio::task::spawn_blocking(move || write_chunks(to_write, out));
         let mut received = 0u64;
         let streamed: Result<(), AdminError> = loop {
@@ -378,7 +379,7 @@ impl Admin {
             header: Some(api::ImportVolumeRequest {
                 volume_id: volume_id.to_string(),
                 replace,
-                data: Vec::new(),
+                data: Bytes::new(),
             }),
             chunks: to_send,
             sent: sent.clone(),
@@ -412,7 +413,7 @@ impl Admin {
 }
 
 /// Writes every chunk to `out` (buffered), then flushes.
-fn write_chunks(mut chunks: mpsc::Receiver<Vec<u8>>, out: impl Write) -> io::Result<()> {
+fn write_chunks(mut chunks: mpsc::Receiver<Bytes>, out: impl Write) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(IMPORT_CHUNK, out);
     while let Some(chunk) = chunks.blocking_recv() {
         out.write_all(&chunk)?;
@@ -479,7 +480,7 @@ impl Stream for Outgoing {
             Poll::Ready(Some(Ok(data))) => {
                 self.sent.fetch_add(data.len() as u64, Ordering::Relaxed);
                 Poll::Ready(Some(api::ImportVolumeRequest {
-                    data,
+                    data: data.into(),
                     ..Default::default()
                 }))
             }
@@ -681,7 +682,7 @@ mod tests {
 
     fn data(bytes: &[u8]) -> api::ExportVolumeResponse {
         api::ExportVolumeResponse {
-            message: Some(export_volume_response::Message::Data(bytes.to_vec())),
+            message: Some(export_volume_response::Message::Data(Bytes::copy_from_slice(bytes))),
         }
     }
 
@@ -845,7 +846,7 @@ mod tests {
                 ("", false, 10)
             ]
         );
-        let received: Vec<u8> = messages.iter().flat_map(|m| m.data.clone()).collect();
+        let received: Vec<u8> = messages.iter().flat_map(|m| m.data.to_vec()).collect();
         assert_eq!(received, input);
     }
 

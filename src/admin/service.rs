@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 use std::sync::Arc;
 
+use prost::bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
@@ -106,7 +107,7 @@ impl Admin for AdminService {
                 return;
             }
             let mut out = ChunkWriter::new(tx.clone(), |data| api::ExportVolumeResponse {
-                message: Some(Message::Data(data)),
+                message: Some(Message::Data(data.into())),
             });
             let written = source.write_to(&mut out).and_then(|summary| {
                 out.flush()
@@ -152,9 +153,9 @@ impl Admin for AdminService {
 /// Hands the bytes of an import's messages to the blocking reader, in order; ends when the
 /// client finishes (EOF) or its stream breaks (an error the import reports).
 async fn forward(
-    first: Vec<u8>,
+    first: Bytes,
     mut stream: Streaming<api::ImportVolumeRequest>,
-    tx: mpsc::Sender<io::Result<Vec<u8>>>,
+    tx: mpsc::Sender<io::Result<Bytes>>,
 ) {
     if !first.is_empty() && tx.send(Ok(first)).await.is_err() {
         return;

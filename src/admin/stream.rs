@@ -3,6 +3,7 @@
 
 use std::io::{self, Read, Write};
 
+use prost::bytes::Bytes;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -58,16 +59,16 @@ impl<T> Write for ChunkWriter<T> {
 /// Reads the bytes of messages forwarded from a client stream; EOF when the client finished
 /// sending, an error when its stream broke.
 pub struct ChunkReader {
-    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
-    chunk: Vec<u8>,
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    chunk: Bytes,
     offset: usize,
 }
 
 impl ChunkReader {
-    pub fn new(rx: mpsc::Receiver<io::Result<Vec<u8>>>) -> Self {
+    pub fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
         ChunkReader {
             rx,
-            chunk: Vec::new(),
+            chunk: Bytes::new(),
             offset: 0,
         }
     }
@@ -126,16 +127,16 @@ mod tests {
     #[test]
     fn reads_join_chunks_and_pass_errors_on() {
         let (tx, rx) = mpsc::channel(4);
-        tx.blocking_send(Ok(b"abc".to_vec())).unwrap();
-        tx.blocking_send(Ok(Vec::new())).unwrap();
-        tx.blocking_send(Ok(b"de".to_vec())).unwrap();
+        tx.blocking_send(Ok(Bytes::from_static(b"abc"))).unwrap();
+        tx.blocking_send(Ok(Bytes::new())).unwrap();
+        tx.blocking_send(Ok(Bytes::from_static(b"de"))).unwrap();
         drop(tx);
         let mut text = String::new();
         ChunkReader::new(rx).read_to_string(&mut text).unwrap();
         assert_eq!(text, "abcde");
 
         let (tx, rx) = mpsc::channel(4);
-        tx.blocking_send(Ok(b"x".to_vec())).unwrap();
+        tx.blocking_send(Ok(Bytes::from_static(b"x"))).unwrap();
         tx.blocking_send(Err(io::Error::other("broken"))).unwrap();
         let mut all = Vec::new();
         let err = ChunkReader::new(rx).read_to_end(&mut all).unwrap_err();
