@@ -682,7 +682,9 @@ mod tests {
 
     fn data(bytes: &[u8]) -> api::ExportVolumeResponse {
         api::ExportVolumeResponse {
-            message: Some(export_volume_response::Message::Data(Bytes::copy_from_slice(bytes))),
+            message: Some(export_volume_response::Message::Data(
+                Bytes::copy_from_slice(bytes),
+            )),
         }
     }
 
