@@ -350,3 +350,25 @@ async fn data_in_a_subvolume_made_inside_a_volume_is_still_counted() {
     );
     assert!(setup.driver.condition_of(&volume.volume_id).await.abnormal);
 }
+
+/// btrfs updates qgroup figures only when a transaction commits (every 30 s by default): the
+/// driver commits the pool (at most every few seconds) before reading them, so a write shows in
+/// the next NodeGetVolumeStats once the commit interval has passed, with no sync from anyone
+/// else. (Without that commit the figure stayed at 16 KiB until btrfs's own, up to 30 s.)
+#[tokio::test]
+async fn stats_show_a_write_at_once_not_after_the_next_btrfs_commit() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(64 * MIB).await;
+    // Settled first, so nothing below commits by accident, and past the driver's commit
+    // interval (its create committed); then a plain write, as a pod's.
+    btrfs::sync(&setup.pool).unwrap();
+    std::thread::sleep(stickyvol::volume::pool::QGROUP_COMMIT_EVERY);
+    fs::write(target.join("fresh"), pattern(24 * MIB as usize, 5)).unwrap();
+    let stats = setup
+        .driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let bytes = usage_of(&stats, Unit::Bytes).unwrap();
+    assert!(bytes.used >= 24 * MIB, "{bytes:?}");
+}

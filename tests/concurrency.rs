@@ -271,3 +271,96 @@ async fn operations_on_different_volumes_run_in_parallel() {
     assert!(driver.list_all().await.is_empty());
     assert!(driver.data_entries().is_empty());
 }
+
+/// Files in the volume [`probe_stays_fast_while_stats_walks_flood_the_node`] floods with
+/// stats calls: the figure, where 64 unbounded walks made Probe wait 1.7 s.
+const FLOOD_FILES: usize = 100_000;
+const FLOOD_CALLS: usize = 64;
+
+/// 64 NodeGetVolumeStats of a 100,000-file plain-directory volume at once: Probe keeps
+/// answering well inside livenessprobe's 1 s, another volume publishes meanwhile, and every
+/// stats call gets the real count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_stays_fast_while_stats_walks_flood_the_node() {
+    use std::time::{Duration, Instant};
+    let driver = TestDriver::start().await;
+    let (volume, target) = driver.published_fs_volume().await;
+    for dir in 0..FLOOD_FILES / 1000 {
+        let dir = target.join(format!("d{dir:03}"));
+        fs::create_dir(&dir).unwrap();
+        for file in 0..1000 {
+            fs::File::create(dir.join(format!("f{file:04}"))).unwrap();
+        }
+    }
+    let other = driver.create_fs_volume().await;
+    // What one walk of the tree costs here (the driver's own walk, in this process).
+    let walk_started = Instant::now();
+    stickyvol::host::usage::measure(&host_path(&volume)).unwrap();
+    let one_walk = walk_started.elapsed();
+
+    let mut flood = JoinSet::new();
+    for _ in 0..FLOOD_CALLS {
+        let mut node = driver.node();
+        let request = csi::NodeGetVolumeStatsRequest {
+            volume_id: volume.volume_id.clone(),
+            volume_path: path_str(&target),
+            staging_target_path: String::new(),
+        };
+        flood.spawn(async move { node.node_get_volume_stats(request).await });
+    }
+    let started = Instant::now();
+    let mut probes = Vec::new();
+    let mut published_in = None;
+    while flood.len() == FLOOD_CALLS || probes.len() < 10 {
+        let asked = Instant::now();
+        driver
+            .identity()
+            .probe(csi::ProbeRequest {})
+            .await
+            .expect("Probe");
+        probes.push(asked.elapsed());
+        if published_in.is_none() {
+            let asked = Instant::now();
+            driver
+                .publish_at_new_target(&other, mount_cap(Mode::SingleNodeWriter))
+                .await;
+            published_in = Some(asked.elapsed());
+        }
+        if flood.try_join_next().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let results = flood.join_all().await;
+    let flood_took = started.elapsed();
+    for result in results {
+        let stats = result.expect("NodeGetVolumeStats").into_inner();
+        let inodes = stats
+            .usage
+            .iter()
+            .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+            .expect("inode usage");
+        assert!(inodes.used > FLOOD_FILES as i64, "{inodes:?}");
+    }
+    probes.sort();
+    let p = |q: f64| probes[((probes.len() - 1) as f64 * q) as usize];
+    eprintln!(
+        "{FLOOD_CALLS} stats calls on {FLOOD_FILES} files took {flood_took:?} (one walk: {one_walk:?}); Probe during them ({} calls): p50 {:?}, p99 {:?}, max {:?}; a publish of another volume took {:?}",
+        probes.len(),
+        p(0.5),
+        p(0.99),
+        probes.last().unwrap(),
+        published_in.unwrap()
+    );
+    // A burst for one volume is one walk, not 64 (which took ~30 walks' time on 2 cores).
+    assert!(
+        flood_took < one_walk * 8 + Duration::from_secs(1),
+        "{FLOOD_CALLS} calls took {flood_took:?}, one walk {one_walk:?}"
+    );
+    // Generous bounds that never flake: what matters is livenessprobe's 1 s.
+    assert!(
+        *probes.last().unwrap() < Duration::from_secs(1),
+        "{probes:?}"
+    );
+    assert!(published_in.unwrap() < Duration::from_secs(1));
+}

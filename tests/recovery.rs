@@ -361,3 +361,250 @@ async fn publications_kept_inside_records_by_older_versions_survive_an_upgrade()
     );
     driver.unpublish_ok(&volume, &target).await;
 }
+
+/// The newest generation of the volume journal (`state/journal/volumes.<n>`).
+fn newest_volume_journal(driver: &TestDriver) -> std::path::PathBuf {
+    fs::read_dir(driver.data.join("state/journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter_map(|p| {
+            let n = p
+                .file_name()?
+                .to_str()?
+                .strip_prefix("volumes.")?
+                .parse::<u64>()
+                .ok()?;
+            Some((n, p))
+        })
+        .max()
+        .expect("a volume journal")
+        .1
+}
+
+/// A power loss in the middle of the commit of a create: the journal ends with a torn entry
+/// (`cut`: truncated, else a bad checksum), and what was never flushed is gone — the record
+/// file, and the data's move to its final name.
+async fn torn_create(cut: bool) {
+    let mut driver = TestDriver::start().await;
+    let kept = driver.create_block_volume().await;
+    let torn = driver.create_block_volume().await;
+    driver.kill9();
+    let journal = newest_volume_journal(&driver);
+    let mut bytes = fs::read(&journal).unwrap();
+    if cut {
+        bytes.truncate(bytes.len() - 10);
+    } else {
+        let last = bytes.len() - 5;
+        bytes[last] ^= 0x5a;
+    }
+    fs::write(&journal, &bytes).unwrap();
+    fs::remove_file(
+        driver
+            .data
+            .join("state")
+            .join(format!("{}.json", torn.volume_id)),
+    )
+    .unwrap();
+    let path = host_path(&torn);
+    let staged = path.with_file_name(format!(".creating-{}.img", torn.volume_id));
+    fs::rename(&path, &staged).unwrap();
+
+    driver.start_again().await;
+    let listed = driver.list_all().await;
+    assert_eq!(listed.len(), 1, "the torn create is ignored: {listed:?}");
+    assert_eq!(listed[0].volume.as_ref().unwrap(), &kept);
+    assert!(
+        !exists_no_follow(&staged),
+        "its uncommitted data is removed"
+    );
+    assert!(
+        driver.log_text().contains("torn"),
+        "a warning names the torn entry"
+    );
+    assert_eq!(
+        driver.data_entries(),
+        vec![format!("{}.img", kept.volume_id)]
+    );
+    // A clean restart afterwards has nothing left to complain about.
+    driver.restart().await;
+    assert_eq!(driver.list_all().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_truncated_journal_tail_is_ignored_with_a_warning() {
+    torn_create(true).await;
+}
+
+#[tokio::test]
+async fn a_journal_tail_with_a_bad_checksum_is_ignored_with_a_warning() {
+    torn_create(false).await;
+}
+
+#[tokio::test]
+async fn damage_in_the_middle_of_the_journal_refuses_to_start() {
+    let mut driver = TestDriver::start().await;
+    driver.create_block_volume().await;
+    driver.create_block_volume().await;
+    driver.kill9();
+    let journal = newest_volume_journal(&driver);
+    let mut bytes = fs::read(&journal).unwrap();
+    bytes[12] ^= 0x5a;
+    fs::write(&journal, &bytes).unwrap();
+    assert!(driver.try_start_again().await.is_err());
+    assert!(
+        driver.log_text().contains("damaged"),
+        "{}",
+        driver.log_text()
+    );
+}
+
+/// A power loss right after a create's commit took its (unflushed) data and the move into
+/// place: the empty volume is remade from its record. A volume whose data vanished after it
+/// was used is reported, not remade.
+#[tokio::test]
+async fn the_empty_data_of_a_create_lost_by_a_power_loss_is_remade() {
+    let mut driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    let block_volume = driver.create_block_volume().await;
+    let (used, target) = driver.published_fs_volume().await;
+    driver.kill9();
+    fs::remove_dir(host_path(&fs_volume)).unwrap();
+    // The image's size did not reach the disk either.
+    fs::write(host_path(&block_volume), b"").unwrap();
+    nix::mount::umount(&target).unwrap();
+    fs::remove_dir_all(host_path(&used)).unwrap();
+
+    driver.start_again().await;
+    assert!(host_path(&fs_volume).is_dir());
+    assert_eq!(
+        fs::metadata(host_path(&block_volume)).unwrap().len(),
+        block_volume.capacity_bytes as u64
+    );
+    assert!(
+        !exists_no_follow(&host_path(&used)),
+        "a used volume's lost data is not remade"
+    );
+    driver.delete(&fs_volume.volume_id).await.unwrap();
+    driver.delete(&block_volume.volume_id).await.unwrap();
+}
+
+/// What versions before the journal left: one durable JSON per record, publications in side
+/// files or inline, no `state/journal/`.
+#[tokio::test]
+async fn a_state_directory_of_the_old_layout_loads_unchanged() {
+    let mut driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    let block_volume = driver.create_block_volume().await;
+    fs::write(host_path(&fs_volume).join("file"), b"kept").unwrap();
+    let (published, target) = driver.published_fs_volume().await;
+    let deleted = driver.create_block_volume().await;
+    driver.delete(&deleted.volume_id).await.unwrap();
+    let before = driver.list_all().await;
+    driver.kill9();
+    // The old layout: the record files (exact after a kill -9), no journal.
+    fs::remove_dir_all(driver.data.join("state/journal")).unwrap();
+
+    driver.start_again().await;
+    assert_eq!(driver.list_all().await, before);
+    assert!(driver.log_text().contains("volume state loaded"));
+    assert!(!driver.data.join("lost+found").exists());
+    assert_eq!(
+        fs::read(host_path(&fs_volume).join("file")).unwrap(),
+        b"kept"
+    );
+    assert_eq!(recorded_publications(&driver, &published.volume_id), 1);
+    driver.unpublish_ok(&published, &target).await;
+    for volume in [&fs_volume, &block_volume, &published] {
+        driver.delete(&volume.volume_id).await.unwrap();
+    }
+    assert!(
+        driver.state_entries().is_empty(),
+        "{:?}",
+        driver.state_entries()
+    );
+    driver.restart().await;
+    assert!(driver.list_all().await.is_empty());
+}
+
+/// Creates and deletes racing kill -9: every name ends with one volume, every deleted volume
+/// is gone, and nothing is leaked or moved to lost+found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_create_and_delete_storms_converges() {
+    let mut driver = TestDriver::start().await;
+    let mut kept = Vec::new();
+    let mut deleted = Vec::new();
+    for round in 0..8u64 {
+        let doomed = driver
+            .create(create_request(
+                &new_name(),
+                block_cap(Mode::SingleNodeWriter),
+                SIZE,
+            ))
+            .await;
+        deleted.push(doomed.volume_id.clone());
+        let request = create_request(&new_name(), block_cap(Mode::SingleNodeWriter), SIZE);
+        kept.push(request.clone());
+        let controller = driver.controller();
+        let creator = tokio::spawn(async move {
+            loop {
+                match controller.clone().create_volume(request.clone()).await {
+                    Err(status) if status.code() != Code::Aborted => return status,
+                    _ => {}
+                }
+            }
+        });
+        let controller = driver.controller();
+        let doomed_id = doomed.volume_id.clone();
+        let deleter = tokio::spawn(async move {
+            loop {
+                let request = csi::DeleteVolumeRequest {
+                    volume_id: doomed_id.clone(),
+                    secrets: Default::default(),
+                };
+                match controller.clone().delete_volume(request).await {
+                    Err(status) if status.code() != Code::Aborted => return status,
+                    _ => {}
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_micros(round * 250));
+        driver.kill9();
+        for hammer in [creator, deleter] {
+            let ended = tokio::time::timeout(Duration::from_secs(10), hammer)
+                .await
+                .expect("the hammer stops once the driver is gone")
+                .unwrap();
+            assert!(
+                matches!(
+                    ended.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                ),
+                "{ended:?}"
+            );
+        }
+        driver.start_again().await;
+    }
+
+    // The CO retries every delete it got no answer to.
+    for id in &deleted {
+        driver.delete(id).await.unwrap();
+    }
+    let mut expected_data = Vec::new();
+    let mut expected_state = Vec::new();
+    for request in &kept {
+        let volume = driver.create_retrying(request).await;
+        expected_data.push(format!("{}.img", volume.volume_id));
+        expected_state.push(format!("{}.json", volume.volume_id));
+    }
+    expected_data.sort();
+    expected_state.sort();
+    assert_eq!(driver.list_all().await.len(), kept.len());
+    assert_eq!(driver.data_entries(), expected_data, "no leaked data");
+    assert_eq!(driver.state_entries(), expected_state, "no leaked records");
+    assert!(
+        !driver.data.join("lost+found").exists(),
+        "nothing deleted was quarantined"
+    );
+    driver.restart().await;
+    assert_eq!(driver.list_all().await.len(), kept.len());
+}

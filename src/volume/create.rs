@@ -1,12 +1,27 @@
 //! CreateVolume and DeleteVolume.
 //!
 //! Crash safety: the data (directory or sparse file) is made under a staging name
-//! (`volumes/.creating-<id>`), then the record is written: the commit point. Only then does the
-//! data move to its final name. A crash before the commit leaves staging data without a record,
-//! which `recover` removes; a crash after it leaves a record with staging data, which a retried
-//! CreateVolume or the next start moves into place. So a volume is either absent or complete,
-//! and data under a final name without a record never comes from us (see `recover`). Deletion
-//! runs the other way: data first, record last, so a retried DeleteVolume finishes the job.
+//! (`volumes/.creating-<id>`), then the record is committed: one journal entry, the one disk
+//! flush of a create (see `records`). Only then does the data move to its final name. A crash
+//! before the commit leaves staging data without a record, which `recover` removes; a crash
+//! after it leaves a record with staging data, which a retried CreateVolume or the next start
+//! moves into place. So a volume is either absent or complete, and data under a final name
+//! without a record never comes from us (see `recover`).
+//!
+//! The new (empty) data itself is not flushed: a power loss right after the commit may take
+//! the directory, its quota or the image's size with it. The next start remakes it from the
+//! record, for a volume whose create is still in the journal and that was never published
+//! (`recover::remake_recent_data`): such a volume cannot have held data anyone relied on.
+//! Compaction flushes every pool before dropping a journal generation, so an older volume's
+//! data is durable, and missing data there is reported, never silently remade. Restores and
+//! clones copy data: `cow::fill_volume` flushes the pool's filesystem (data and directory
+//! entries) before the commit, since a copy cannot be remade from the record.
+//!
+//! Deletion runs the other way: data first (no flush), then the removal is committed (the one
+//! flush). A crash in between leaves a record whose data is gone: a retried DeleteVolume
+//! finishes the job. A power loss may undo the (unflushed) data removal after the removal was
+//! committed; the journal still names the volume as removed, so `recover` deletes what comes
+//! back instead of moving it to lost+found.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -25,7 +40,6 @@ use super::id::VolumeId;
 use super::limits::{self, NewDirectory};
 use super::pool::Pool;
 use super::record::{AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord};
-use super::store::sync_dir;
 use super::{Volumes, now_ms, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, loopdev, mountinfo};
@@ -112,10 +126,8 @@ impl Volumes {
             ),
         };
         drop(source);
-        let made = made.and_then(|made| {
-            sync_dir(&pool.volumes).context(|| format!("syncing {}", pool.volumes.display()))?;
-            Ok(made)
-        });
+        // No flush of the staging entry: the commit below is the only one (see the module
+        // comment for what a power loss does and how the next start repairs it).
         // What limits the staged data, so a failure below also undoes it (e.g. a project quota).
         let mut staged_limit = SizeLimit::None;
         let committed = made.and_then(|made| {
@@ -181,8 +193,9 @@ impl Volumes {
         {
             return Ok(());
         }
-        // No directory sync: if a power loss undoes the rename, the record and the (synced)
-        // staging entry survive, and the next start redoes the move with the data inside.
+        // No directory sync: if a power loss undoes the rename, the record and the staging
+        // entry survive (or the staging entry is lost too, and the data is remade: see the
+        // module comment), and the next start redoes the move.
         fs::rename(&staging, &path).context(|| format!("moving {} into place", staging.display()))
     }
 
@@ -223,6 +236,7 @@ impl Volumes {
             .context(|| format!("removing the record of volume {id}"))?;
         pool.release(id);
         pool.enforcement.forget(record.size_limit);
+        self.usage_cache.forget(id);
         info!(volume = %id, name = %record.name, pool = %pool.name, "deleted volume");
         Ok(())
     }
@@ -337,8 +351,7 @@ fn make_data(
                 .open(path)
                 .context(|| format!("creating {}", path.display()))?;
             size_file(&file, path, allocation, capacity as u64)?;
-            file.sync_all()
-                .context(|| format!("syncing {}", path.display()))?;
+            // Not flushed: see the module comment (remade at start if a power loss loses it).
             Ok(None)
         }
     }

@@ -12,7 +12,6 @@ use super::snapshot::SnapshotRecord;
 use super::space::cheap_usage;
 use super::{Condition, Volumes};
 use crate::error::{Error, Result};
-use crate::host::usage;
 
 /// csi-provisioner's `--extra-create-metadata` parameters.
 pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
@@ -63,6 +62,22 @@ impl Volumes {
         Ok(self.report(record, &self.snapshots.all(), true))
     }
 
+    /// What a plain directory uses, by a walk (None if it cannot be walked: its condition says
+    /// why); the pool's books learn it too.
+    fn measured(&self, pool: &Pool, record: &VolumeRecord) -> Option<u64> {
+        let data = pool.data_path(&record.id, record.kind);
+        match self.walked_usage(pool, &record.id, &data) {
+            Ok(usage) => {
+                pool.set_used(&record.id, usage.bytes);
+                Some(usage.bytes)
+            }
+            Err(err) => {
+                debug!(volume = %record.id, error = %err, "cannot measure usage");
+                None
+            }
+        }
+    }
+
     fn report(
         &self,
         record: Arc<VolumeRecord>,
@@ -71,7 +86,8 @@ impl Volumes {
     ) -> VolumeReport {
         let pool = self.pool_of(&record).ok();
         let used_bytes = pool.and_then(|pool| {
-            cheap_usage(pool, &record).or_else(|| measure.then(|| walked_usage(pool, &record))?)
+            pool.commit_qgroups();
+            cheap_usage(pool, &record).or_else(|| measure.then(|| self.measured(pool, &record))?)
         });
         let host_path =
             pool.map_or_else(PathBuf::new, |pool| pool.data_path(&record.id, record.kind));
@@ -87,22 +103,6 @@ impl Volumes {
             used_bytes,
             host_path,
             snapshots: taken,
-        }
-    }
-}
-
-/// What a plain directory uses, by a walk (None if it cannot be walked: its condition says
-/// why); the pool's books learn it too.
-fn walked_usage(pool: &Pool, record: &VolumeRecord) -> Option<u64> {
-    let measured = usage::measure(&pool.data_path(&record.id, record.kind));
-    match measured {
-        Ok(usage) => {
-            pool.set_used(&record.id, usage.bytes);
-            Some(usage.bytes)
-        }
-        Err(err) => {
-            debug!(volume = %record.id, error = %err, "cannot measure usage");
-            None
         }
     }
 }

@@ -215,6 +215,54 @@ impl Enforcement {
         })
     }
 
+    /// Makes sure the directory `dir` of a filesystem volume limited by `limit` exists with its
+    /// limit in force (after a power loss took some of an unflushed create): made again if
+    /// missing (keeping the record's project id), its limit set again if gone.
+    pub fn remake_directory(&self, limit: SizeLimit, dir: &Path, capacity: u64) -> Result<()> {
+        let missing = fsstat::lstat_if_exists(dir)
+            .context(|| format!("inspecting {}", dir.display()))?
+            .is_none();
+        let limited = |what: io::Result<()>| {
+            what.context(|| format!("limiting {} to {capacity} bytes", dir.display()))
+        };
+        match limit {
+            SizeLimit::None | SizeLimit::File => {
+                if missing {
+                    mkdir(dir)?;
+                }
+            }
+            SizeLimit::BtrfsQgroup => {
+                if missing {
+                    let (parent, name) = split(dir)?;
+                    btrfs::create_subvolume(parent, name)
+                        .context(|| format!("creating subvolume {}", dir.display()))?;
+                }
+                let in_force = !missing
+                    && usage(limit, dir)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|u| u.limit_bytes.is_some());
+                if !in_force {
+                    limited(btrfs::set_limit(dir, capacity))?;
+                }
+            }
+            SizeLimit::ProjectQuota { project_id } => {
+                if missing {
+                    mkdir(dir)?;
+                }
+                let assigned = projquota::project_of(dir).is_ok_and(|(id, _)| id == project_id);
+                if !assigned {
+                    limited(projquota::assign_project(dir, project_id))?;
+                }
+                limited(projquota::set_project_limit(dir, project_id, capacity))?;
+            }
+        }
+        if missing {
+            super::set_mode(dir, 0o777)?;
+        }
+        Ok(())
+    }
+
     /// One allocator for the whole node, knowing the ids `records` hold.
     pub fn project_ids<'a>(records: impl IntoIterator<Item = &'a VolumeRecord>) -> ProjectIds {
         let in_use = records.into_iter().filter_map(|r| match r.size_limit {

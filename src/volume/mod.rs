@@ -1,7 +1,8 @@
 //! The volume domain: where volumes live on disk, what we remember about them, and the
 //! operations kubelet and the provisioner ask for. Nothing here knows about gRPC.
 //!
-//! Records live in `<data-dir>/state/<id>.json`, the commit point of a volume's existence;
+//! Records live in `<data-dir>/state/<id>.json`, their changes committed by the journal
+//! `<data-dir>/state/journal/` (see `records`), the commit point of a volume's existence;
 //! the data lives in a pool (see `pool`), the data dir itself being the pool "default".
 
 mod accounting;
@@ -14,6 +15,7 @@ mod expand;
 pub mod guard;
 pub mod id;
 pub mod inventory;
+pub mod journal;
 pub mod limits;
 pub mod pool;
 mod publish;
@@ -25,6 +27,7 @@ mod snapshot_jobs;
 mod space;
 pub mod stats;
 pub mod store;
+mod throttle;
 mod transfer;
 
 use std::fs;
@@ -163,6 +166,8 @@ pub struct Volumes {
     /// Snapshot copies running in the background.
     jobs: Jobs,
     guards: OperationGuards,
+    /// Usage of plain directories, walked at most once per burst of callers.
+    usage_cache: throttle::UsageCache,
     /// Signs the ids this node issues.
     node: NodeTag,
 }
@@ -195,11 +200,16 @@ impl Volumes {
             }
         }
         let state = locked[0].root.join("state");
-        let (store, report) =
-            Store::open(&state).context(|| format!("loading records from {}", state.display()))?;
+        let (store, report) = Store::open(&state, journal::Options::default())
+            .context(|| format!("loading records from {}", state.display()))?;
         let snapshot_state = state.join("snapshots");
-        let (snapshots, snapshot_report) = Records::open(&snapshot_state)
-            .context(|| format!("loading records from {}", snapshot_state.display()))?;
+        let (snapshots, snapshot_report) = Records::open(
+            &snapshot_state,
+            &state.join(store::JOURNAL_DIR),
+            "snapshots",
+            journal::Options::default(),
+        )
+        .context(|| format!("loading records from {}", snapshot_state.display()))?;
         let all = store.all();
         let mut opened = Vec::with_capacity(pools.len());
         let project_ids = limits::Enforcement::project_ids(all.iter().map(|r| &**r));
@@ -226,10 +236,27 @@ impl Volumes {
             snapshots,
             jobs: Jobs::default(),
             guards: OperationGuards::default(),
+            usage_cache: throttle::UsageCache::default(),
             node: NodeTag::of(node_id),
         };
+        // Before a journal generation is dropped, the data of the volumes and snapshots it
+        // created or removed must be durable too (see `journal` and `create`).
+        let roots: Vec<PathBuf> = volumes.pools.iter().map(|p| p.root.clone()).collect();
+        let barrier: journal::Barrier = Arc::new(move || {
+            roots
+                .iter()
+                .try_for_each(|root| crate::host::copy::sync_filesystem(root))
+        });
+        volumes.store.set_barrier(barrier.clone());
+        volumes.snapshots.set_barrier(barrier);
         volumes.recover(report)?;
-        volumes.recover_snapshots(&snapshot_report.unreadable)?;
+        for torn in &snapshot_report.torn {
+            tracing::warn!(what = %torn, "ignored the torn tail of the snapshot journal");
+        }
+        volumes.recover_snapshots(
+            &snapshot_report.unreadable,
+            &snapshot_report.removed_recently,
+        )?;
         Ok(volumes)
     }
 

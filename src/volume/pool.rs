@@ -25,13 +25,20 @@ use super::id::{SnapshotId, VolumeId};
 use super::limits::Enforcement;
 use super::record::{VolumeKind, VolumeRecord};
 use super::set_mode;
+use super::throttle::{Slots, WALKS_PER_POOL};
 use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
+use crate::host::btrfs;
 use crate::host::fsstat::{self, Space};
 use crate::host::projquota::ProjectIds;
 
 /// Prefix of data not yet committed by a record.
 pub const STAGING_PREFIX: &str = ".creating-";
+
+/// How fresh btrfs qgroup figures are when read (see `Pool::commit_qgroups`).
+/// A commit writes back the whole filesystem's dirty pages: once per 2 s at most, however
+/// many volumes kubelet polls, so figures lag at most that much behind the writes.
+pub const QGROUP_COMMIT_EVERY: Duration = Duration::from_secs(2);
 
 /// Prefix of the temporary snapshots exports of published volumes read from.
 pub const EXPORT_PREFIX: &str = ".exporting-";
@@ -50,6 +57,10 @@ pub struct Pool {
     ledger: Mutex<Ledger>,
     /// When `refresh_usage` last measured every volume of the pool.
     measured_at: Mutex<Option<Instant>>,
+    /// Bounds the tree walks running on the pool at once (see `throttle`).
+    pub walks: Slots,
+    /// When the pool's btrfs filesystem was last committed to make qgroup figures current.
+    committed_at: Mutex<Option<Instant>>,
     /// Held for our lifetime: two drivers reconciling one pool would undo each other's work
     /// (e.g. remove a create in progress as an orphan).
     _lock: Flock<fs::File>,
@@ -118,6 +129,8 @@ impl Pool {
             overcommit: config.overcommit,
             ledger: Mutex::new(ledger),
             measured_at: Mutex::new(None),
+            walks: Slots::new(WALKS_PER_POOL),
+            committed_at: Mutex::new(None),
             _lock: lock,
         })
     }
@@ -149,6 +162,24 @@ impl Pool {
         let name = uuid::Uuid::now_v7().simple().to_string();
         self.snapshots
             .join(format!("{EXPORT_PREFIX}{}", data_name(&name, kind)))
+    }
+
+    /// Commits the pool's btrfs filesystem, at most once per `QGROUP_COMMIT_EVERY`, so that
+    /// qgroup figures read next are current: btrfs updates them only when a transaction
+    /// commits (every 30 s by default), so a volume that just wrote 1 GiB would read as empty
+    /// until then. Concurrent callers wait for one commit instead of each making their own.
+    pub fn commit_qgroups(&self) {
+        if !matches!(self.enforcement, Enforcement::Btrfs) {
+            return;
+        }
+        let mut committed_at = self.committed_at.lock().unwrap_or_else(|e| e.into_inner());
+        if committed_at.is_some_and(|at| at.elapsed() < QGROUP_COMMIT_EVERY) {
+            return;
+        }
+        if let Err(err) = btrfs::sync(&self.volumes) {
+            warn!(pool = %self.name, error = %err, "cannot commit the pool's btrfs transaction; qgroup usage may lag up to 30 s");
+        }
+        *committed_at = Some(Instant::now());
     }
 
     /// Where data found without a record is moved instead of being deleted.

@@ -1,18 +1,26 @@
 //! Reconciling the host with the records at startup, so a kill -9 at any moment converges:
 //! - staged data of an interrupted create is moved into place (committed) or removed (not);
-//! - data under a final name without any record is moved to `lost+found`, never deleted;
+//! - data under a final name without any record is moved to `lost+found`, never deleted —
+//!   unless the journal says its volume was removed (a power loss undid the data's removal);
+//! - the empty data of a volume created just before a power loss is remade from its record
+//!   (`remake_recent_data`);
 //! - publications the host no longer shows (a reboot, an interrupted unpublish) are forgotten;
 //! - loop devices over our files that no live publication uses are detached.
 //!
 //! Records that cannot be read are reported loudly and their data is left alone.
 
 use std::collections::HashSet;
-use std::fs;
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use tracing::{error, info, warn};
 
+use super::create::size_file;
+use super::id::VolumeId;
+use super::limits;
 use super::pool::{Pool, id_of_data_entry};
+use super::record::{SizeLimit, VolumeKind, VolumeRecord};
 use super::store::LoadReport;
 use super::{STAGING_PREFIX, Volumes, devices};
 use crate::error::{IoContext, Result};
@@ -26,7 +34,11 @@ impl Volumes {
         for (id, why) in &report.unreadable_publications {
             warn!(volume = %id, reason = %why, "publications file is unreadable (a power loss while it was written?); treating the volume as unpublished");
         }
-        self.remove_orphaned_data()?;
+        for torn in &report.torn {
+            warn!(what = %torn, "ignored the torn tail of the state journal");
+        }
+        self.remove_orphaned_data(&report.removed_recently)?;
+        self.remake_recent_data(&report.created_recently)?;
         self.finish_interrupted_imports()?;
         let in_use = self.forget_stale_publications()?;
         self.detach_unused_devices(&in_use);
@@ -34,14 +46,14 @@ impl Volumes {
         Ok(())
     }
 
-    fn remove_orphaned_data(&self) -> Result<()> {
+    fn remove_orphaned_data(&self, removed: &HashSet<VolumeId>) -> Result<()> {
         for pool in self.pools() {
-            self.remove_orphaned_data_of(pool)?;
+            self.remove_orphaned_data_of(pool, removed)?;
         }
         Ok(())
     }
 
-    fn remove_orphaned_data_of(&self, pool: &Pool) -> Result<()> {
+    fn remove_orphaned_data_of(&self, pool: &Pool, removed: &HashSet<VolumeId>) -> Result<()> {
         let dir = &pool.volumes;
         for entry in fs::read_dir(dir).context(|| format!("listing {}", dir.display()))? {
             let entry = entry.context(|| format!("listing {}", dir.display()))?;
@@ -55,8 +67,50 @@ impl Volumes {
                 warn!(path = %entry.path().display(), "unknown entry in the volumes directory; leaving it alone");
                 continue;
             };
-            if !self.store.has_record_file(&id) {
-                self.quarantine(pool, &id, &entry.path())?;
+            if self.store.has_record_file(&id) {
+                continue;
+            }
+            if removed.contains(&id) {
+                // DeleteVolume removed the data, then committed the removal; a power loss
+                // undid the (unflushed) data removal. The CO deleted it: finish the job.
+                match limits::remove_directory(SizeLimit::None, &entry.path()) {
+                    Ok(()) => {
+                        info!(volume = %id, path = %entry.path().display(), "removed the data of a deleted volume that a crash brought back")
+                    }
+                    Err(err) => {
+                        warn!(volume = %id, error = %err, "could not remove the data of a deleted volume")
+                    }
+                }
+                continue;
+            }
+            self.quarantine(pool, &id, &entry.path())?;
+        }
+        Ok(())
+    }
+
+    /// A volume created by a journal entry not compacted yet (so: recently) whose empty data
+    /// a power loss took away, partly or wholly (nothing of a create but its record is
+    /// flushed): remade from its record, with its size limit. Only for a volume that never
+    /// held data: made empty (no content source, no import) and never published — a published
+    /// volume's publications file survives a driver crash, and a power loss takes unflushed
+    /// data anyway. Any other volume with missing data is left to show as abnormal ("data is
+    /// missing"): silently remaking it would hide a data loss.
+    fn remake_recent_data(&self, created: &HashSet<VolumeId>) -> Result<()> {
+        for id in created {
+            let Some(record) = self.store.get(id) else {
+                continue;
+            };
+            let Ok(pool) = self.pool_of(&record) else {
+                continue;
+            };
+            if record.content_source.is_some()
+                || record.importing
+                || !record.publications.is_empty()
+            {
+                continue;
+            }
+            if let Err(err) = remake_data(pool, &record) {
+                warn!(volume = %id, error = %err, "could not remake the data of a volume created just before a crash; it shows as abnormal");
             }
         }
         Ok(())
@@ -179,4 +233,39 @@ impl Volumes {
             }
         }
     }
+}
+
+/// Makes sure a recently created, never used volume has its (empty) data with its size limit.
+fn remake_data(pool: &Pool, record: &VolumeRecord) -> Result<()> {
+    let path = pool.data_path(&record.id, record.kind);
+    let capacity = record.capacity_bytes as u64;
+    let existing = crate::host::fsstat::lstat_if_exists(&path)
+        .context(|| format!("inspecting {}", path.display()))?;
+    match record.kind {
+        VolumeKind::Block => {
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+                .context(|| format!("opening {}", path.display()))?;
+            let len = file
+                .metadata()
+                .context(|| format!("inspecting {}", path.display()))?
+                .len();
+            // Thick: fallocate again (a no-op where the blocks are already allocated).
+            if existing.is_none() || len != capacity || record.fully_allocated() {
+                size_file(&file, &path, record.allocation, capacity)?;
+            }
+        }
+        VolumeKind::Filesystem => {
+            pool.enforcement
+                .remake_directory(record.size_limit, &path, capacity)?;
+        }
+    }
+    if existing.is_none() {
+        warn!(volume = %record.id, path = %path.display(), "remade the empty data of a volume created just before a crash (a power loss took it)");
+    }
+    Ok(())
 }

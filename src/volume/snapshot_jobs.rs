@@ -243,7 +243,11 @@ impl Volumes {
     /// At start: removes half-made copies, moves snapshot data without a record aside, and
     /// puts every snapshot's promise in its pool's books. Copies to redo are started by
     /// `resume_snapshot_copies` once the volumes are shared.
-    pub(super) fn recover_snapshots(&self, unreadable: &[(SnapshotId, String)]) -> Result<()> {
+    pub(super) fn recover_snapshots(
+        &self,
+        unreadable: &[(SnapshotId, String)],
+        removed_recently: &std::collections::HashSet<SnapshotId>,
+    ) -> Result<()> {
         for (id, why) in unreadable {
             error!(snapshot = %id, reason = %why, "snapshot record is unreadable; the snapshot is left untouched until an admin repairs or removes the record");
         }
@@ -279,6 +283,12 @@ impl Volumes {
                         Err(err) => {
                             warn!(snapshot = %id, error = %err, "could not remove a half-made snapshot copy")
                         }
+                    }
+                } else if removed_recently.contains(&id) {
+                    // DeleteSnapshot removed the data, then committed the removal; a power
+                    // loss undid the (unflushed) data removal: finish the job.
+                    if let Err(err) = remove_snapshot_data(&path) {
+                        warn!(snapshot = %id, error = %err, "could not remove the data of a deleted snapshot");
                     }
                 } else if !self.snapshots.has_record_file(&id) {
                     self.quarantine(pool, &id, &path)?;

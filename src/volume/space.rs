@@ -35,6 +35,7 @@ impl Volumes {
     /// Measures what every volume of `pool` uses where that is cheap (block files, quotas);
     /// plain directories keep their last measurement (NodeGetVolumeStats walks them).
     pub(super) fn refresh_usage(&self, pool: &Pool) {
+        pool.commit_qgroups();
         for record in self.store.all().iter().filter(|r| r.pool == pool.name) {
             if let Some(used) = cheap_usage(pool, record) {
                 pool.set_used(&record.id, used);

@@ -4,9 +4,11 @@ use std::path::Path;
 
 use super::id::VolumeId;
 use super::limits;
-use super::record::VolumeKind;
+use super::pool::Pool;
+use super::record::{SizeLimit, VolumeKind};
 use super::{Condition, Volumes, data_problem, usage_problem, walk_failure};
 use crate::error::{Error, IoContext, Result};
+use crate::host::tree::WalkError;
 use crate::host::{fsstat, usage};
 
 /// Total, used and available amounts of one unit (bytes or inodes).
@@ -26,6 +28,20 @@ pub struct VolumeStats {
 }
 
 impl Volumes {
+    /// What the plain directory `data` of volume `id` uses, by a walk that waits for one of
+    /// the pool's walk slots, or the figure a walk found moments ago (see `throttle`).
+    pub(super) fn walked_usage(
+        &self,
+        pool: &Pool,
+        id: &VolumeId,
+        data: &Path,
+    ) -> Result<usage::Usage, WalkError> {
+        self.usage_cache.get_or_walk(id, || {
+            let _slot = pool.walks.take();
+            usage::measure(data)
+        })
+    }
+
     /// Stats of volume `id` as published at `path` (NOT_FOUND if it is not published there).
     pub fn stats(&self, id: &VolumeId, path: &Path) -> Result<VolumeStats> {
         let record = self.get(id)?;
@@ -61,11 +77,14 @@ impl Volumes {
                     .context(|| format!("statvfs {}", publication.target.display()))?;
                 // O(1) from the quota where the size is enforced; a walk otherwise.
                 let walk = || {
-                    usage::measure(&data)
+                    self.walked_usage(pool, id, &data)
                         .map(|m| (m.bytes, Some(m.inodes)))
                         .map_err(|err| walk_failure(id, "measuring", err))
                 };
                 let mut unreadable = None;
+                if record.size_limit == SizeLimit::BtrfsQgroup {
+                    pool.commit_qgroups();
+                }
                 let (used, inodes, limited) = match limits::usage(record.size_limit, &data) {
                     Ok(Some(quota)) => {
                         (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some())

@@ -1,5 +1,6 @@
-//! The crash-safe volume store: one JSON record per volume under `<data-dir>/state/` (see
-//! `records`), the commit point of a volume's existence (see `volume::create`).
+//! The crash-safe volume store: one JSON record per volume under `<data-dir>/state/`, its
+//! changes committed by the journal `<data-dir>/state/journal/volumes.<n>` (see `records` and
+//! `journal`): the commit point of a volume's existence (see `volume::create`).
 //!
 //! Publications are kept beside the record, in `<id>.publications.json`, written atomically but
 //! without fsync: they describe mounts and loop devices, which a power loss (the only thing that
@@ -7,10 +8,13 @@
 //! file, intact. This keeps two disk flushes off every NodePublish and NodeUnpublish, and a
 //! torn publications file can never damage the record itself.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
+
+use super::journal;
 
 use super::id::VolumeId;
 use super::record::{Publication, VolumeRecord};
@@ -18,6 +22,8 @@ use super::records::{Record, Records, read_json};
 pub use super::records::{sync_dir, write_durably};
 
 const PUBLICATIONS_SUFFIX: &str = ".publications.json";
+/// Under the state directory: the journals of volume and snapshot records.
+pub const JOURNAL_DIR: &str = "journal";
 
 impl Record for VolumeRecord {
     type Id = VolumeId;
@@ -46,16 +52,27 @@ pub struct LoadReport {
     pub removed_temp_files: usize,
     /// Publications files that could not be read (after a power loss): treated as none.
     pub unreadable_publications: Vec<(VolumeId, String)>,
+    /// Volumes created by a journal entry not compacted yet (see `recover`).
+    pub created_recently: HashSet<VolumeId>,
+    /// Volumes removed by a journal entry not compacted yet (see `recover`).
+    pub removed_recently: HashSet<VolumeId>,
+    /// Torn journal tails ignored (already logged as warnings).
+    pub torn: Vec<String>,
 }
 
 impl Store {
-    /// Loads every record in `dir` (created if missing), with its publications.
-    pub fn open(dir: &Path) -> io::Result<(Store, LoadReport)> {
-        let (records, loaded) = Records::<VolumeRecord>::open(dir)?;
+    /// Loads every record in `dir` (created if missing) and the journal `dir/journal/volumes.*`
+    /// over them, with their publications.
+    pub fn open(dir: &Path, options: journal::Options) -> io::Result<(Store, LoadReport)> {
+        let (records, loaded) =
+            Records::<VolumeRecord>::open(dir, &dir.join(JOURNAL_DIR), "volumes", options)?;
         let mut report = LoadReport {
             unreadable: loaded.unreadable,
             removed_temp_files: loaded.removed_temp_files,
             unreadable_publications: Vec::new(),
+            created_recently: loaded.created_recently,
+            removed_recently: loaded.removed_recently,
+            torn: loaded.torn,
         };
         let store = Store { records };
         for record in store.records.all() {
@@ -92,9 +109,19 @@ impl Store {
         self.records.find_by_name(name)
     }
 
-    /// Whether a record file exists for `id`, readable or not.
+    /// Whether a record exists for `id`, readable or not.
     pub fn has_record_file(&self, id: &VolumeId) -> bool {
         self.records.has_record_file(id)
+    }
+
+    /// Runs before a journal generation is dropped (see `journal`).
+    pub fn set_barrier(&self, barrier: journal::Barrier) {
+        self.records.set_barrier(barrier);
+    }
+
+    /// The journal's flush count so far.
+    pub fn flushes(&self) -> u64 {
+        self.records.flushes()
     }
 
     pub fn len(&self) -> usize {
@@ -217,7 +244,7 @@ mod tests {
     #[test]
     fn publications_live_beside_the_record_and_a_torn_file_means_none() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = Store::open(dir.path()).unwrap();
+        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
         let created = store.put(record("a")).unwrap();
         let record_file = dir.path().join(format!("{}.json", created.id));
         let pub_file = dir.path().join(format!("{}.publications.json", created.id));
@@ -228,12 +255,12 @@ mod tests {
         // Publishing leaves the durable record alone.
         assert_eq!(fs::read(&record_file).unwrap(), durable_before);
         assert!(pub_file.exists());
-        let (reopened, report) = Store::open(dir.path()).unwrap();
+        let (reopened, report) = Store::open(dir.path(), Default::default()).unwrap();
         assert!(report.unreadable_publications.is_empty());
         assert_eq!(*reopened.get(&created.id).unwrap(), published);
 
         fs::write(&pub_file, b"[{\"target\":").unwrap();
-        let (reopened, report) = Store::open(dir.path()).unwrap();
+        let (reopened, report) = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(report.unreadable_publications.len(), 1);
         let loaded = reopened.get(&created.id).unwrap();
         assert!(loaded.publications.is_empty());
@@ -258,7 +285,7 @@ mod tests {
         let inline = serde_json::to_vec(&old).unwrap();
         assert!(String::from_utf8_lossy(&inline).contains("/k/t"));
         fs::write(dir.path().join(format!("{}.json", old.id)), inline).unwrap();
-        let (store, _) = Store::open(dir.path()).unwrap();
+        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(*store.get(&old.id).unwrap(), old);
         // Moved out at load: a later change of a durable field keeps them, and an unpublish
         // does not bring them back at the next load.
@@ -267,12 +294,12 @@ mod tests {
         let mut grown = old.clone();
         grown.capacity_bytes *= 2;
         store.put(grown.clone()).unwrap();
-        let (reopened, _) = Store::open(dir.path()).unwrap();
+        let (reopened, _) = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(*reopened.get(&old.id).unwrap(), grown);
         let mut unpublished = grown;
         unpublished.publications.clear();
         reopened.put(unpublished.clone()).unwrap();
-        let (reopened, _) = Store::open(dir.path()).unwrap();
+        let (reopened, _) = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(*reopened.get(&old.id).unwrap(), unpublished);
     }
 
@@ -284,7 +311,7 @@ mod tests {
             r#"{{"id":"{id}","name":"pv-1","kind":"block","capacity_bytes":4096,"access_modes":["SINGLE_NODE_WRITER"],"created_unix_ms":1}}"#
         );
         fs::write(dir.path().join(format!("{id}.json")), old).unwrap();
-        let (store, report) = Store::open(dir.path()).unwrap();
+        let (store, report) = Store::open(dir.path(), Default::default()).unwrap();
         assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
         let loaded = store.get(&id).unwrap();
         assert_eq!(loaded.pool, "default");
@@ -295,14 +322,14 @@ mod tests {
     #[test]
     fn records_survive_a_reopen_and_temp_files_are_swept() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = Store::open(dir.path()).unwrap();
+        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
         let a = store.put(record("a")).unwrap();
         let b = store.put(record("b")).unwrap();
         store.remove(&b.id).unwrap();
         fs::write(dir.path().join(".x.json.tmp"), b"partial").unwrap();
         drop(store);
 
-        let (store, report) = Store::open(dir.path()).unwrap();
+        let (store, report) = Store::open(dir.path(), Default::default()).unwrap();
         assert_eq!(report.removed_temp_files, 1);
         assert_eq!(store.len(), 1);
         assert_eq!(store.find_by_name("a").unwrap().id, a.id);
@@ -314,7 +341,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         fs::write(dir.path().join(format!("{id}.json")), b"{not json").unwrap();
-        let (store, report) = Store::open(dir.path()).unwrap();
+        let (store, report) = Store::open(dir.path(), Default::default()).unwrap();
         assert!(store.is_empty());
         assert_eq!(report.unreadable.len(), 1);
         assert!(store.has_record_file(&id));
@@ -323,7 +350,7 @@ mod tests {
     #[test]
     fn pages_follow_id_order_and_tolerate_deleted_tokens() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = Store::open(dir.path()).unwrap();
+        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
         let ids: Vec<_> = (0..5)
             .map(|i| store.put(record(&format!("v{i}"))).unwrap().id.clone())
             .collect();

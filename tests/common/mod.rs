@@ -772,9 +772,10 @@ impl TestDriver {
         let snapshots = dir_names(&state.join("snapshots"))
             .into_iter()
             .map(|name| format!("snapshots/{name}"));
+        // `journal/` holds the journal of record changes, not records.
         dir_names(&state)
             .into_iter()
-            .filter(|name| name != "snapshots")
+            .filter(|name| name != "snapshots" && name != "journal")
             .chain(snapshots)
             .collect()
     }

@@ -1,0 +1,833 @@
+//! An append-only journal of record changes: the commit point of every durable record change
+//! (see `records`), at one disk flush per change, shared between concurrent callers.
+//!
+//! Files: `<state>/journal/<name>.<generation>`, one generation appended to at a time. Each
+//! entry is a frame `[payload length: u32 LE][crc32 of payload: u32 LE][payload]`, the payload
+//! `[op: u8][id length: u16 LE][id][record JSON]` (no JSON for a removal).
+//!
+//! **Group commit.** An entry is appended under the journal's lock, then its caller waits until
+//! a flush (`fdatasync`) that started after its append has finished. One caller at a time
+//! flushes (the leader, lock released while it flushes); entries appended meanwhile share the
+//! next flush, so N concurrent commits cost far fewer than N flushes.
+//!
+//! **Compaction.** The record files beside the journal are written (without fsync) right after
+//! each commit, so they hold the newest state but are not durable on their own. When the
+//! current generation passes `max_bytes`, or holds an entry older than `max_age`, a background
+//! thread rotates to a new generation and then, for the old one:
+//! 1. creates the new generation's file and fsyncs the journal directory *before* any commit
+//!    goes there — else a power loss could drop the new file's directory entry, and with it
+//!    commits already acknowledged;
+//! 2. flushes the state's filesystem (syncfs), which makes every record file and every rename
+//!    or unlink in the state directory durable, and runs the barrier (syncfs of every pool, so
+//!    the data of volumes created or deleted in the old generation is durable too) — else
+//!    dropping the journal could leave a record file empty, stale or resurrected after a power
+//!    loss, with no journal left to correct it;
+//! 3. only then deletes the old generation and fsyncs the journal directory — else a power loss
+//!    could bring back an old generation with no newer one to override it (a stale replay).
+//!
+//! A crash between any two steps leaves old generations on disk: they are replayed again (in
+//! generation order, over the record files), which is harmless because replay is idempotent
+//! and the last entry of a record always wins.
+//!
+//! **Load.** Every generation is read in order. A bad entry (short, or checksum mismatch)
+//! whose declared end reaches the end of its file is a torn tail, the remains of an append
+//! whose flush never completed (so never acknowledged): it is ignored with a warning and cut
+//! off. A bad entry followed by more data is damage in the middle — not something a crash can
+//! do — and the journal refuses to open: skipping it could resurrect a deleted volume or lose
+//! a created one, and later entries may depend on it. An admin must look (see the error).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use super::records::sync_dir;
+
+const HEADER: usize = 8;
+/// Far above any record; a larger declared length is garbage.
+const MAX_PAYLOAD: usize = 16 << 20;
+
+/// What an entry does to the record of its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// The record's first version (a volume or snapshot created).
+    Create,
+    /// A new version of an existing record.
+    Update,
+    Remove,
+}
+
+impl Op {
+    fn code(self) -> u8 {
+        match self {
+            Op::Create => 1,
+            Op::Update => 2,
+            Op::Remove => 3,
+        }
+    }
+
+    fn of(code: u8) -> Option<Op> {
+        match code {
+            1 => Some(Op::Create),
+            2 => Some(Op::Update),
+            3 => Some(Op::Remove),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub op: Op,
+    pub id: String,
+    /// The record's JSON (empty for `Remove`).
+    pub json: Vec<u8>,
+}
+
+impl Entry {
+    fn frame(&self) -> Vec<u8> {
+        let id = self.id.as_bytes();
+        let mut payload = Vec::with_capacity(3 + id.len() + self.json.len());
+        payload.push(self.op.code());
+        payload.extend_from_slice(&(id.len() as u16).to_le_bytes());
+        payload.extend_from_slice(id);
+        payload.extend_from_slice(&self.json);
+        let mut frame = Vec::with_capacity(HEADER + payload.len());
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&crc32(&payload).to_le_bytes());
+        frame.extend_from_slice(&payload);
+        frame
+    }
+
+    fn parse(payload: &[u8]) -> Option<Entry> {
+        let op = Op::of(*payload.first()?)?;
+        let len = u16::from_le_bytes(payload.get(1..3)?.try_into().ok()?) as usize;
+        let id = std::str::from_utf8(payload.get(3..3 + len)?)
+            .ok()?
+            .to_string();
+        let json = payload[3 + len..].to_vec();
+        Some(Entry { op, id, json })
+    }
+}
+
+/// Something to make durable before an old generation is dropped (see the module comment).
+pub type Barrier = Arc<dyn Fn() -> io::Result<()> + Send + Sync>;
+/// Called once per flush, while it runs (tests count and slow flushes with it).
+pub type FlushHook = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+pub struct Options {
+    /// Rotate (and compact the old generation) past this many bytes...
+    pub max_bytes: u64,
+    /// ...or when the oldest entry of the current generation is this old. This also bounds
+    /// how long a create counts as "recent" (see `Replay::created`).
+    pub max_age: Duration,
+    /// Run compactions in a background thread (tests drive them by hand).
+    pub background: bool,
+    pub on_flush: Option<FlushHook>,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            max_bytes: 4 << 20,
+            max_age: Duration::from_secs(10),
+            background: true,
+            on_flush: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("max_bytes", &self.max_bytes)
+            .field("max_age", &self.max_age)
+            .field("background", &self.background)
+            .finish()
+    }
+}
+
+/// What the generations on disk held at open.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// Every good entry, oldest first.
+    pub entries: Vec<Entry>,
+    /// Torn tails cut off (one line each, already logged).
+    pub torn: Vec<String>,
+}
+
+#[derive(Debug)]
+pub struct Journal {
+    shared: Arc<Shared>,
+    compactor: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    name: String,
+    /// The directory holding the record files (its filesystem is flushed by compaction).
+    records_dir: PathBuf,
+    options: Options,
+    barrier: Mutex<Option<Barrier>>,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("dir", &self.dir)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+struct State {
+    file: Arc<File>,
+    generation: u64,
+    /// Bytes in the current generation.
+    size: u64,
+    /// When the current generation got its first entry.
+    first_entry_at: Option<Instant>,
+    /// Sequence numbers of the last entry appended, and of the last one known durable.
+    written: u64,
+    durable: u64,
+    flushing: bool,
+    /// Set by a failed write or flush: what is on disk is unknown, so no commit is accepted
+    /// until a restart replays the journal.
+    failed: Option<String>,
+    /// Old generations waiting for compaction, oldest first.
+    pending: Vec<u64>,
+    compacting: bool,
+    flushes: u64,
+    closed: bool,
+}
+
+impl Journal {
+    /// Opens the journal `name` in `dir` (created if missing) for the records in `records_dir`:
+    /// reads every generation (cutting off a torn tail), then starts a new generation; the
+    /// old ones are compacted in the background.
+    pub fn open(
+        dir: &Path,
+        name: &str,
+        records_dir: &Path,
+        options: Options,
+    ) -> io::Result<(Journal, Replay)> {
+        fs::create_dir_all(dir)?;
+        let generations = generations(dir, name)?;
+        let mut replay = Replay::default();
+        for &generation in &generations {
+            let path = generation_path(dir, name, generation);
+            read_generation(&path, &mut replay)?;
+        }
+        let generation = generations.last().map_or(1, |g| g + 1);
+        let file = create_generation(dir, name, generation)?;
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+            records_dir: records_dir.to_path_buf(),
+            options,
+            barrier: Mutex::new(None),
+            state: Mutex::new(State {
+                file: Arc::new(file),
+                generation,
+                size: 0,
+                first_entry_at: None,
+                written: 0,
+                durable: 0,
+                flushing: false,
+                failed: None,
+                pending: generations,
+                compacting: false,
+                flushes: 0,
+                closed: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let compactor = shared.options.background.then(|| {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("journal-{name}"))
+                .spawn(move || shared.compact_in_background())
+                .expect("spawning the journal compactor")
+        });
+        let journal = Journal {
+            shared,
+            compactor: Mutex::new(compactor),
+        };
+        Ok((journal, replay))
+    }
+
+    /// Runs before an old generation is dropped, after the state's own flush.
+    pub fn set_barrier(&self, barrier: Barrier) {
+        *self
+            .shared
+            .barrier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(barrier);
+    }
+
+    /// Appends `entry` and returns once it is durable (group commit: see the module comment).
+    pub fn commit(&self, entry: &Entry) -> io::Result<()> {
+        let frame = entry.frame();
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        if let Some(why) = &state.failed {
+            return Err(failed(why));
+        }
+        if let Err(err) = (&*state.file).write_all(&frame) {
+            // Cut a partial frame off, so it can never sit before later entries.
+            let _ = state.file.set_len(state.size);
+            state.failed = Some(format!("appending to the journal: {err}"));
+            shared.changed.notify_all();
+            return Err(err);
+        }
+        state.size += frame.len() as u64;
+        state.first_entry_at.get_or_insert_with(Instant::now);
+        state.written += 1;
+        let mine = state.written;
+        loop {
+            if state.durable >= mine {
+                break;
+            }
+            if let Some(why) = &state.failed {
+                return Err(failed(why));
+            }
+            if state.flushing {
+                state = shared.wait(state);
+                continue;
+            }
+            // Lead a flush covering every entry appended so far.
+            state.flushing = true;
+            let covered = state.written;
+            let file = state.file.clone();
+            drop(state);
+            if let Some(hook) = &shared.options.on_flush {
+                hook();
+            }
+            let flushed = file.sync_data();
+            state = shared.lock();
+            state.flushing = false;
+            state.flushes += 1;
+            match flushed {
+                Ok(()) => state.durable = state.durable.max(covered),
+                // After a failed fdatasync the file's state is unknown (the kernel may have
+                // dropped the dirty pages): refuse everything until a restart replays it.
+                Err(err) => state.failed = Some(format!("flushing the journal: {err}")),
+            }
+            shared.changed.notify_all();
+        }
+        if state.size >= shared.options.max_bytes {
+            shared.changed.notify_all();
+        }
+        Ok(())
+    }
+
+    /// How many flushes commits have made so far.
+    pub fn flushes(&self) -> u64 {
+        self.shared.lock().flushes
+    }
+
+    /// Rotates to a new generation now (if the current one has entries) and compacts every
+    /// old generation, in this thread.
+    pub fn compact_now(&self) -> io::Result<()> {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        while state.flushing || state.compacting {
+            state = shared.wait(state);
+        }
+        if state.size > 0 {
+            shared.rotate(&mut state)?;
+        }
+        state.compacting = true;
+        let pending = std::mem::take(&mut state.pending);
+        drop(state);
+        let result = shared.compact(&pending);
+        let mut state = shared.lock();
+        state.compacting = false;
+        if result.is_err() {
+            let mut back = pending;
+            back.append(&mut state.pending);
+            state.pending = back;
+        }
+        shared.changed.notify_all();
+        result
+    }
+
+    #[cfg(test)]
+    pub(super) fn rotate_only(&self) -> io::Result<u64> {
+        let mut state = self.shared.lock();
+        self.shared.rotate(&mut state)?;
+        Ok(state.generation - 1)
+    }
+}
+
+impl Drop for Journal {
+    /// A clean stop compacts everything, so the next start has nothing to replay.
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.changed.notify_all();
+        if let Some(handle) = self
+            .compactor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            let _ = handle.join();
+        }
+        let state = self.shared.lock();
+        if state.failed.is_some() || state.flushing || state.compacting {
+            return;
+        }
+        let mut all = state.pending.clone();
+        all.push(state.generation);
+        drop(state);
+        if let Err(err) = self.shared.compact(&all) {
+            warn!(journal = %self.shared.name, error = %err, "could not compact the journal at stop; it is replayed at the next start");
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed.wait(state).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Step 1: starts generation n+1 (durably: see the module comment); generation n joins
+    /// the pending ones. Only with every appended entry durable, so no entry of generation n
+    /// waits for a flush of n+1's file.
+    fn rotate(&self, state: &mut State) -> io::Result<()> {
+        debug_assert!(!state.flushing && state.written == state.durable);
+        let next = state.generation + 1;
+        let file = create_generation(&self.dir, &self.name, next)?;
+        state.pending.push(state.generation);
+        state.file = Arc::new(file);
+        state.generation = next;
+        state.size = 0;
+        state.first_entry_at = None;
+        Ok(())
+    }
+
+    /// Steps 2 and 3 for the generations `old`.
+    fn compact(&self, old: &[u64]) -> io::Result<()> {
+        if old.is_empty() {
+            return Ok(());
+        }
+        // Step 2: the record files and the state directory's entries, then the pools' data.
+        crate::host::copy::sync_filesystem(&self.records_dir)?;
+        let barrier = self
+            .barrier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(barrier) = barrier {
+            barrier()?;
+        }
+        // Step 3.
+        for &generation in old {
+            match fs::remove_file(generation_path(&self.dir, &self.name, generation)) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+        sync_dir(&self.dir)
+    }
+
+    fn compact_in_background(&self) {
+        let mut state = self.lock();
+        loop {
+            if state.closed {
+                return;
+            }
+            let age = state.first_entry_at.map(|t| t.elapsed());
+            let due = state.size >= self.options.max_bytes
+                || age.is_some_and(|age| age >= self.options.max_age);
+            if due
+                && !state.flushing
+                && state.written == state.durable
+                && state.failed.is_none()
+                && let Err(err) = self.rotate(&mut state)
+            {
+                error!(journal = %self.name, error = %err, "cannot start a new journal generation; retrying later");
+                state = self.sleep(state, Duration::from_secs(5));
+                continue;
+            }
+            if !state.pending.is_empty() {
+                state.compacting = true;
+                let pending = std::mem::take(&mut state.pending);
+                drop(state);
+                let result = self.compact(&pending);
+                state = self.lock();
+                state.compacting = false;
+                self.changed.notify_all();
+                match result {
+                    Ok(()) => {
+                        info!(journal = %self.name, generations = ?pending, "journal compacted into the record files")
+                    }
+                    Err(err) => {
+                        error!(journal = %self.name, error = %err, "compacting the journal failed; its generations stay and are retried (and replayed at start)");
+                        let mut back = pending;
+                        back.append(&mut state.pending);
+                        state.pending = back;
+                        state = self.sleep(state, Duration::from_secs(5));
+                    }
+                }
+                continue;
+            }
+            let timeout = match age {
+                Some(age) => self
+                    .options
+                    .max_age
+                    .saturating_sub(age)
+                    .max(Duration::from_millis(10)),
+                None => self.options.max_age,
+            };
+            state = self.sleep(state, timeout);
+        }
+    }
+
+    fn sleep<'a>(&self, state: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
+        self.changed
+            .wait_timeout(state, timeout)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
+}
+
+fn failed(why: &str) -> io::Error {
+    io::Error::other(format!(
+        "the state journal failed earlier ({why}); restart the driver"
+    ))
+}
+
+fn generation_path(dir: &Path, name: &str, generation: u64) -> PathBuf {
+    dir.join(format!("{name}.{generation}"))
+}
+
+/// The generations of `name` in `dir`, oldest first.
+fn generations(dir: &Path, name: &str) -> io::Result<Vec<u64>> {
+    let prefix = format!("{name}.");
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let file_name = entry?.file_name();
+        if let Some(generation) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|g| g.parse::<u64>().ok())
+        {
+            found.push(generation);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// A new, empty generation whose directory entry is durable.
+fn create_generation(dir: &Path, name: &str, generation: u64) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(generation_path(dir, name, generation))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+/// Appends the good entries of one generation to `replay`; cuts a torn tail off the file.
+fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<()> {
+    let bytes = fs::read(path)?;
+    let mut at = 0;
+    while at < bytes.len() {
+        let header = bytes.get(at..at + HEADER);
+        let declared = header.map(|h| u32::from_le_bytes(h[..4].try_into().unwrap()) as usize);
+        let end = declared.map(|len| at.saturating_add(HEADER).saturating_add(len));
+        let entry = match (header, declared, end) {
+            (Some(h), Some(len), Some(end)) if len <= MAX_PAYLOAD && end <= bytes.len() => {
+                let crc = u32::from_le_bytes(h[4..8].try_into().unwrap());
+                let payload = &bytes[at + HEADER..end];
+                (crc32(payload) == crc)
+                    .then(|| Entry::parse(payload))
+                    .flatten()
+            }
+            _ => None,
+        };
+        match entry {
+            Some(entry) => {
+                replay.entries.push(entry);
+                at = end.unwrap_or(bytes.len());
+            }
+            None => {
+                let reaches_end = match (declared, end) {
+                    (Some(len), Some(end)) => len > MAX_PAYLOAD || end >= bytes.len(),
+                    _ => true,
+                };
+                if !reaches_end {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{} is damaged at byte {at} of {} with entries after it (not a crash's torn tail); refusing to start rather than lose or resurrect records: move the journal aside to start from the record files alone, knowing the changes it holds are lost",
+                            path.display(),
+                            bytes.len()
+                        ),
+                    ));
+                }
+                let what = format!(
+                    "{}: ignored a torn last entry at byte {at} ({} bytes; a change whose commit never completed)",
+                    path.display(),
+                    bytes.len() - at
+                );
+                warn!(journal = %path.display(), offset = at, bytes = bytes.len() - at, "the journal ends with a torn entry (a commit interrupted by a crash, never acknowledged); ignoring it");
+                let file = OpenOptions::new().write(true).open(path)?;
+                file.set_len(at as u64)?;
+                file.sync_data()?;
+                replay.torn.push(what);
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// CRC-32 (IEEE 802.3, reflected, as zlib computes it).
+pub fn crc32(bytes: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            table[i] = c;
+            i += 1;
+        }
+        table
+    };
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc = TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    fn manual() -> Options {
+        Options {
+            background: false,
+            ..Options::default()
+        }
+    }
+
+    fn put(id: &str, json: &str) -> Entry {
+        Entry {
+            op: Op::Update,
+            id: id.into(),
+            json: json.as_bytes().to_vec(),
+        }
+    }
+
+    /// A kill -9: nothing of `Drop` runs.
+    fn crash(journal: Journal) {
+        std::mem::forget(journal);
+    }
+
+    fn last_generation(dir: &Path) -> PathBuf {
+        let generation = *generations(dir, "j").unwrap().last().unwrap();
+        generation_path(dir, "j", generation)
+    }
+
+    #[test]
+    fn crc32_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn concurrent_commits_share_flushes() {
+        let dir = tempfile::tempdir().unwrap();
+        let flushes = Arc::new(AtomicU64::new(0));
+        let counted = flushes.clone();
+        let options = Options {
+            // A slow disk: commits arriving during a flush must wait for the next one.
+            on_flush: Some(Arc::new(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            })),
+            ..manual()
+        };
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
+        const N: usize = 16;
+        let start = std::sync::Barrier::new(N);
+        std::thread::scope(|s| {
+            for i in 0..N {
+                let (journal, start) = (&journal, &start);
+                s.spawn(move || {
+                    start.wait();
+                    journal.commit(&put(&format!("v{i}"), "{}")).unwrap();
+                });
+            }
+        });
+        let flushed = flushes.load(Ordering::SeqCst);
+        assert_eq!(journal.flushes(), flushed);
+        assert!(flushed < N as u64 / 2, "{flushed} flushes for {N} commits");
+        assert!(flushed >= 1);
+        crash(journal);
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(
+            replay.entries.len(),
+            N,
+            "every acknowledged commit is replayed"
+        );
+    }
+
+    #[test]
+    fn one_commit_alone_is_one_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(&put("a", "1")).unwrap();
+        journal.commit(&put("a", "2")).unwrap();
+        assert_eq!(journal.flushes(), 2);
+    }
+
+    #[test]
+    fn a_truncated_last_entry_is_ignored_and_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        for i in 0..3 {
+            journal
+                .commit(&put("a", &format!("{{\"v\":{i}}}")))
+                .unwrap();
+        }
+        crash(journal);
+        let path = last_generation(dir.path());
+        let len = fs::metadata(&path).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries.len(), 2);
+        assert_eq!(replay.entries[1].json, b"{\"v\":1}");
+        assert_eq!(replay.torn.len(), 1, "{:?}", replay.torn);
+        // Cut off: the old generation now ends cleanly, before the new one.
+        crash(journal);
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries.len(), 2);
+        assert!(replay.torn.is_empty());
+    }
+
+    #[test]
+    fn a_last_entry_with_a_bad_checksum_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(&put("a", "1")).unwrap();
+        journal.commit(&put("b", "2")).unwrap();
+        crash(journal);
+        let path = last_generation(dir.path());
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(replay.torn.len(), 1);
+    }
+
+    #[test]
+    fn damage_before_good_entries_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(&put("a", "1")).unwrap();
+        journal.commit(&put("b", "2")).unwrap();
+        crash(journal);
+        let path = last_generation(dir.path());
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[HEADER + 1] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        let err = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn generations_replay_in_order_whatever_step_a_compaction_stopped_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(&put("a", "1")).unwrap();
+        // Step 1 done, steps 2 and 3 not: both generations are replayed, oldest first.
+        let old = journal.rotate_only().unwrap();
+        journal.commit(&put("a", "2")).unwrap();
+        crash(journal);
+        assert!(generation_path(dir.path(), "j", old).exists());
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1"), put("a", "2")]);
+        // A full compaction drops every generation but the current one.
+        journal.commit(&put("a", "3")).unwrap();
+        journal.compact_now().unwrap();
+        assert_eq!(generations(dir.path(), "j").unwrap().len(), 1);
+        crash(journal);
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert!(replay.entries.is_empty());
+        // A clean stop compacts everything.
+        journal.commit(&put("a", "4")).unwrap();
+        drop(journal);
+        assert!(generations(dir.path(), "j").unwrap().is_empty());
+    }
+
+    #[test]
+    fn compaction_runs_the_barrier_before_dropping_a_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(&put("a", "1")).unwrap();
+        // A failing barrier (e.g. a pool's flush failed): the generation must stay.
+        journal.set_barrier(Arc::new(|| Err(io::Error::other("flush failed"))));
+        assert!(journal.compact_now().is_err());
+        crash(journal);
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        journal.set_barrier(Arc::new(|| Ok(())));
+        journal.compact_now().unwrap();
+        crash(journal);
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert!(replay.entries.is_empty());
+    }
+
+    #[test]
+    fn background_compaction_rotates_past_the_size_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            max_bytes: 256,
+            ..Options::default()
+        };
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
+        for i in 0..20 {
+            journal.commit(&put(&format!("v{i}"), "{\"x\":1}")).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs::metadata(last_generation(dir.path())).unwrap().len() > 512
+            || generations(dir.path(), "j").unwrap().len() > 1
+        {
+            assert!(Instant::now() < deadline, "no compaction happened");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
