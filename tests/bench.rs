@@ -252,3 +252,79 @@ async fn a_driver_that_cannot_create_volumes_is_refused() {
     assert!(output.stdout.is_empty());
     assert_nothing_left(&driver);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_io_reports_every_case_for_device_and_plain_file_and_leaves_nothing() {
+    // Not started: the tool starts (and stops) the driver itself.
+    let driver = TestDriver::prepare(Options::default());
+    // The plain file goes next to the data dir by default (its parent, on the same filesystem).
+    let root = driver.data.parent().unwrap().to_path_buf();
+    let mut args = vec!["block-io".to_string()];
+    args.extend(target_flags(&driver));
+    args.extend(["--size", "33554432", "--runtime", "300ms", "--driver-cmd"].map(String::from));
+    args.push(driver.shell_command());
+    let output = bench(args).await;
+    assert_exit(&output, 0);
+    let report = report(&output);
+
+    assert_eq!(report["workload"], "block-io");
+    assert_eq!(report["errors_total"], 0, "{report:#}");
+    assert_eq!(report["size_bytes"], 33554432);
+    let device = &report["device"];
+    assert!(
+        device["device"].as_str().unwrap().starts_with("/dev/loop"),
+        "{device:#}"
+    );
+    assert!(device["size_bytes"].as_u64().unwrap() >= 33554432);
+    let plain = report["plain_file"].as_str().unwrap();
+    assert!(plain.starts_with(&path_str(&root)), "{plain}");
+    let cases = report["cases"].as_array().unwrap();
+    let mut names: Vec<&str> = cases.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "randread-4k-qd1",
+            "randread-4k-qd32",
+            "randwrite-4k-qd1",
+            "randwrite-4k-qd32",
+            "seqread-1m-qd1",
+            "seqread-1m-qd32",
+            "seqwrite-1m-qd1",
+            "seqwrite-1m-qd32",
+        ]
+    );
+    for case in cases {
+        for side in ["device", "plain_file"] {
+            let s = &case[side];
+            for field in ["ops", "bytes"] {
+                assert!(s[field].as_u64().unwrap() > 0, "{side} {field}: {case:#}");
+            }
+            for field in ["iops", "mib_per_s", "p50_us", "p99_us", "seconds"] {
+                assert!(s[field].as_f64().unwrap() > 0.0, "{side} {field}: {case:#}");
+            }
+            assert!(s["p50_us"].as_f64().unwrap() <= s["p99_us"].as_f64().unwrap());
+            assert_eq!(s["errors"], 0);
+        }
+        assert!(case["ratio"].as_f64().unwrap() > 0.0, "{case:#}");
+    }
+    for rpc in [
+        "CreateVolume",
+        "NodePublishVolume",
+        "NodeUnpublishVolume",
+        "DeleteVolume",
+    ] {
+        assert_eq!(calls(&report["rpcs"], rpc), (1, 0), "{rpc}");
+    }
+    assert!(!driver.socket.exists(), "the driver did not stop cleanly");
+    let plain_left: Vec<String> = dir_names(&root)
+        .into_iter()
+        .filter(|n| n.contains("stickyvol-bench-plain"))
+        .collect();
+    assert_eq!(
+        plain_left,
+        Vec::<String>::new(),
+        "the plain file was left behind"
+    );
+    assert_nothing_left(&driver);
+}

@@ -24,6 +24,10 @@ pub enum Workload {
     Lifecycle(LifecycleArgs),
     /// Time from starting --driver-cmd to its first successful Probe, with --preload volumes on disk.
     Startup(StartupArgs),
+    /// Direct I/O through one published block volume (4 KiB random and 1 MiB sequential reads
+    /// and writes at queue depth 1 and 32), side by side with a plain file of the same size on
+    /// the filesystem of the volume's data.
+    BlockIo(BlockIoArgs),
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +104,73 @@ pub struct StartupArgs {
     /// Measured restarts.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub runs: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct BlockIoArgs {
+    /// The driver's CSI socket.
+    #[arg(long, value_name = "unix:///PATH")]
+    pub endpoint: String,
+
+    /// Kubelet's root directory: the block target follows kubelet's layout beneath it.
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+
+    /// Start the driver with this shell command (run by `sh -c`), wait until Probe says ready,
+    /// and SIGTERM it at the end.
+    #[arg(long, value_name = "COMMAND")]
+    pub driver_cmd: Option<String>,
+
+    /// Pid of an already running driver (only reported).
+    #[arg(long, conflicts_with = "driver_cmd")]
+    pub driver_pid: Option<u32>,
+
+    /// Requested capacity of the volume, in bytes; the plain file gets the same size.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub size: i64,
+
+    /// A CreateVolume parameter (StorageClass parameter), KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// How long each case runs, on the device and again on the plain file.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub runtime: Duration,
+
+    /// Where the plain file is made (it must be on the same filesystem as the volume's data to
+    /// compare like with like). Default: the parent of the pool directory that holds the loop
+    /// device's backing file (`<data dir>/..` for stickyvol), refused if it is on another
+    /// filesystem.
+    #[arg(long, value_name = "DIR")]
+    pub plain_file_dir: Option<PathBuf>,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl BlockIoArgs {
+    /// The shared flags, for the session and volume code of the other workloads.
+    pub fn common(&self) -> Common {
+        Common {
+            endpoint: self.endpoint.clone(),
+            kubelet_dir: self.kubelet_dir.clone(),
+            driver_cmd: self.driver_cmd.clone(),
+            driver_pid: self.driver_pid,
+            access_type: AccessType::Block,
+            size: self.size,
+            fs_type: String::new(),
+            parameters: self.parameters.clone(),
+            preload: 0,
+            keep_preload: false,
+            deadline: self.deadline,
+            json: self.json,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

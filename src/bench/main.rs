@@ -2,8 +2,10 @@
 //!
 //! Modules: `cli` (flags), `client` (channel, deadlines, capability discovery), `paths`
 //! (kubelet's directory layout), `driver_process` (starting, probing, measuring and stopping a
-//! driver), `workload` (the lifecycle and startup runs), `report` (samples, percentiles, output).
+//! driver), `workload` (the lifecycle and startup runs), `blockio` (direct I/O through a
+//! published block volume against a plain file), `report` (samples, percentiles, output).
 
+mod blockio;
 mod cli;
 mod client;
 mod driver_process;
@@ -49,6 +51,17 @@ fn main() -> ExitCode {
                     print_json(&report);
                 } else {
                     print!("{}", startup_text(&report));
+                }
+                exit_status(report.errors_total, &report.leftovers)
+            }
+        },
+        Workload::BlockIo(args) => match runtime.block_on(blockio::block_io(&args)) {
+            Err(err) => cannot_run(&err),
+            Ok(report) => {
+                if args.json {
+                    print_json(&report);
+                } else {
+                    print!("{}", blockio::text(&report));
                 }
                 exit_status(report.errors_total, &report.leftovers)
             }

@@ -266,6 +266,17 @@ pub fn error_lines(recorder: &Recorder) -> String {
     out
 }
 
+/// The same lines from summaries (a report's `rpcs`).
+pub fn error_lines_of(summaries: &BTreeMap<&'static str, RpcSummary>) -> String {
+    let mut out = String::new();
+    for (rpc, s) in summaries {
+        for sample in &s.error_samples {
+            let _ = writeln!(out, "  {rpc}: {}: {}", sample.code, sample.message);
+        }
+    }
+    out
+}
+
 pub fn kib(value: Option<u64>) -> String {
     value.map_or_else(|| "-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0))
 }

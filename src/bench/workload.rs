@@ -29,20 +29,20 @@ const BULK_WIDTH: usize = 8;
 pub type Fatal = String;
 
 /// What every call needs: the clients, what the driver advertised, where kubelet's paths are.
-struct Target {
-    csi: Csi,
-    info: DriverInfo,
-    layout: KubeletLayout,
+pub(crate) struct Target {
+    pub(crate) csi: Csi,
+    pub(crate) info: DriverInfo,
+    pub(crate) layout: KubeletLayout,
     access: AccessType,
     size: i64,
     fs_type: String,
     parameters: HashMap<String, String>,
     /// Prefix of every volume name of this run.
-    run_id: String,
+    pub(crate) run_id: String,
 }
 
 impl Target {
-    fn capability(&self) -> csi::VolumeCapability {
+    pub(crate) fn capability(&self) -> csi::VolumeCapability {
         use csi::volume_capability::{AccessMode, AccessType as Type, BlockVolume, MountVolume};
         csi::VolumeCapability {
             access_type: Some(match self.access {
@@ -85,7 +85,7 @@ impl Target {
     /// Creates a volume; an answer that leaves it uncertain whether the volume exists is
     /// followed by the same request again (as the provisioner retries) and a delete, so nothing
     /// stays behind. `None` when no volume is there to use.
-    async fn create(&self, name: &str, recorder: &mut Recorder) -> Option<csi::Volume> {
+    pub(crate) async fn create(&self, name: &str, recorder: &mut Recorder) -> Option<csi::Volume> {
         let mut controller = self.csi.controller.clone();
         let request = self.create_request(name);
         let call = controller.create_volume(self.csi.request(request.clone()));
@@ -105,7 +105,7 @@ impl Target {
         }
     }
 
-    async fn delete(&self, volume_id: &str, recorder: &mut Recorder) -> bool {
+    pub(crate) async fn delete(&self, volume_id: &str, recorder: &mut Recorder) -> bool {
         let mut controller = self.csi.controller.clone();
         let call = controller.delete_volume(self.csi.request(csi::DeleteVolumeRequest {
             volume_id: volume_id.to_string(),
@@ -284,7 +284,7 @@ fn uncertain(code: Code) -> bool {
     )
 }
 
-fn path_string(path: &Path) -> String {
+pub(crate) fn path_string(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
@@ -364,14 +364,14 @@ async fn delete_all(target: &Arc<Target>, ids: Vec<String>) -> (Phase, u64) {
 }
 
 /// A driver to talk to: one we started or one already running.
-struct Session {
+pub(crate) struct Session {
     csi: Csi,
     process: Option<DriverProcess>,
-    pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
 }
 
 impl Session {
-    async fn open(common: &Common) -> Result<Session, Fatal> {
+    pub(crate) async fn open(common: &Common) -> Result<Session, Fatal> {
         let socket = client::socket_path(&common.endpoint)?;
         match &common.driver_cmd {
             Some(command) => {
@@ -404,7 +404,7 @@ impl Session {
     }
 
     /// Stops the driver if we started it.
-    async fn close(mut self) -> Result<(), Fatal> {
+    pub(crate) async fn close(mut self) -> Result<(), Fatal> {
         match self.process.as_mut() {
             Some(process) => process.stop().await,
             None => Ok(()),
@@ -433,7 +433,10 @@ async fn start(
 }
 
 /// Reads what the driver offers and refuses drivers that cannot create volumes.
-async fn target_for(session: &Session, common: &Common) -> Result<(Target, Recorder), Fatal> {
+pub(crate) async fn target_for(
+    session: &Session,
+    common: &Common,
+) -> Result<(Target, Recorder), Fatal> {
     let mut recorder = Recorder::default();
     let info = client::discover(&session.csi, &mut recorder).await?;
     if !info.controller_service || !info.create_delete_volume {
@@ -459,7 +462,7 @@ async fn target_for(session: &Session, common: &Common) -> Result<(Target, Recor
 }
 
 /// The shared directories kubelet would have (pods/, plugins/…) that the cycles need.
-fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
+pub(crate) fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
     let layout = &target.layout;
     let mut bases = vec![layout.root().to_path_buf()];
     match target.access {

@@ -1,0 +1,837 @@
+//! The `block-io` workload: direct I/O through one published block volume, and the same cases
+//! on a plain file of the same size on the filesystem of the volume's data, side by side.
+//!
+//! One volume is created and published (following the driver's capabilities, as `lifecycle`
+//! does); the tool opens the published target with `O_DIRECT | O_EXCL` (a block device claimed
+//! by a mount or by anyone else refuses `O_EXCL`) after checking it is a block device at least
+//! as large as asked for. The plain file is made with `O_CREAT | O_EXCL` under a name of this
+//! run and removed at the end, so nothing but our own device and our own file is ever written.
+//!
+//! Both start sparse, as the driver makes thin block files; before any case both are written
+//! once from end to end (1 MiB direct writes, then fsync), so every case, reads and writes,
+//! meets allocated, written blocks on either side. Each case then runs for `--runtime` on the
+//! device and right after on the plain file. A queue depth of N is N threads, each doing
+//! synchronous `pread`/`pwrite` on its own aligned buffer; sequential cases share one cursor
+//! (each thread takes the next block, wrapping at the end), random cases draw block-aligned
+//! offsets uniformly.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use stickyvol::csi;
+
+use crate::cli::BlockIoArgs;
+use crate::client::{DriverInfo, timed};
+use crate::paths::MadeDirs;
+use crate::report::{Recorder, Rpc, RpcSummary, percentile};
+use crate::workload::{Fatal, Session, Target, make_base_dirs, path_string, target_for};
+
+/// Alignment of every buffer and offset: enough for any logical block size up to 4 KiB.
+const ALIGN: usize = 4096;
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+/// Block size of the fill that writes both sides once before the cases.
+const FILL_BLOCK: usize = MIB;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    RandRead,
+    RandWrite,
+    SeqRead,
+    SeqWrite,
+}
+
+impl Pattern {
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::RandRead => "randread",
+            Pattern::RandWrite => "randwrite",
+            Pattern::SeqRead => "seqread",
+            Pattern::SeqWrite => "seqwrite",
+        }
+    }
+
+    fn writes(self) -> bool {
+        matches!(self, Pattern::RandWrite | Pattern::SeqWrite)
+    }
+
+    fn random(self) -> bool {
+        matches!(self, Pattern::RandRead | Pattern::RandWrite)
+    }
+}
+
+/// One case: a pattern, a block size, a queue depth (threads).
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    pattern: Pattern,
+    block_size: usize,
+    queue_depth: usize,
+}
+
+impl Case {
+    fn name(&self) -> String {
+        let size = if self.block_size >= MIB {
+            format!("{}m", self.block_size / MIB)
+        } else {
+            format!("{}k", self.block_size / KIB)
+        };
+        format!("{}-{size}-qd{}", self.pattern.name(), self.queue_depth)
+    }
+}
+
+/// The eight cases, in the order they run: writes first, then reads of what was written.
+fn cases() -> Vec<Case> {
+    let mut all = Vec::new();
+    for queue_depth in [1, 32] {
+        for (pattern, block_size) in [
+            (Pattern::SeqWrite, MIB),
+            (Pattern::RandWrite, 4 * KIB),
+            (Pattern::SeqRead, MIB),
+            (Pattern::RandRead, 4 * KIB),
+        ] {
+            all.push(Case {
+                pattern,
+                block_size,
+                queue_depth,
+            });
+        }
+    }
+    all
+}
+
+/// What one side (device or plain file) did in one case.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Side {
+    pub ops: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub iops: f64,
+    pub mib_per_s: f64,
+    /// Latency of one pread/pwrite, from the full sample, µs.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    /// Failed operations (each stops its thread); the first messages are in `io_errors`.
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseReport {
+    /// e.g. `randread-4k-qd32`.
+    pub name: String,
+    pub pattern: Pattern,
+    pub block_size: usize,
+    pub queue_depth: usize,
+    pub device: Side,
+    pub plain_file: Side,
+    /// Device MiB/s (= IOPS) over the plain file's.
+    pub ratio: f64,
+}
+
+/// The published device, as sysfs describes it (what the tuning changes).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DeviceInfo {
+    /// The published target.
+    pub target: String,
+    /// What the target resolves to, e.g. /dev/loop3.
+    pub device: String,
+    pub size_bytes: u64,
+    /// For loop devices: the backing file and whether the loop driver uses direct I/O on it.
+    pub backing_file: Option<String>,
+    pub loop_direct_io: Option<bool>,
+    pub logical_block_size: Option<u64>,
+    pub scheduler: Option<String>,
+    pub nr_requests: Option<u64>,
+    pub rotational: Option<u64>,
+    pub max_sectors_kb: Option<u64>,
+}
+
+/// The one-time fill of both sides before the cases.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Fill {
+    pub device_s: f64,
+    pub plain_file_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BlockIoReport {
+    pub workload: &'static str,
+    pub driver: DriverInfo,
+    pub size_bytes: i64,
+    pub runtime_s: f64,
+    pub device: DeviceInfo,
+    /// The plain file compared with (removed at the end).
+    pub plain_file: String,
+    /// Both sides written once from end to end before the cases.
+    pub fill: Fill,
+    pub cases: Vec<CaseReport>,
+    /// CreateVolume, (ControllerPublish, NodeStage,) NodePublish and their teardown.
+    pub rpcs: std::collections::BTreeMap<&'static str, RpcSummary>,
+    pub discovery: std::collections::BTreeMap<&'static str, RpcSummary>,
+    /// Failed calls and failed I/O operations.
+    pub errors_total: u64,
+    /// The first I/O error messages.
+    pub io_errors: Vec<String>,
+    /// Things of ours that could not be removed.
+    pub leftovers: Vec<String>,
+}
+
+/// A published volume and what is needed to take it down again.
+struct Published {
+    volume_id: String,
+    target: PathBuf,
+    staging: Option<PathBuf>,
+    controller_published: bool,
+    staged: bool,
+    published: bool,
+}
+
+/// Creates, (controller-publishes, stages and) publishes one block volume as provisioner and
+/// kubelet would. On failure, whatever was done is in the returned `Published` for teardown.
+async fn publish(
+    target: &Target,
+    dirs: &mut MadeDirs,
+    recorder: &mut Recorder,
+) -> Result<Published, (Option<Published>, Fatal)> {
+    let name = format!("{}-blockio", target.run_id);
+    let Some(volume) = target.create(&name, recorder).await else {
+        return Err((None, "CreateVolume failed".into()));
+    };
+    let id = volume.volume_id.clone();
+    let pod_uid = uuid::Uuid::now_v7().to_string();
+    let capability = target.capability();
+    let mut controller = target.csi.controller.clone();
+    let mut node = target.csi.node.clone();
+    let mut done = Published {
+        volume_id: id.clone(),
+        target: target.layout.block_target(&name, &pod_uid),
+        staging: target
+            .info
+            .stage_unstage
+            .then(|| target.layout.block_staging(&name)),
+        controller_published: false,
+        staged: false,
+        published: false,
+    };
+    let failed = |what: &str, status: tonic::Status| {
+        format!("{what}: {:?}: {}", status.code(), status.message())
+    };
+    let mut publish_context = std::collections::HashMap::new();
+    if target.info.controller_publish {
+        done.controller_published = true;
+        let call = controller.controller_publish_volume(target.csi.request(
+            csi::ControllerPublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: target.info.node_id.clone(),
+                volume_capability: Some(capability.clone()),
+                readonly: false,
+                volume_context: volume.volume_context.clone(),
+                ..Default::default()
+            },
+        ));
+        match timed(recorder, Rpc::ControllerPublishVolume, call).await {
+            Ok(response) => publish_context = response.publish_context,
+            Err(status) => return Err((Some(done), failed("ControllerPublishVolume", status))),
+        }
+    }
+    if let Some(staging) = done.staging.clone() {
+        if let Err(err) = dirs.make_all(&staging) {
+            return Err((Some(done), err.to_string()));
+        }
+        done.staged = true;
+        let call = node.node_stage_volume(target.csi.request(csi::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            publish_context: publish_context.clone(),
+            staging_target_path: path_string(&staging),
+            volume_capability: Some(capability.clone()),
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        }));
+        if let Err(status) = timed(recorder, Rpc::NodeStageVolume, call).await {
+            return Err((Some(done), failed("NodeStageVolume", status)));
+        }
+    }
+    let parent = done.target.parent().expect("targets have a parent");
+    if let Err(err) = dirs.make_all(parent) {
+        return Err((Some(done), err.to_string()));
+    }
+    done.published = true;
+    let call = node.node_publish_volume(target.csi.request(csi::NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        publish_context,
+        staging_target_path: done.staging.as_deref().map(path_string).unwrap_or_default(),
+        target_path: path_string(&done.target),
+        volume_capability: Some(capability),
+        readonly: false,
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    }));
+    if let Err(status) = timed(recorder, Rpc::NodePublishVolume, call).await {
+        return Err((Some(done), failed("NodePublishVolume", status)));
+    }
+    Ok(done)
+}
+
+/// Unpublishes, (unstages, controller-unpublishes) and deletes, for whatever was attempted.
+async fn teardown(target: &Target, done: &Published, recorder: &mut Recorder) {
+    let id = &done.volume_id;
+    let mut controller = target.csi.controller.clone();
+    let mut node = target.csi.node.clone();
+    if done.published {
+        let call =
+            node.node_unpublish_volume(target.csi.request(csi::NodeUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                target_path: path_string(&done.target),
+            }));
+        let _ = timed(recorder, Rpc::NodeUnpublishVolume, call).await;
+    }
+    if let (true, Some(staging)) = (done.staged, &done.staging) {
+        let call = node.node_unstage_volume(target.csi.request(csi::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: path_string(staging),
+        }));
+        let _ = timed(recorder, Rpc::NodeUnstageVolume, call).await;
+    }
+    if done.controller_published {
+        let call = controller.controller_unpublish_volume(target.csi.request(
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: target.info.node_id.clone(),
+                ..Default::default()
+            },
+        ));
+        let _ = timed(recorder, Rpc::ControllerUnpublishVolume, call).await;
+    }
+    target.delete(id, recorder).await;
+}
+
+pub async fn block_io(args: &BlockIoArgs) -> Result<BlockIoReport, Fatal> {
+    if args.size < FILL_BLOCK as i64 || args.size % FILL_BLOCK as i64 != 0 {
+        return Err(format!(
+            "--size {} must be a positive multiple of 1 MiB",
+            args.size
+        ));
+    }
+    let common = args.common();
+    let session = Session::open(&common).await?;
+    let (target, discovery) = match target_for(&session, &common).await {
+        Ok(found) => found,
+        Err(err) => {
+            let _ = session.close().await;
+            return Err(err);
+        }
+    };
+    let mut base_dirs = match make_base_dirs(&target) {
+        Ok(made) => made,
+        Err(err) => {
+            let _ = session.close().await;
+            return Err(err);
+        }
+    };
+    let mut recorder = Recorder::default();
+    let mut dirs = MadeDirs::default();
+    let mut leftovers = Vec::new();
+    let outcome = match publish(&target, &mut dirs, &mut recorder).await {
+        Ok(done) => {
+            let measured = measure(args, &done.target).await;
+            teardown(&target, &done, &mut recorder).await;
+            measured
+        }
+        Err((done, err)) => {
+            if let Some(done) = done {
+                teardown(&target, &done, &mut recorder).await;
+            }
+            Err(err)
+        }
+    };
+    leftovers.extend(dirs.remove());
+    leftovers.extend(base_dirs.remove());
+    if let Err(err) = session.close().await {
+        leftovers.push(err);
+    }
+    let measured = outcome?;
+    let io_error_count: u64 = measured
+        .cases
+        .iter()
+        .map(|c| c.device.errors + c.plain_file.errors)
+        .sum();
+    Ok(BlockIoReport {
+        workload: "block-io",
+        driver: target.info,
+        size_bytes: args.size,
+        runtime_s: args.runtime.as_secs_f64(),
+        device: measured.device,
+        plain_file: path_string(&measured.plain_file),
+        fill: measured.fill,
+        cases: measured.cases,
+        rpcs: recorder.summary(),
+        discovery: discovery.summary(),
+        errors_total: discovery.errors() + recorder.errors() + io_error_count,
+        io_errors: measured.io_errors,
+        leftovers: leftovers.into_iter().chain(measured.leftovers).collect(),
+    })
+}
+
+struct Measured {
+    device: DeviceInfo,
+    plain_file: PathBuf,
+    fill: Fill,
+    cases: Vec<CaseReport>,
+    io_errors: Vec<String>,
+    leftovers: Vec<String>,
+}
+
+/// Opens both sides and runs every case on a blocking thread.
+async fn measure(args: &BlockIoArgs, target: &Path) -> Result<Measured, Fatal> {
+    let size = args.size as u64;
+    let runtime = args.runtime;
+    let target = target.to_path_buf();
+    let plain_dir = args.plain_file_dir.clone();
+    tokio::task::spawn_blocking(move || measure_blocking(&target, plain_dir, size, runtime))
+        .await
+        .map_err(|e| format!("the I/O thread failed: {e}"))?
+}
+
+fn measure_blocking(
+    target: &Path,
+    plain_dir: Option<PathBuf>,
+    size: u64,
+    runtime: Duration,
+) -> Result<Measured, Fatal> {
+    let (device_file, device) = open_device(target, size)?;
+    let plain_dir = match plain_dir {
+        Some(dir) => dir,
+        None => default_plain_dir(&device)?,
+    };
+    let plain_path = plain_dir.join(format!(
+        ".stickyvol-bench-plain-{}.img",
+        uuid::Uuid::now_v7().simple()
+    ));
+    let plain = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_DIRECT)
+        .open(&plain_path)
+        .map_err(|e| format!("creating the plain file {}: {e}", plain_path.display()))?;
+    let mut leftovers = Vec::new();
+    let result = run_all(&device_file, &plain, &device, &plain_path, size, runtime);
+    drop(plain);
+    if let Err(err) = fs::remove_file(&plain_path) {
+        leftovers.push(format!("{} left in place: {err}", plain_path.display()));
+    }
+    let (fill, cases, io_errors) = result?;
+    Ok(Measured {
+        device,
+        plain_file: plain_path,
+        fill,
+        cases,
+        io_errors,
+        leftovers,
+    })
+}
+
+fn run_all(
+    device_file: &File,
+    plain: &File,
+    device: &DeviceInfo,
+    plain_path: &Path,
+    size: u64,
+    runtime: Duration,
+) -> Result<(Fill, Vec<CaseReport>, Vec<String>), Fatal> {
+    // Sparse, as the driver makes a thin block file; on another filesystem than the device's
+    // backing file the comparison means little, and a default directory is refused then.
+    plain
+        .set_len(size)
+        .map_err(|e| format!("sizing {}: {e}", plain_path.display()))?;
+    eprintln!(
+        "filling {} and {} ({} MiB each)…",
+        device.device,
+        plain_path.display(),
+        size >> 20
+    );
+    let fill = Fill {
+        device_s: fill_once(device_file, size)
+            .map_err(|e| format!("filling {}: {e}", device.device))?,
+        plain_file_s: fill_once(plain, size)
+            .map_err(|e| format!("filling {}: {e}", plain_path.display()))?,
+    };
+    let mut io_errors = Vec::new();
+    let mut reports = Vec::new();
+    for case in cases() {
+        eprintln!("{}…", case.name());
+        let (device_side, mut errors) = run_case(device_file, size, case, runtime);
+        io_errors.append(&mut errors);
+        let (plain_side, mut errors) = run_case(plain, size, case, runtime);
+        io_errors.append(&mut errors);
+        let ratio = if plain_side.mib_per_s > 0.0 {
+            device_side.mib_per_s / plain_side.mib_per_s
+        } else {
+            0.0
+        };
+        reports.push(CaseReport {
+            name: case.name(),
+            pattern: case.pattern,
+            block_size: case.block_size,
+            queue_depth: case.queue_depth,
+            device: device_side,
+            plain_file: plain_side,
+            ratio,
+        });
+    }
+    io_errors.truncate(10);
+    Ok((fill, reports, io_errors))
+}
+
+/// Opens the published target for direct I/O, after checking it is a block device of at least
+/// `size` bytes that nobody else has claimed (O_EXCL fails on a mounted or claimed device).
+fn open_device(target: &Path, size: u64) -> Result<(File, DeviceInfo), Fatal> {
+    let resolved = fs::canonicalize(target)
+        .map_err(|e| format!("resolving the published target {}: {e}", target.display()))?;
+    let metadata = fs::metadata(&resolved).map_err(|e| format!("{}: {e}", resolved.display()))?;
+    if !metadata.file_type().is_block_device() {
+        return Err(format!(
+            "the published target {} ({}) is not a block device",
+            target.display(),
+            resolved.display()
+        ));
+    }
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_EXCL)
+        .open(&resolved)
+        .map_err(|e| {
+            format!(
+                "opening {} exclusively for direct I/O: {e}",
+                resolved.display()
+            )
+        })?;
+    let device_size = file
+        .seek(SeekFrom::End(0))
+        .map_err(|e| format!("sizing {}: {e}", resolved.display()))?;
+    if device_size < size {
+        return Err(format!(
+            "{} has {device_size} bytes, less than the {size} asked for",
+            resolved.display()
+        ));
+    }
+    let name = resolved
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let sys = Path::new("/sys/class/block").join(&name);
+    let text = |attribute: &str| {
+        fs::read_to_string(sys.join(attribute))
+            .ok()
+            .map(|t| t.trim().to_string())
+    };
+    let number = |attribute: &str| text(attribute).and_then(|t| t.parse::<u64>().ok());
+    let info = DeviceInfo {
+        target: path_string(target),
+        device: path_string(&resolved),
+        size_bytes: device_size,
+        backing_file: text("loop/backing_file"),
+        loop_direct_io: number("loop/dio").map(|d| d != 0),
+        logical_block_size: number("queue/logical_block_size"),
+        scheduler: text("queue/scheduler"),
+        nr_requests: number("queue/nr_requests"),
+        rotational: number("queue/rotational"),
+        max_sectors_kb: number("queue/max_sectors_kb"),
+    };
+    Ok((file, info))
+}
+
+/// The parent of the pool directory holding the loop device's backing file
+/// (`<pool>/volumes/<file>` → `<pool>/..`), if it is on the backing file's filesystem.
+fn default_plain_dir(device: &DeviceInfo) -> Result<PathBuf, Fatal> {
+    let Some(backing) = &device.backing_file else {
+        return Err(format!(
+            "{} is not a loop device: give --plain-file-dir on the filesystem of its data",
+            device.device
+        ));
+    };
+    let backing = Path::new(backing);
+    let dir = backing
+        .ancestors()
+        .nth(3)
+        .filter(|d| !d.as_os_str().is_empty())
+        .ok_or_else(|| {
+            format!(
+                "no directory above the backing file {}: give --plain-file-dir",
+                backing.display()
+            )
+        })?;
+    let same = match (fs::metadata(backing), fs::metadata(dir)) {
+        (Ok(b), Ok(d)) => b.dev() == d.dev(),
+        _ => false,
+    };
+    if !same {
+        return Err(format!(
+            "{} is not on the filesystem of the backing file {}: give --plain-file-dir",
+            dir.display(),
+            backing.display()
+        ));
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// A zeroed buffer of `len` bytes aligned to [`ALIGN`], as an owned allocation and the
+/// offset of the aligned part.
+struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize, seed: u64) -> AlignedBuf {
+        let mut raw = vec![0u8; len + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN);
+        // Data that is not all zeros, different per thread.
+        let mut state = seed | 1;
+        for chunk in raw[start..start + len].chunks_mut(8) {
+            state = xorshift(state);
+            let bytes = state.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        AlignedBuf { raw, start, len }
+    }
+
+    fn get(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// Writes `size` bytes from the start in 1 MiB direct writes, then fsync; the seconds taken.
+fn fill_once(file: &File, size: u64) -> io::Result<f64> {
+    let started = Instant::now();
+    let mut buf = AlignedBuf::new(FILL_BLOCK, 0x5eed);
+    let mut offset = 0;
+    while offset < size {
+        file.write_all_at(buf.get(), offset)?;
+        offset += FILL_BLOCK as u64;
+    }
+    file.sync_all()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Runs one case on `file` for `runtime`; the figures and the I/O errors met.
+fn run_case(file: &File, size: u64, case: Case, runtime: Duration) -> (Side, Vec<String>) {
+    let blocks = size / case.block_size as u64;
+    let cursor = AtomicU64::new(0);
+    let start = Barrier::new(case.queue_depth + 1);
+    let begun = std::sync::OnceLock::new();
+    let results: Vec<(Vec<u64>, u64, Option<String>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..case.queue_depth)
+            .map(|thread| {
+                let (cursor, start, begun) = (&cursor, &start, &begun);
+                scope.spawn(move || {
+                    let mut buf = AlignedBuf::new(case.block_size, thread as u64 + 1);
+                    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ ((thread as u64 + 1) * 0x1000_0001);
+                    let mut latencies = Vec::with_capacity(1 << 16);
+                    let mut error = None;
+                    start.wait();
+                    let began: &Instant = begun.get_or_init(Instant::now);
+                    let until = *began + runtime;
+                    loop {
+                        let block = if case.pattern.random() {
+                            rng = xorshift(rng);
+                            rng % blocks
+                        } else {
+                            cursor.fetch_add(1, Ordering::Relaxed) % blocks
+                        };
+                        let offset = block * case.block_size as u64;
+                        let op = Instant::now();
+                        let done = if case.pattern.writes() {
+                            file.write_at(buf.get(), offset)
+                        } else {
+                            file.read_at(buf.get(), offset)
+                        };
+                        let finished = Instant::now();
+                        match done {
+                            Ok(n) if n == case.block_size => {
+                                latencies.push((finished - op).as_nanos() as u64);
+                            }
+                            Ok(n) => {
+                                error = Some(format!(
+                                    "{}: short transfer of {n} bytes at {offset}",
+                                    case.name()
+                                ));
+                                break;
+                            }
+                            Err(e) => {
+                                error = Some(format!("{}: at offset {offset}: {e}", case.name()));
+                                break;
+                            }
+                        }
+                        if finished >= until {
+                            break;
+                        }
+                    }
+                    (latencies, finished_at_nanos(began), error)
+                })
+            })
+            .collect();
+        start.wait();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("an I/O thread panicked"))
+            .collect()
+    });
+    let mut latencies = Vec::new();
+    let mut wall_ns = 0;
+    let mut errors = Vec::new();
+    for (mut part, ended, error) in results {
+        latencies.append(&mut part);
+        wall_ns = wall_ns.max(ended);
+        errors.extend(error);
+    }
+    latencies.sort_unstable();
+    let ops = latencies.len() as u64;
+    let seconds = wall_ns as f64 / 1e9;
+    let per_s = |count: f64| if seconds > 0.0 { count / seconds } else { 0.0 };
+    let us = |ns: u64| (ns as f64 / 100.0).round() / 10.0;
+    let bytes = ops * case.block_size as u64;
+    let side = Side {
+        ops,
+        bytes,
+        seconds,
+        iops: per_s(ops as f64),
+        mib_per_s: per_s(bytes as f64 / MIB as f64),
+        p50_us: us(percentile(&latencies, 50.0)),
+        p99_us: us(percentile(&latencies, 99.0)),
+        max_us: us(latencies.last().copied().unwrap_or(0)),
+        errors: errors.len() as u64,
+    };
+    (side, errors)
+}
+
+fn finished_at_nanos(began: &Instant) -> u64 {
+    began.elapsed().as_nanos() as u64
+}
+
+/// The side-by-side table.
+pub fn text(r: &BlockIoReport) -> String {
+    use std::fmt::Write as _;
+    let d = &r.device;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "block-io: {} ({} bytes) published at {}",
+        d.device, d.size_bytes, d.target
+    );
+    let _ = writeln!(
+        out,
+        "device: backing file {}, loop direct I/O {}, logical block {}, scheduler {}, \
+         nr_requests {}, rotational {}, max_sectors_kb {}",
+        d.backing_file.as_deref().unwrap_or("-"),
+        d.loop_direct_io.map_or("-".into(), |v| v.to_string()),
+        opt(d.logical_block_size),
+        d.scheduler.as_deref().unwrap_or("-"),
+        opt(d.nr_requests),
+        opt(d.rotational),
+        opt(d.max_sectors_kb),
+    );
+    let _ = writeln!(
+        out,
+        "plain file: {} (removed); fill: device {:.2} s, plain file {:.2} s; {:.1} s per case and side",
+        r.plain_file, r.fill.device_s, r.fill.plain_file_s, r.runtime_s
+    );
+    let _ = writeln!(
+        out,
+        "{:<18} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "case",
+        "dev IOPS",
+        "file IOPS",
+        "dev MiB/s",
+        "file MiB/s",
+        "dev p50",
+        "file p50",
+        "dev p99",
+        "file p99",
+        "ratio"
+    );
+    for c in &r.cases {
+        let _ = writeln!(
+            out,
+            "{:<18} {:>10.0} {:>10.0} {:>10.1} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.2}",
+            c.name,
+            c.device.iops,
+            c.plain_file.iops,
+            c.device.mib_per_s,
+            c.plain_file.mib_per_s,
+            c.device.p50_us,
+            c.plain_file.p50_us,
+            c.device.p99_us,
+            c.plain_file.p99_us,
+            c.ratio
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(latencies in µs per operation; ratio = device / plain file throughput)"
+    );
+    for e in &r.io_errors {
+        let _ = writeln!(out, "I/O error: {e}");
+    }
+    let errors = crate::report::error_lines_of(&r.rpcs);
+    if !errors.is_empty() {
+        out += "errors:\n";
+        out += &errors;
+    }
+    out
+}
+
+fn opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eight_cases_with_distinct_names() {
+        let names: Vec<String> = cases().iter().map(Case::name).collect();
+        assert_eq!(names.len(), 8);
+        assert!(names.contains(&"randread-4k-qd32".to_string()), "{names:?}");
+        assert!(names.contains(&"seqwrite-1m-qd1".to_string()), "{names:?}");
+        let unique: std::collections::HashSet<&String> = names.iter().collect();
+        assert_eq!(unique.len(), 8);
+    }
+
+    #[test]
+    fn buffers_are_aligned_and_cases_run_on_a_file() {
+        let mut buf = AlignedBuf::new(8192, 3);
+        assert_eq!(buf.get().as_ptr() as usize % ALIGN, 0);
+        assert_eq!(buf.get().len(), 8192);
+        // A plain (buffered) temp file is enough to check the accounting.
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(4 * MIB as u64).unwrap();
+        let case = Case {
+            pattern: Pattern::RandWrite,
+            block_size: 4 * KIB,
+            queue_depth: 2,
+        };
+        let (side, errors) = run_case(&file, 4 * MIB as u64, case, Duration::from_millis(20));
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(side.ops > 0 && side.iops > 0.0 && side.p50_us <= side.p99_us);
+        assert_eq!(side.bytes, side.ops * 4096);
+    }
+}
