@@ -59,6 +59,13 @@ pub struct ServeArgs {
     #[arg(long, env = "METRICS_ADDRESS", value_name = "HOST:PORT")]
     pub metrics_address: Option<SocketAddr>,
 
+    /// Where to keep which targets each volume is published at: a directory a reboot empties
+    /// (e.g. /run/stickyvol, a tmpfs), since a reboot also removes the mounts and loop devices
+    /// [default: the state directory, which keeps them across reboots until the next start
+    /// finds them gone]
+    #[arg(long, env = "RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
+
     /// An extra storage pool (repeatable): a directory, usually on its own disk, that
     /// StorageClasses choose with `pool: NAME`. The data dir is the pool named "default".
     #[arg(
@@ -128,6 +135,8 @@ pub struct Config {
     pub mode: Mode,
     pub max_volumes_per_node: i64,
     pub metrics_address: Option<SocketAddr>,
+    /// Where publications are kept (None: beside the records).
+    pub run_dir: Option<PathBuf>,
     /// The default pool (the data dir) first, then the extra pools in flag order.
     pub pools: Vec<PoolConfig>,
 }
@@ -172,6 +181,9 @@ impl Config {
             .data_dir
             .unwrap_or_else(|| args.kubelet_dir.join("volumes").join(&args.driver_name));
         require_absolute("--data-dir", &data_dir)?;
+        if let Some(run_dir) = &args.run_dir {
+            require_absolute("--run-dir", run_dir)?;
+        }
         let endpoint = args
             .endpoint
             .unwrap_or_else(|| default_endpoint(&args.kubelet_dir, &args.driver_name));
@@ -186,6 +198,7 @@ impl Config {
             mode: args.mode,
             max_volumes_per_node: args.max_volumes_per_node,
             metrics_address: args.metrics_address,
+            run_dir: args.run_dir,
             pools,
         })
     }
@@ -402,6 +415,7 @@ mod tests {
             mode: Mode::All,
             max_volumes_per_node: 0,
             metrics_address: None,
+            run_dir: None,
             pools: Vec::new(),
             enforcement: Vec::new(),
             overcommit: Vec::new(),

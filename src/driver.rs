@@ -28,6 +28,7 @@ impl Driver {
                 &config.pools,
                 &config.kubelet_dir,
                 &config.node_id,
+                config.run_dir.as_deref(),
             )?);
             volumes.resume_snapshot_copies();
             Some(volumes)

@@ -12,10 +12,7 @@ use stickyvol::host::loopdev;
 /// The publications the driver remembers for `id`, from the file it keeps them in (none when
 /// the file is absent).
 fn recorded_publications(driver: &TestDriver, id: &str) -> usize {
-    let path = driver
-        .data
-        .join("state")
-        .join(format!("{id}.publications.json"));
+    let path = driver.run.join(format!("{id}.publications.json"));
     match fs::read(&path) {
         Ok(bytes) => serde_json::from_slice::<Vec<serde_json::Value>>(&bytes)
             .unwrap()
@@ -333,7 +330,9 @@ async fn publications_kept_inside_records_by_older_versions_survive_an_upgrade()
     // What an older version left: the publications inside the record, no side file.
     let state = driver.data.join("state");
     let record_path = state.join(format!("{}.json", volume.volume_id));
-    let side_path = state.join(format!("{}.publications.json", volume.volume_id));
+    let side_path = driver
+        .run
+        .join(format!("{}.publications.json", volume.volume_id));
     let publications: serde_json::Value =
         serde_json::from_slice(&fs::read(&side_path).unwrap()).unwrap();
     let mut record: serde_json::Value =
@@ -607,4 +606,40 @@ async fn kill9_during_create_and_delete_storms_converges() {
     );
     driver.restart().await;
     assert_eq!(driver.list_all().await.len(), kept.len());
+}
+
+/// Publications live in the run directory (a tmpfs in production): a driver restart finds them
+/// there, a file an earlier version kept beside the record is moved there, and a reboot, which
+/// empties it along with the mounts, leaves the volumes unpublished and deletable.
+#[tokio::test]
+async fn publications_live_in_the_run_directory_and_a_reboot_forgets_them() {
+    let mut driver = TestDriver::start().await;
+    let (volume, target) = driver.published_fs_volume().await;
+    let in_run = driver
+        .run
+        .join(format!("{}.publications.json", volume.volume_id));
+    let beside_record = driver
+        .data
+        .join("state")
+        .join(format!("{}.publications.json", volume.volume_id));
+    assert!(in_run.exists() && !beside_record.exists());
+
+    // An earlier version's place: moved to the run directory at start, still published.
+    driver.stop().await;
+    fs::rename(&in_run, &beside_record).unwrap();
+    driver.start_again().await;
+    assert!(in_run.exists() && !beside_record.exists());
+    assert_eq!(recorded_publications(&driver, &volume.volume_id), 1);
+    expect_code(
+        driver.delete(&volume.volume_id).await,
+        tonic::Code::FailedPrecondition,
+    );
+
+    // A reboot: the mounts and the run directory's content are gone.
+    driver.stop().await;
+    nix::mount::umount(&target).unwrap();
+    fs::remove_dir_all(&driver.run).unwrap();
+    driver.start_again().await;
+    assert_eq!(recorded_publications(&driver, &volume.volume_id), 0);
+    driver.delete(&volume.volume_id).await.unwrap();
 }

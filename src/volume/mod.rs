@@ -176,7 +176,12 @@ impl Volumes {
     /// Opens (creating if needed) every pool, loads every record from `<data-dir>/state` and
     /// reconciles the host with them: see `recover`. `pools[0]` is the data dir. Snapshot
     /// copies a crash interrupted are restarted by `resume_snapshot_copies`.
-    pub fn open(pools: &[PoolConfig], kubelet_dir: &Path, node_id: &str) -> Result<Volumes> {
+    pub fn open(
+        pools: &[PoolConfig],
+        kubelet_dir: &Path,
+        node_id: &str,
+        run_dir: Option<&Path>,
+    ) -> Result<Volumes> {
         fs::create_dir_all(kubelet_dir)
             .context(|| format!("creating {}", kubelet_dir.display()))?;
         let kubelet_dir = kubelet_dir
@@ -200,7 +205,7 @@ impl Volumes {
             }
         }
         let state = locked[0].root.join("state");
-        let (store, report) = Store::open(&state, journal::Options::default())
+        let (store, report) = Store::open(&state, run_dir, journal::Options::default())
             .context(|| format!("loading records from {}", state.display()))?;
         let snapshot_state = state.join("snapshots");
         let (snapshots, snapshot_report) = Records::open(

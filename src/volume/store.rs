@@ -2,23 +2,25 @@
 //! changes committed by the journal `<data-dir>/state/journal/volumes.<n>` (see `records` and
 //! `journal`): the commit point of a volume's existence (see `volume::create`).
 //!
-//! Publications are kept beside the record, in `<id>.publications.json`, written atomically but
-//! without fsync: they describe mounts and loop devices, which a power loss (the only thing that
-//! can lose unsynced writes) takes away too. A driver crash leaves the page cache, and so the
-//! file, intact. This keeps two disk flushes off every NodePublish and NodeUnpublish, and a
-//! torn publications file can never damage the record itself.
+//! Publications are kept in `<id>.publications.json`, written atomically but never flushed:
+//! they describe mounts and loop devices, which a power loss (the only thing that can lose
+//! unflushed writes) or a reboot takes away too. A driver crash leaves the page cache, and so
+//! the file, intact. They live in the run directory (`--run-dir`, e.g. /run/stickyvol on a
+//! tmpfs: a reboot empties it, as it empties the mounts), or beside the records without one.
+//! This keeps disk flushes off every NodePublish and NodeUnpublish, and a torn publications
+//! file can never damage the record itself.
 
 use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::journal;
 
 use super::id::VolumeId;
 use super::record::{Publication, VolumeRecord};
-use super::records::{Record, Records, read_json};
+use super::records::{Record, Records, TEMP_SUFFIX, read_json};
 pub use super::records::{sync_dir, write_durably};
 
 const PUBLICATIONS_SUFFIX: &str = ".publications.json";
@@ -41,6 +43,8 @@ impl Record for VolumeRecord {
 #[derive(Debug)]
 pub struct Store {
     records: Records<VolumeRecord>,
+    /// Where publications files live (see the module comment).
+    run: PathBuf,
 }
 
 /// What loading found besides good records.
@@ -63,9 +67,22 @@ pub struct LoadReport {
 impl Store {
     /// Loads every record in `dir` (created if missing) and the journal `dir/journal/volumes.*`
     /// over them, with their publications.
-    pub fn open(dir: &Path, options: journal::Options) -> io::Result<(Store, LoadReport)> {
+    pub fn open(
+        dir: &Path,
+        run_dir: Option<&Path>,
+        options: journal::Options,
+    ) -> io::Result<(Store, LoadReport)> {
         let (records, loaded) =
             Records::<VolumeRecord>::open(dir, &dir.join(JOURNAL_DIR), "volumes", options)?;
+        let run = match run_dir {
+            Some(run) => {
+                fs::create_dir_all(run)?;
+                fs::set_permissions(run, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+                sweep_temp_files(run)?;
+                run.to_path_buf()
+            }
+            None => dir.to_path_buf(),
+        };
         let mut report = LoadReport {
             unreadable: loaded.unreadable,
             removed_temp_files: loaded.removed_temp_files,
@@ -74,10 +91,10 @@ impl Store {
             removed_recently: loaded.removed_recently,
             torn: loaded.torn,
         };
-        let store = Store { records };
+        let store = Store { records, run };
         for record in store.records.all() {
             let id = &record.id;
-            match read_publications(&store.records.side_path(id, PUBLICATIONS_SUFFIX)) {
+            match store.read_publications(id) {
                 Ok(Some(publications)) => {
                     let mut with = (*record).clone();
                     with.publications = publications;
@@ -176,26 +193,59 @@ impl Store {
 
     /// Atomically, without fsync (see the module comment); no file when there are none.
     fn write_publications(&self, id: &VolumeId, publications: &[Publication]) -> io::Result<()> {
-        let path = self.records.side_path(id, PUBLICATIONS_SUFFIX);
+        let path = self.publications_path(id);
         if publications.is_empty() {
-            return match fs::remove_file(&path) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-                _ => Ok(()),
-            };
+            return remove_if_present(&path);
         }
-        let temp = self.records.side_temp_path(id, PUBLICATIONS_SUFFIX);
+        let temp = self
+            .run
+            .join(format!(".{id}{PUBLICATIONS_SUFFIX}{TEMP_SUFFIX}"));
         fs::write(&temp, serde_json::to_vec(publications)?)?;
         fs::rename(&temp, &path)
     }
 
+    fn publications_path(&self, id: &VolumeId) -> PathBuf {
+        self.run.join(format!("{id}{PUBLICATIONS_SUFFIX}"))
+    }
+
+    /// The publications of `id` (None: no file). A file an earlier start left beside the
+    /// record, when the run directory is elsewhere now, is moved there first.
+    fn read_publications(&self, id: &VolumeId) -> io::Result<Option<Vec<Publication>>> {
+        let beside = self.records.side_path(id, PUBLICATIONS_SUFFIX);
+        let path = self.publications_path(id);
+        if beside != path
+            && let Some(publications) = read_publications(&beside)?
+        {
+            self.write_publications(id, &publications)?;
+            remove_if_present(&beside)?;
+        }
+        read_publications(&path)
+    }
+
     /// Durably removes the record of `id`; a missing record is fine.
     pub fn remove(&self, id: &VolumeId) -> io::Result<()> {
-        match fs::remove_file(self.records.side_path(id, PUBLICATIONS_SUFFIX)) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-            _ => {}
-        }
+        remove_if_present(&self.publications_path(id))?;
         self.records.remove(id)
     }
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the temp files of publications writes a crash interrupted.
+fn sweep_temp_files(run: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(run)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(&format!("{PUBLICATIONS_SUFFIX}{TEMP_SUFFIX}")) {
+            remove_if_present(&run.join(&*name))?;
+        }
+    }
+    Ok(())
 }
 
 /// None when there is no publications file.
@@ -244,7 +294,7 @@ mod tests {
     #[test]
     fn publications_live_beside_the_record_and_a_torn_file_means_none() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, _) = Store::open(dir.path(), None, Default::default()).unwrap();
         let created = store.put(record("a")).unwrap();
         let record_file = dir.path().join(format!("{}.json", created.id));
         let pub_file = dir.path().join(format!("{}.publications.json", created.id));
@@ -255,14 +305,18 @@ mod tests {
         // Publishing leaves the durable record alone.
         assert_eq!(fs::read(&record_file).unwrap(), durable_before);
         assert!(pub_file.exists());
-        let (reopened, report) = Store::open(dir.path(), Default::default()).unwrap();
+        // One store per directory at a time, as the pool lock ensures in the driver: a second
+        // one's background compaction would race this one's.
+        drop(store);
+        let (reopened, report) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert!(report.unreadable_publications.is_empty());
         assert_eq!(*reopened.get(&created.id).unwrap(), published);
+        drop(reopened);
 
         fs::write(&pub_file, b"[{\"target\":").unwrap();
-        let (reopened, report) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert_eq!(report.unreadable_publications.len(), 1);
-        let loaded = reopened.get(&created.id).unwrap();
+        let loaded = store.get(&created.id).unwrap();
         assert!(loaded.publications.is_empty());
         assert_eq!(
             loaded.without_publications(),
@@ -270,6 +324,8 @@ mod tests {
         );
 
         // Unpublishing the last target removes the file; deleting removes both.
+        store.put(published.clone()).unwrap();
+        assert!(pub_file.exists());
         store.put((*created).clone()).unwrap();
         assert!(!pub_file.exists());
         store.put(published).unwrap();
@@ -285,7 +341,7 @@ mod tests {
         let inline = serde_json::to_vec(&old).unwrap();
         assert!(String::from_utf8_lossy(&inline).contains("/k/t"));
         fs::write(dir.path().join(format!("{}.json", old.id)), inline).unwrap();
-        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, _) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert_eq!(*store.get(&old.id).unwrap(), old);
         // Moved out at load: a later change of a durable field keeps them, and an unpublish
         // does not bring them back at the next load.
@@ -294,12 +350,14 @@ mod tests {
         let mut grown = old.clone();
         grown.capacity_bytes *= 2;
         store.put(grown.clone()).unwrap();
-        let (reopened, _) = Store::open(dir.path(), Default::default()).unwrap();
+        drop(store);
+        let (reopened, _) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert_eq!(*reopened.get(&old.id).unwrap(), grown);
         let mut unpublished = grown;
         unpublished.publications.clear();
         reopened.put(unpublished.clone()).unwrap();
-        let (reopened, _) = Store::open(dir.path(), Default::default()).unwrap();
+        drop(reopened);
+        let (reopened, _) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert_eq!(*reopened.get(&old.id).unwrap(), unpublished);
     }
 
@@ -311,7 +369,7 @@ mod tests {
             r#"{{"id":"{id}","name":"pv-1","kind":"block","capacity_bytes":4096,"access_modes":["SINGLE_NODE_WRITER"],"created_unix_ms":1}}"#
         );
         fs::write(dir.path().join(format!("{id}.json")), old).unwrap();
-        let (store, report) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
         let loaded = store.get(&id).unwrap();
         assert_eq!(loaded.pool, "default");
@@ -322,14 +380,14 @@ mod tests {
     #[test]
     fn records_survive_a_reopen_and_temp_files_are_swept() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, _) = Store::open(dir.path(), None, Default::default()).unwrap();
         let a = store.put(record("a")).unwrap();
         let b = store.put(record("b")).unwrap();
         store.remove(&b.id).unwrap();
         fs::write(dir.path().join(".x.json.tmp"), b"partial").unwrap();
         drop(store);
 
-        let (store, report) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert_eq!(report.removed_temp_files, 1);
         assert_eq!(store.len(), 1);
         assert_eq!(store.find_by_name("a").unwrap().id, a.id);
@@ -341,7 +399,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         fs::write(dir.path().join(format!("{id}.json")), b"{not json").unwrap();
-        let (store, report) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert!(store.is_empty());
         assert_eq!(report.unreadable.len(), 1);
         assert!(store.has_record_file(&id));
@@ -350,7 +408,7 @@ mod tests {
     #[test]
     fn pages_follow_id_order_and_tolerate_deleted_tokens() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _) = Store::open(dir.path(), Default::default()).unwrap();
+        let (store, _) = Store::open(dir.path(), None, Default::default()).unwrap();
         let ids: Vec<_> = (0..5)
             .map(|i| store.put(record(&format!("v{i}"))).unwrap().id.clone())
             .collect();

@@ -72,6 +72,7 @@ const DRIVER_ENV: &[&str] = &[
     "STICKYVOL_MODE",
     "MAX_VOLUMES_PER_NODE",
     "METRICS_ADDRESS",
+    "RUN_DIR",
     "POOLS",
     "ENFORCEMENT",
     "OVERCOMMIT",
@@ -103,6 +104,8 @@ pub struct TestDriver {
     pub root: PathBuf,
     pub kubelet: PathBuf,
     pub data: PathBuf,
+    /// `--run-dir`: where the driver keeps publications (a tmpfs /run in production).
+    pub run: PathBuf,
     pub socket: PathBuf,
     /// The driver's stderr and stdout, appended across restarts.
     pub log: PathBuf,
@@ -159,6 +162,7 @@ impl TestDriver {
         fs::create_dir(&kubelet).expect("creating the kubelet dir");
         TestDriver {
             data: root.join("data"),
+            run: root.join("run"),
             socket: root.join("csi.sock"),
             log: root.join("driver.log"),
             kubelet,
@@ -192,7 +196,9 @@ impl TestDriver {
             .arg("--kubelet-dir")
             .arg(&self.kubelet)
             .arg("--data-dir")
-            .arg(&self.data);
+            .arg(&self.data)
+            .arg("--run-dir")
+            .arg(&self.run);
         if let Some(mode) = self.options.mode {
             cmd.args(["--mode", mode]);
         }
