@@ -289,18 +289,7 @@ async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
         // A different point of the create path each round; correctness does not depend on it.
         std::thread::sleep(Duration::from_micros(round * 300));
         driver.kill9();
-        let ended = tokio::time::timeout(Duration::from_secs(10), hammer)
-            .await
-            .expect("the hammer stops once the driver is gone")
-            .unwrap();
-        // Only the lost connection may end it: every answer from the driver was OK or ABORTED.
-        assert!(
-            matches!(
-                ended.code(),
-                Code::Unavailable | Code::Unknown | Code::Cancelled
-            ),
-            "{ended:?}"
-        );
+        assert_ended_by_the_kill(hammer).await;
         driver.start_again().await;
     }
 
@@ -569,17 +558,7 @@ async fn kill9_during_create_and_delete_storms_converges() {
         std::thread::sleep(Duration::from_micros(round * 250));
         driver.kill9();
         for hammer in [creator, deleter] {
-            let ended = tokio::time::timeout(Duration::from_secs(10), hammer)
-                .await
-                .expect("the hammer stops once the driver is gone")
-                .unwrap();
-            assert!(
-                matches!(
-                    ended.code(),
-                    Code::Unavailable | Code::Unknown | Code::Cancelled
-                ),
-                "{ended:?}"
-            );
+            assert_ended_by_the_kill(hammer).await;
         }
         driver.start_again().await;
     }
@@ -642,4 +621,20 @@ async fn publications_live_in_the_run_directory_and_a_reboot_forgets_them() {
     driver.start_again().await;
     assert_eq!(recorded_publications(&driver, &volume.volume_id), 0);
     driver.delete(&volume.volume_id).await.unwrap();
+}
+
+/// A storm's hammer (a task calling the driver until something other than OK or ABORTED
+/// comes back) stopped because the driver was killed: only a lost connection may end it.
+async fn assert_ended_by_the_kill(hammer: tokio::task::JoinHandle<tonic::Status>) {
+    let ended = tokio::time::timeout(Duration::from_secs(10), hammer)
+        .await
+        .expect("the hammer stops once the driver is gone")
+        .unwrap();
+    assert!(
+        matches!(
+            ended.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        ),
+        "{ended:?}"
+    );
 }
