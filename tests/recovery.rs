@@ -514,11 +514,30 @@ async fn a_state_directory_of_the_old_layout_loads_unchanged() {
     assert!(driver.list_all().await.is_empty());
 }
 
-/// Creates and deletes racing kill -9: every name ends with one volume, every deleted volume
-/// is gone, and nothing is leaked or moved to lost+found.
+/// Creates, deletes, publishes and unpublishes racing kill -9: every name ends with one
+/// volume, every deleted volume is gone, data fsynced before the storm is intact, and once the
+/// CO and kubelet retry nothing is leaked (records, data, mounts, loop devices) or moved to
+/// lost+found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill9_during_create_and_delete_storms_converges() {
+async fn kill9_during_create_delete_and_publish_storms_converges() {
     let mut driver = TestDriver::start().await;
+    let fs_volume = driver.create_fs_volume().await;
+    write_synced(
+        &host_path(&fs_volume).join("kept"),
+        b"synced before the storm",
+    );
+    let block_volume = driver.create_block_volume().await;
+    {
+        use std::os::unix::fs::FileExt;
+        let image = fs::OpenOptions::new()
+            .write(true)
+            .open(host_path(&block_volume))
+            .unwrap();
+        image.write_all_at(&pattern(4096, 9), 0).unwrap();
+        image.sync_all().unwrap();
+    }
+    let mut targets = Vec::new();
+    let published = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut kept = Vec::new();
     let mut deleted = Vec::new();
     for round in 0..8u64 {
@@ -555,17 +574,89 @@ async fn kill9_during_create_and_delete_storms_converges() {
                 }
             }
         });
-        std::thread::sleep(Duration::from_micros(round * 250));
+        // Kubelet publishing and unpublishing both volumes at fresh targets, over and over.
+        let round_targets = vec![
+            (
+                fs_volume.clone(),
+                driver.mount_target(),
+                mount_cap(Mode::SingleNodeWriter),
+            ),
+            (
+                block_volume.clone(),
+                driver.block_target(),
+                block_cap(Mode::SingleNodeWriter),
+            ),
+        ];
+        targets.extend(
+            round_targets
+                .iter()
+                .map(|(v, t, _)| (v.volume_id.clone(), t.clone())),
+        );
+        let node = driver.node();
+        let published = published.clone();
+        let publisher = tokio::spawn(async move {
+            loop {
+                for (volume, target, capability) in &round_targets {
+                    let publish = publish_request(volume, target, capability.clone(), false);
+                    let unpublish = csi::NodeUnpublishVolumeRequest {
+                        volume_id: volume.volume_id.clone(),
+                        target_path: path_str(target),
+                    };
+                    let done = node.clone().node_publish_volume(publish).await;
+                    if done.is_ok() {
+                        published.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    for result in [
+                        done.map(drop),
+                        node.clone()
+                            .node_unpublish_volume(unpublish)
+                            .await
+                            .map(drop),
+                    ] {
+                        match result {
+                            Err(status) if status.code() != Code::Aborted => return status,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        });
+        // A different moment of the hammers' work each round.
+        std::thread::sleep(Duration::from_micros(round * 750));
         driver.kill9();
-        for hammer in [creator, deleter] {
+        for hammer in [creator, deleter, publisher] {
             assert_ended_by_the_kill(hammer).await;
         }
         driver.start_again().await;
     }
 
-    // The CO retries every delete it got no answer to.
+    assert!(
+        published.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the storm published nothing: it tests nothing"
+    );
+    // Kubelet retries every unpublish it got no answer to, the CO every delete.
+    for (volume_id, target) in &targets {
+        driver.unpublish(volume_id, target).await.unwrap();
+    }
+    assert!(
+        driver.mounts_left().is_empty(),
+        "{:?}",
+        driver.mounts_left()
+    );
+    assert!(driver.loop_devices_left().is_empty());
+    assert_eq!(
+        fs::read(host_path(&fs_volume).join("kept")).unwrap(),
+        b"synced before the storm"
+    );
+    assert_eq!(
+        read_at(&host_path(&block_volume), 0, 4096),
+        pattern(4096, 9)
+    );
     for id in &deleted {
         driver.delete(id).await.unwrap();
+    }
+    for volume in [&fs_volume, &block_volume] {
+        driver.delete(&volume.volume_id).await.unwrap();
     }
     let mut expected_data = Vec::new();
     let mut expected_state = Vec::new();
