@@ -24,13 +24,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use stickyvol::csi;
 
 use crate::cli::BlockIoArgs;
-use crate::client::{DriverInfo, timed};
+use crate::client::DriverInfo;
 use crate::paths::MadeDirs;
-use crate::report::{Recorder, Rpc, RpcSummary, percentile};
-use crate::workload::{Fatal, Session, Target, make_base_dirs, path_string, target_for};
+use crate::report::{Recorder, RpcSummary, percentile};
+use crate::workload::{Fatal, Session, make_base_dirs, path_string, target_for};
 
 /// Alignment of every buffer and offset: enough for any logical block size up to 4 KiB.
 const ALIGN: usize = 4096;
@@ -183,135 +182,6 @@ pub struct BlockIoReport {
     pub leftovers: Vec<String>,
 }
 
-/// A published volume and what is needed to take it down again.
-struct Published {
-    volume_id: String,
-    target: PathBuf,
-    staging: Option<PathBuf>,
-    controller_published: bool,
-    staged: bool,
-    published: bool,
-}
-
-/// Creates, (controller-publishes, stages and) publishes one block volume as provisioner and
-/// kubelet would. On failure, whatever was done is in the returned `Published` for teardown.
-async fn publish(
-    target: &Target,
-    dirs: &mut MadeDirs,
-    recorder: &mut Recorder,
-) -> Result<Published, (Option<Published>, Fatal)> {
-    let name = format!("{}-blockio", target.run_id);
-    let Some(volume) = target.create(&name, recorder).await else {
-        return Err((None, "CreateVolume failed".into()));
-    };
-    let id = volume.volume_id.clone();
-    let pod_uid = uuid::Uuid::now_v7().to_string();
-    let capability = target.capability();
-    let mut controller = target.csi.controller.clone();
-    let mut node = target.csi.node.clone();
-    let mut done = Published {
-        volume_id: id.clone(),
-        target: target.layout.block_target(&name, &pod_uid),
-        staging: target
-            .info
-            .stage_unstage
-            .then(|| target.layout.block_staging(&name)),
-        controller_published: false,
-        staged: false,
-        published: false,
-    };
-    let failed = |what: &str, status: tonic::Status| {
-        format!("{what}: {:?}: {}", status.code(), status.message())
-    };
-    let mut publish_context = std::collections::HashMap::new();
-    if target.info.controller_publish {
-        done.controller_published = true;
-        let call = controller.controller_publish_volume(target.csi.request(
-            csi::ControllerPublishVolumeRequest {
-                volume_id: id.clone(),
-                node_id: target.info.node_id.clone(),
-                volume_capability: Some(capability.clone()),
-                readonly: false,
-                volume_context: volume.volume_context.clone(),
-                ..Default::default()
-            },
-        ));
-        match timed(recorder, Rpc::ControllerPublishVolume, call).await {
-            Ok(response) => publish_context = response.publish_context,
-            Err(status) => return Err((Some(done), failed("ControllerPublishVolume", status))),
-        }
-    }
-    if let Some(staging) = done.staging.clone() {
-        if let Err(err) = dirs.make_all(&staging) {
-            return Err((Some(done), err.to_string()));
-        }
-        done.staged = true;
-        let call = node.node_stage_volume(target.csi.request(csi::NodeStageVolumeRequest {
-            volume_id: id.clone(),
-            publish_context: publish_context.clone(),
-            staging_target_path: path_string(&staging),
-            volume_capability: Some(capability.clone()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        }));
-        if let Err(status) = timed(recorder, Rpc::NodeStageVolume, call).await {
-            return Err((Some(done), failed("NodeStageVolume", status)));
-        }
-    }
-    let parent = done.target.parent().expect("targets have a parent");
-    if let Err(err) = dirs.make_all(parent) {
-        return Err((Some(done), err.to_string()));
-    }
-    done.published = true;
-    let call = node.node_publish_volume(target.csi.request(csi::NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        publish_context,
-        staging_target_path: done.staging.as_deref().map(path_string).unwrap_or_default(),
-        target_path: path_string(&done.target),
-        volume_capability: Some(capability),
-        readonly: false,
-        volume_context: volume.volume_context.clone(),
-        ..Default::default()
-    }));
-    if let Err(status) = timed(recorder, Rpc::NodePublishVolume, call).await {
-        return Err((Some(done), failed("NodePublishVolume", status)));
-    }
-    Ok(done)
-}
-
-/// Unpublishes, (unstages, controller-unpublishes) and deletes, for whatever was attempted.
-async fn teardown(target: &Target, done: &Published, recorder: &mut Recorder) {
-    let id = &done.volume_id;
-    let mut controller = target.csi.controller.clone();
-    let mut node = target.csi.node.clone();
-    if done.published {
-        let call =
-            node.node_unpublish_volume(target.csi.request(csi::NodeUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                target_path: path_string(&done.target),
-            }));
-        let _ = timed(recorder, Rpc::NodeUnpublishVolume, call).await;
-    }
-    if let (true, Some(staging)) = (done.staged, &done.staging) {
-        let call = node.node_unstage_volume(target.csi.request(csi::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: path_string(staging),
-        }));
-        let _ = timed(recorder, Rpc::NodeUnstageVolume, call).await;
-    }
-    if done.controller_published {
-        let call = controller.controller_unpublish_volume(target.csi.request(
-            csi::ControllerUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                node_id: target.info.node_id.clone(),
-                ..Default::default()
-            },
-        ));
-        let _ = timed(recorder, Rpc::ControllerUnpublishVolume, call).await;
-    }
-    target.delete(id, recorder).await;
-}
-
 pub async fn block_io(args: &BlockIoArgs) -> Result<BlockIoReport, Fatal> {
     if args.size < FILL_BLOCK as i64 || args.size % FILL_BLOCK as i64 != 0 {
         return Err(format!(
@@ -338,17 +208,20 @@ pub async fn block_io(args: &BlockIoArgs) -> Result<BlockIoReport, Fatal> {
     let mut recorder = Recorder::default();
     let mut dirs = MadeDirs::default();
     let mut leftovers = Vec::new();
-    let outcome = match publish(&target, &mut dirs, &mut recorder).await {
-        Ok(done) => {
-            let measured = measure(args, &done.target).await;
-            teardown(&target, &done, &mut recorder).await;
+    let name = format!("{}-blockio", target.run_id);
+    let outcome = match target.create(&name, &mut recorder).await {
+        None => Err("CreateVolume failed".to_string()),
+        Some(volume) => {
+            let (attachment, attached) = target
+                .attach(&volume, &name, &mut dirs, &mut recorder)
+                .await;
+            let measured = match attached {
+                Ok(_) => measure(args, &attachment.target).await,
+                Err(failure) => Err(failure.to_string()),
+            };
+            target.detach(&attachment, &mut recorder).await;
+            target.delete(&volume.volume_id, &mut recorder).await;
             measured
-        }
-        Err((done, err)) => {
-            if let Some(done) = done {
-                teardown(&target, &done, &mut recorder).await;
-            }
-            Err(err)
         }
     };
     leftovers.extend(dirs.remove());

@@ -121,17 +121,75 @@ impl Target {
         let Some(volume) = self.create(&name, recorder).await else {
             return outcome;
         };
+        let mut dirs = MadeDirs::default();
+        let (attachment, attached) = self.attach(&volume, &name, &mut dirs, recorder).await;
+        let mut ok = match attached {
+            Ok(took) => {
+                recorder.record_derived(Rpc::Attach, took);
+                true
+            }
+            Err(AttachFailure::Host(problem)) => {
+                outcome.problems.push(problem);
+                false
+            }
+            Err(AttachFailure::Driver(_)) => false,
+        };
+        let (detached, took) = self.detach(&attachment, recorder).await;
+        if let Some(took) = took {
+            recorder.record_derived(Rpc::Detach, took);
+        }
+        ok &= detached;
+        ok &= self.delete(&volume.volume_id, recorder).await;
+        outcome.problems.extend(dirs.remove());
+        outcome.completed = ok && outcome.problems.is_empty();
+        outcome
+    }
+
+    /// ControllerPublish (when the driver asks for it), NodeStage (when it stages) and
+    /// NodePublish of `volume`, named `name`, as kubelet makes them, with the directories
+    /// kubelet would make (in `dirs`). The attachment says what was attempted, for `detach`;
+    /// the result is the time stage + publish took, or the first failure.
+    pub(crate) async fn attach(
+        &self,
+        volume: &csi::Volume,
+        name: &str,
+        dirs: &mut MadeDirs,
+        recorder: &mut Recorder,
+    ) -> (Attachment, Result<Duration, AttachFailure>) {
         let id = volume.volume_id.clone();
+        let pod_uid = uuid::Uuid::now_v7().to_string();
+        let mut done = Attachment {
+            volume_id: id.clone(),
+            target: match self.access {
+                AccessType::Mount => self.layout.mount_target(&pod_uid, name),
+                AccessType::Block => self.layout.block_target(name, &pod_uid),
+            },
+            staging: self.info.stage_unstage.then(|| match self.access {
+                AccessType::Mount => self.layout.mount_staging(&id),
+                AccessType::Block => self.layout.block_staging(name),
+            }),
+            controller_published: false,
+            staged: false,
+            published: false,
+        };
+        let result = self.attach_steps(volume, &mut done, dirs, recorder).await;
+        (done, result)
+    }
+
+    async fn attach_steps(
+        &self,
+        volume: &csi::Volume,
+        done: &mut Attachment,
+        dirs: &mut MadeDirs,
+        recorder: &mut Recorder,
+    ) -> Result<Duration, AttachFailure> {
+        let id = &done.volume_id;
+        let capability = self.capability();
         let mut controller = self.csi.controller.clone();
         let mut node = self.csi.node.clone();
-        let pod_uid = uuid::Uuid::now_v7().to_string();
-        let capability = self.capability();
-        let mut dirs = MadeDirs::default();
-        let mut ok = true;
-
         let mut publish_context = HashMap::new();
-        let controller_published = self.info.controller_publish;
-        if controller_published {
+        if self.info.controller_publish {
+            done.controller_published = true;
             let call = controller.controller_publish_volume(self.csi.request(
                 csi::ControllerPublishVolumeRequest {
                     volume_id: id.clone(),
@@ -142,111 +200,89 @@ impl Target {
                     ..Default::default()
                 },
             ));
-            match timed(recorder, Rpc::ControllerPublishVolume, call).await {
-                Ok(response) => publish_context = response.publish_context,
-                Err(_) => ok = false,
-            }
+            let response = timed(recorder, Rpc::ControllerPublishVolume, call)
+                .await
+                .map_err(|status| AttachFailure::driver("ControllerPublishVolume", status))?;
+            publish_context = response.publish_context;
         }
-
-        let staging = self.info.stage_unstage.then(|| match self.access {
-            AccessType::Mount => self.layout.mount_staging(&id),
-            AccessType::Block => self.layout.block_staging(&name),
-        });
-        let mut attach = Duration::ZERO;
-        let mut staged = false;
-        if let (true, Some(staging)) = (ok, &staging) {
+        let mut took = Duration::ZERO;
+        if let Some(staging) = done.staging.clone() {
             // Kubelet makes the staging directory itself.
-            match dirs.make_all(staging) {
-                Err(err) => {
-                    outcome.problems.push(err.to_string());
-                    ok = false;
-                }
-                Ok(()) => {
-                    staged = true;
-                    let call =
-                        node.node_stage_volume(self.csi.request(csi::NodeStageVolumeRequest {
-                            volume_id: id.clone(),
-                            publish_context: publish_context.clone(),
-                            staging_target_path: path_string(staging),
-                            volume_capability: Some(capability.clone()),
-                            volume_context: volume.volume_context.clone(),
-                            ..Default::default()
-                        }));
-                    let started = Instant::now();
-                    ok &= timed(recorder, Rpc::NodeStageVolume, call).await.is_ok();
-                    attach += started.elapsed();
-                }
-            }
+            dirs.make_all(&staging)
+                .map_err(|err| AttachFailure::Host(err.to_string()))?;
+            done.staged = true;
+            let call = node.node_stage_volume(self.csi.request(csi::NodeStageVolumeRequest {
+                volume_id: id.clone(),
+                publish_context: publish_context.clone(),
+                staging_target_path: path_string(&staging),
+                volume_capability: Some(capability.clone()),
+                volume_context: volume.volume_context.clone(),
+                ..Default::default()
+            }));
+            let started = Instant::now();
+            timed(recorder, Rpc::NodeStageVolume, call)
+                .await
+                .map_err(|status| AttachFailure::driver("NodeStageVolume", status))?;
+            took += started.elapsed();
         }
+        // Kubelet makes only the target's parent.
+        dirs.make_all(done.target.parent().expect("targets have a parent"))
+            .map_err(|err| AttachFailure::Host(err.to_string()))?;
+        done.published = true;
+        let call = node.node_publish_volume(self.csi.request(csi::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            publish_context,
+            staging_target_path: done.staging.as_deref().map(path_string).unwrap_or_default(),
+            target_path: path_string(&done.target),
+            volume_capability: Some(capability),
+            readonly: false,
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        }));
+        let started = Instant::now();
+        timed(recorder, Rpc::NodePublishVolume, call)
+            .await
+            .map_err(|status| AttachFailure::driver("NodePublishVolume", status))?;
+        Ok(took + started.elapsed())
+    }
 
-        let target = match self.access {
-            AccessType::Mount => self.layout.mount_target(&pod_uid, &name),
-            AccessType::Block => self.layout.block_target(&name, &pod_uid),
-        };
-        let mut published = false;
-        if ok {
-            // Kubelet makes only the target's parent.
-            match dirs.make_all(target.parent().expect("targets have a parent")) {
-                Err(err) => {
-                    outcome.problems.push(err.to_string());
-                    ok = false;
-                }
-                Ok(()) => {
-                    published = true;
-                    let call =
-                        node.node_publish_volume(self.csi.request(csi::NodePublishVolumeRequest {
-                            volume_id: id.clone(),
-                            publish_context: publish_context.clone(),
-                            staging_target_path:
-                                staging.as_deref().map(path_string).unwrap_or_default(),
-                            target_path: path_string(&target),
-                            volume_capability: Some(capability.clone()),
-                            readonly: false,
-                            volume_context: volume.volume_context.clone(),
-                            ..Default::default()
-                        }));
-                    let started = Instant::now();
-                    ok &= timed(recorder, Rpc::NodePublishVolume, call).await.is_ok();
-                    attach += started.elapsed();
-                    if ok {
-                        recorder.record_derived(Rpc::Attach, attach);
-                    }
-                }
-            }
-        }
-
-        // Teardown, in kubelet's order, for whatever was attempted.
-        let mut detach = Duration::ZERO;
-        let mut detached = published || staged;
-        if published {
+    /// Undoes what `attach` attempted, in kubelet's order: whether every call succeeded, and
+    /// the time unpublish + unstage took when there was something to detach and it all went
+    /// well.
+    pub(crate) async fn detach(
+        &self,
+        done: &Attachment,
+        recorder: &mut Recorder,
+    ) -> (bool, Option<Duration>) {
+        let id = &done.volume_id;
+        let mut controller = self.csi.controller.clone();
+        let mut node = self.csi.node.clone();
+        let mut took = Duration::ZERO;
+        let mut detached = true;
+        if done.published {
             let call =
                 node.node_unpublish_volume(self.csi.request(csi::NodeUnpublishVolumeRequest {
                     volume_id: id.clone(),
-                    target_path: path_string(&target),
+                    target_path: path_string(&done.target),
                 }));
             let started = Instant::now();
-            let done = timed(recorder, Rpc::NodeUnpublishVolume, call)
+            detached &= timed(recorder, Rpc::NodeUnpublishVolume, call)
                 .await
                 .is_ok();
-            detach += started.elapsed();
-            detached &= done;
-            ok &= done;
+            took += started.elapsed();
         }
-        if let (true, Some(staging)) = (staged, &staging) {
+        if let (true, Some(staging)) = (done.staged, &done.staging) {
             let call = node.node_unstage_volume(self.csi.request(csi::NodeUnstageVolumeRequest {
                 volume_id: id.clone(),
                 staging_target_path: path_string(staging),
             }));
             let started = Instant::now();
-            let done = timed(recorder, Rpc::NodeUnstageVolume, call).await.is_ok();
-            detach += started.elapsed();
-            detached &= done;
-            ok &= done;
+            detached &= timed(recorder, Rpc::NodeUnstageVolume, call).await.is_ok();
+            took += started.elapsed();
         }
-        if detached {
-            recorder.record_derived(Rpc::Detach, detach);
-        }
-        if controller_published {
+        let span = (detached && (done.published || done.staged)).then_some(took);
+        let mut ok = detached;
+        if done.controller_published {
             let call = controller.controller_unpublish_volume(self.csi.request(
                 csi::ControllerUnpublishVolumeRequest {
                     volume_id: id.clone(),
@@ -258,10 +294,39 @@ impl Target {
                 .await
                 .is_ok();
         }
-        ok &= self.delete(&id, recorder).await;
-        outcome.problems.extend(dirs.remove());
-        outcome.completed = ok && outcome.problems.is_empty();
-        outcome
+        (ok, span)
+    }
+}
+
+/// What `attach` attempted, so that `detach` undoes exactly that.
+#[derive(Debug)]
+pub(crate) struct Attachment {
+    pub(crate) volume_id: String,
+    pub(crate) target: std::path::PathBuf,
+    staging: Option<std::path::PathBuf>,
+    controller_published: bool,
+    staged: bool,
+    published: bool,
+}
+
+/// Why an attach stopped: the driver refused a call, or we could not make a directory.
+#[derive(Debug)]
+pub(crate) enum AttachFailure {
+    Driver(String),
+    Host(String),
+}
+
+impl AttachFailure {
+    fn driver(call: &str, status: tonic::Status) -> AttachFailure {
+        AttachFailure::Driver(format!("{call}: {:?}: {}", status.code(), status.message()))
+    }
+}
+
+impl std::fmt::Display for AttachFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachFailure::Driver(what) | AttachFailure::Host(what) => f.write_str(what),
+        }
     }
 }
 
