@@ -114,6 +114,11 @@ impl Admin for AdminService {
                     .map_err(|err| crate::error::Error::host("sending the export", err))?;
                 Ok(summary)
             });
+            // The stream ends when the last sender goes: only once the source has let go of
+            // the volume and removed its temporary snapshot, so a client that saw the end
+            // finds the node as it was.
+            drop(out);
+            drop(source);
             match written {
                 Ok(summary) => {
                     info!(volume = %id, bytes = summary.stream_bytes, data_bytes = summary.data_bytes, entries = summary.entries, "export finished")
