@@ -63,14 +63,17 @@ fn calls(summaries: &Value, rpc: &str) -> (u64, u64) {
 }
 
 /// No volume, record, mount, loop device or kubelet directory of ours is left.
-#[track_caller]
-fn assert_nothing_left(driver: &TestDriver) {
+async fn assert_nothing_left(driver: &mut TestDriver) {
     assert_eq!(
         driver.data_entries(),
         Vec::<String>::new(),
         "volume data left"
     );
-    assert_eq!(driver.state_entries(), Vec::<String>::new(), "records left");
+    assert_eq!(
+        driver.state_entries().await,
+        Vec::<String>::new(),
+        "records left"
+    );
     assert_eq!(driver.mounts_left(), Vec::<std::path::PathBuf>::new());
     assert!(driver.loop_devices_left().is_empty(), "loop devices left");
     assert_eq!(
@@ -81,7 +84,7 @@ fn assert_nothing_left(driver: &TestDriver) {
 }
 
 async fn lifecycle_smoke(access_type: &str) {
-    let driver = TestDriver::start().await;
+    let mut driver = TestDriver::start().await;
     let mut args = vec!["lifecycle".to_string()];
     args.extend(target_flags(&driver));
     args.extend(
@@ -139,7 +142,7 @@ async fn lifecycle_smoke(access_type: &str) {
     for field in ["idle_rss_kib", "after_preload_rss_kib", "peak_rss_kib"] {
         assert!(memory[field].as_u64().unwrap() > 0, "{field}: {memory:#}");
     }
-    assert_nothing_left(&driver);
+    assert_nothing_left(&mut driver).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,7 +158,7 @@ async fn lifecycle_of_block_volumes_counts_every_call_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_is_measured_per_run_with_preloaded_volumes() {
     // Not started: the tool starts (and stops) the driver itself.
-    let driver = TestDriver::prepare(Options::default());
+    let mut driver = TestDriver::prepare(Options::default());
     let mut args = vec!["startup".to_string()];
     args.extend(target_flags(&driver));
     args.extend(
@@ -202,12 +205,12 @@ async fn startup_is_measured_per_run_with_preloaded_volumes() {
         !driver.socket.exists(),
         "the last driver did not stop cleanly"
     );
-    assert_nothing_left(&driver);
+    assert_nothing_left(&mut driver).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn driver_errors_are_counted_reported_and_fail_the_run() {
-    let driver = TestDriver::start().await;
+    let mut driver = TestDriver::start().await;
     // More than the data dir's filesystem holds: CreateVolume is RESOURCE_EXHAUSTED.
     let too_big = (filesystem_bytes(&driver.data) * 2).to_string();
     let mut args = vec!["lifecycle".to_string()];
@@ -232,13 +235,13 @@ async fn driver_errors_are_counted_reported_and_fail_the_run() {
     // Nothing to publish or delete after a failed create.
     assert!(report["rpcs"]["NodePublishVolume"].is_null());
     assert!(report["rpcs"]["DeleteVolume"].is_null());
-    assert_nothing_left(&driver);
+    assert_nothing_left(&mut driver).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_that_cannot_create_volumes_is_refused() {
     // Node mode serves no Controller service.
-    let driver = TestDriver::start_with(Options {
+    let mut driver = TestDriver::start_with(Options {
         mode: Some("node"),
         ..Default::default()
     })
@@ -250,13 +253,13 @@ async fn a_driver_that_cannot_create_volumes_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("CREATE_DELETE_VOLUME"), "{stderr}");
     assert!(output.stdout.is_empty());
-    assert_nothing_left(&driver);
+    assert_nothing_left(&mut driver).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_io_reports_every_case_for_device_and_plain_file_and_leaves_nothing() {
     // Not started: the tool starts (and stops) the driver itself.
-    let driver = TestDriver::prepare(Options::default());
+    let mut driver = TestDriver::prepare(Options::default());
     // The plain file goes next to the data dir by default (its parent, on the same filesystem).
     let root = driver.data.parent().unwrap().to_path_buf();
     let mut args = vec!["block-io".to_string()];
@@ -326,5 +329,5 @@ async fn block_io_reports_every_case_for_device_and_plain_file_and_leaves_nothin
         Vec::<String>::new(),
         "the plain file was left behind"
     );
-    assert_nothing_left(&driver);
+    assert_nothing_left(&mut driver).await;
 }

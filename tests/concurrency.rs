@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_creates_of_one_name_make_one_volume() {
-    let driver = TestDriver::start().await;
+    let mut driver = TestDriver::start().await;
     for access in [
         mount_cap(Mode::SingleNodeWriter),
         block_cap(Mode::SingleNodeWriter),
@@ -45,12 +45,8 @@ async fn concurrent_creates_of_one_name_make_one_volume() {
         "{:?}",
         driver.data_entries()
     );
-    assert_eq!(
-        driver.state_entries().len(),
-        2,
-        "{:?}",
-        driver.state_entries()
-    );
+    let records = driver.state_entries().await;
+    assert_eq!(records.len(), 2, "{records:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -439,7 +439,7 @@ async fn create_accepts_single_node_modes() {
 
 #[tokio::test]
 async fn delete_removes_data_and_record() {
-    let driver = TestDriver::start().await;
+    let mut driver = TestDriver::start().await;
     let fs_volume = driver.create_fs_volume().await;
     let block_volume = driver.create_block_volume().await;
     fs::write(host_path(&fs_volume).join("file"), b"data").unwrap();
@@ -463,7 +463,7 @@ async fn delete_removes_data_and_record() {
     }
     assert_eq!(driver.list_all().await.len(), 0);
     assert_eq!(driver.data_entries(), Vec::<String>::new());
-    assert_eq!(driver.state_entries(), Vec::<String>::new());
+    assert_eq!(driver.state_entries().await, Vec::<String>::new());
 }
 
 #[tokio::test]

@@ -308,7 +308,11 @@ async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
     expected_state.sort();
     assert_eq!(driver.list_all().await.len(), requests.len());
     assert_eq!(driver.data_entries(), expected_data, "no orphaned data");
-    assert_eq!(driver.state_entries(), expected_state, "no stray records");
+    assert_eq!(
+        driver.state_entries().await,
+        expected_state,
+        "no stray records"
+    );
 }
 
 #[tokio::test]
@@ -386,13 +390,14 @@ async fn torn_create(cut: bool) {
         bytes[last] ^= 0x5a;
     }
     fs::write(&journal, &bytes).unwrap();
-    fs::remove_file(
-        driver
+    // Record files are written back only by compaction: none was made for it.
+    assert!(
+        !driver
             .data
             .join("state")
-            .join(format!("{}.json", torn.volume_id)),
-    )
-    .unwrap();
+            .join(format!("{}.json", torn.volume_id))
+            .exists()
+    );
     let path = host_path(&torn);
     let staged = path.with_file_name(format!(".creating-{}.img", torn.volume_id));
     fs::rename(&path, &staged).unwrap();
@@ -488,8 +493,8 @@ async fn a_state_directory_of_the_old_layout_loads_unchanged() {
     let deleted = driver.create_block_volume().await;
     driver.delete(&deleted.volume_id).await.unwrap();
     let before = driver.list_all().await;
-    driver.kill9();
-    // The old layout: the record files (exact after a kill -9), no journal.
+    // A clean stop writes every record back; then the old layout: record files, no journal.
+    driver.stop().await;
     fs::remove_dir_all(driver.data.join("state/journal")).unwrap();
 
     driver.start_again().await;
@@ -505,11 +510,8 @@ async fn a_state_directory_of_the_old_layout_loads_unchanged() {
     for volume in [&fs_volume, &block_volume, &published] {
         driver.delete(&volume.volume_id).await.unwrap();
     }
-    assert!(
-        driver.state_entries().is_empty(),
-        "{:?}",
-        driver.state_entries()
-    );
+    let records = driver.state_entries().await;
+    assert!(records.is_empty(), "{records:?}");
     driver.restart().await;
     assert!(driver.list_all().await.is_empty());
 }
@@ -669,7 +671,11 @@ async fn kill9_during_create_delete_and_publish_storms_converges() {
     expected_state.sort();
     assert_eq!(driver.list_all().await.len(), kept.len());
     assert_eq!(driver.data_entries(), expected_data, "no leaked data");
-    assert_eq!(driver.state_entries(), expected_state, "no leaked records");
+    assert_eq!(
+        driver.state_entries().await,
+        expected_state,
+        "no leaked records"
+    );
     assert!(
         !driver.data.join("lost+found").exists(),
         "nothing deleted was quarantined"

@@ -126,7 +126,12 @@ fn snapshot_image(pool_root: &Path, id: &str) -> PathBuf {
     pool_root.join("snapshots").join(format!("{id}.img"))
 }
 
-fn snapshot_record(driver: &TestDriver, id: &str) -> PathBuf {
+/// The record file of snapshot `id`, at rest: a running driver is restarted first (see
+/// `TestDriver::state_entries`).
+async fn snapshot_record(driver: &mut TestDriver, id: &str) -> PathBuf {
+    if driver.is_running() {
+        driver.restart().await;
+    }
     driver
         .data
         .join("state/snapshots")
@@ -314,7 +319,7 @@ async fn mode_controller_claims_no_snapshot_capability() {
 /// are where the contract puts them.
 #[tokio::test]
 async fn create_snapshot_answers_an_id_of_this_node_the_source_size_and_time() {
-    let driver = TestDriver::start().await;
+    let mut driver = TestDriver::start().await;
     let volume = driver
         .create(create_request(&new_name(), snw_mount(), 3 * SIZE))
         .await;
@@ -339,7 +344,11 @@ async fn create_snapshot_answers_an_id_of_this_node_the_source_size_and_time() {
         data.display()
     );
     assert_eq!(fs::read(data.join("file")).unwrap(), content);
-    assert!(snapshot_record(&driver, &snapshot.snapshot_id).is_file());
+    assert!(
+        snapshot_record(&mut driver, &snapshot.snapshot_id)
+            .await
+            .is_file()
+    );
 }
 
 /// Same name and source: the same snapshot (id, creation time), no second copy.
@@ -467,15 +476,16 @@ async fn a_long_copy_is_polled_until_ready_under_one_id() {
 /// DeleteSnapshot removes the data and the record; a second delete is still OK.
 #[tokio::test]
 async fn delete_snapshot_removes_its_data_and_record() {
-    let driver = TestDriver::start().await;
+    let mut driver = TestDriver::start().await;
     let (volume, _) = volume_with_file(&driver).await;
     let snapshot = driver.snapshot_of(&volume.volume_id).await;
     let data = snapshot_dir(&driver.data, &snapshot.snapshot_id);
-    let record = snapshot_record(&driver, &snapshot.snapshot_id);
+    let record = snapshot_record(&mut driver, &snapshot.snapshot_id).await;
     assert!(data.exists() && record.exists());
 
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
     assert!(!exists_no_follow(&data), "data left at {}", data.display());
+    snapshot_record(&mut driver, &snapshot.snapshot_id).await;
     assert!(
         !exists_no_follow(&record),
         "record left at {}",
@@ -1295,7 +1305,7 @@ async fn kill9_during_a_copy_ends_with_the_same_snapshot_ready_or_none() {
 /// no data, staging copy or record stays, and the source is untouched.
 #[tokio::test]
 async fn delete_snapshot_during_its_copy_removes_everything() {
-    let driver = start_on_tmpfs("3g").await;
+    let mut driver = start_on_tmpfs("3g").await;
     let (volume, _, first) = snapshot_answered_not_ready(&driver).await;
     retry_aborted(|| driver.delete_snapshot(&first.snapshot_id))
         .await
@@ -1305,10 +1315,9 @@ async fn delete_snapshot_during_its_copy_removes_everything() {
         dir_names(&driver.data.join("snapshots")),
         Vec::<String>::new()
     );
-    assert!(!exists_no_follow(&snapshot_record(
-        &driver,
-        &first.snapshot_id
-    )));
+    assert!(!exists_no_follow(
+        &snapshot_record(&mut driver, &first.snapshot_id).await
+    ));
     assert!(host_path(&volume).join("round-0/d00/f00000").is_file());
     // The volume is free to go too: no copy holds it any more.
     driver.delete(&volume.volume_id).await.unwrap();
@@ -1417,9 +1426,15 @@ async fn a_snapshot_that_does_not_fit_its_pool_is_resource_exhausted() {
         dir_names(&small.join("snapshots")),
         vec![fits.snapshot_id.clone()]
     );
+    let snapshot_records: Vec<String> = driver
+        .state_entries()
+        .await
+        .into_iter()
+        .filter(|name| name.starts_with("snapshots/"))
+        .collect();
     assert_eq!(
-        dir_names(&driver.data.join("state/snapshots")),
-        vec![format!("{}.json", fits.snapshot_id)]
+        snapshot_records,
+        vec![format!("snapshots/{}.json", fits.snapshot_id)]
     );
 }
 

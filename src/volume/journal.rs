@@ -10,18 +10,21 @@
 //! flushes (the leader, lock released while it flushes); entries appended meanwhile share the
 //! next flush, so N concurrent commits cost far fewer than N flushes.
 //!
-//! **Compaction.** The record files beside the journal are written (without fsync) right after
-//! each commit, so they hold the newest state but are not durable on their own. When the
-//! current generation passes `max_bytes`, or holds an entry older than `max_age`, a background
-//! thread rotates to a new generation and then, for the old one:
+//! **Compaction.** A commit writes nothing but its entry: the record files beside the journal
+//! are written back later, by compaction, so a create or delete costs one append and one
+//! flush and allocates no inode in the state directory. When the current generation passes
+//! `max_bytes`, or holds an entry older than `max_age`, a background thread rotates to a new
+//! generation and then, for the old one:
 //! 1. creates the new generation's file and fsyncs the journal directory *before* any commit
 //!    goes there — else a power loss could drop the new file's directory entry, and with it
 //!    commits already acknowledged;
-//! 2. flushes the state's filesystem (syncfs), which makes every record file and every rename
-//!    or unlink in the state directory durable, and runs the barrier (syncfs of every pool, so
-//!    the data of volumes created or deleted in the old generation is durable too) — else
-//!    dropping the journal could leave a record file empty, stale or resurrected after a power
-//!    loss, with no journal left to correct it;
+//! 2. writes back the newest entry of every record the old generation changed (`WriteBack`:
+//!    a record file written or removed, without flush), then flushes the state's filesystem
+//!    (syncfs), which makes those files and every rename or unlink in the state directory
+//!    durable, and runs the barrier (syncfs of every pool, so the data of volumes created or
+//!    deleted in the old generation is durable too) — else dropping the journal could leave a
+//!    record file missing, stale or resurrected after a power loss, with no journal left to
+//!    correct it;
 //! 3. only then deletes the old generation and fsyncs the journal directory — else a power loss
 //!    could bring back an old generation with no newer one to override it (a stale replay).
 //!
@@ -36,6 +39,7 @@
 //! do — and the journal refuses to open: skipping it could resurrect a deleted volume or lose
 //! a created one, and later entries may depend on it. An admin must look (see the error).
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -116,6 +120,8 @@ impl Entry {
 
 /// Something to make durable before an old generation is dropped (see the module comment).
 pub type Barrier = Arc<dyn Fn() -> io::Result<()> + Send + Sync>;
+/// Applies an entry to the record files (step 2 of a compaction), without flushing.
+pub type WriteBack = Arc<dyn Fn(&Entry) -> io::Result<()> + Send + Sync>;
 /// Called once per flush, while it runs (tests count and slow flushes with it).
 pub type FlushHook = Arc<dyn Fn() + Send + Sync>;
 
@@ -129,6 +135,10 @@ pub struct Options {
     /// Run compactions in a background thread (tests drive them by hand).
     pub background: bool,
     pub on_flush: Option<FlushHook>,
+    /// Runs before an old generation is dropped, after the state's own flush.
+    pub barrier: Option<Barrier>,
+    /// Where compaction writes the records back (none: the caller keeps its files itself).
+    pub write_back: Option<WriteBack>,
 }
 
 impl Default for Options {
@@ -138,6 +148,8 @@ impl Default for Options {
             max_age: Duration::from_secs(10),
             background: true,
             on_flush: None,
+            barrier: None,
+            write_back: None,
         }
     }
 }
@@ -173,9 +185,12 @@ struct Shared {
     /// The directory holding the record files (its filesystem is flushed by compaction).
     records_dir: PathBuf,
     options: Options,
-    barrier: Mutex<Option<Barrier>>,
     state: Mutex<State>,
+    /// Signals the end of a flush or compaction (to commits and `compact_now`).
     changed: Condvar,
+    /// Wakes the background compactor: separate from `changed`, so that a commit's flush
+    /// does not wake (and switch to) a compactor with nothing to do.
+    wake_compactor: Condvar,
 }
 
 impl std::fmt::Debug for Shared {
@@ -185,6 +200,15 @@ impl std::fmt::Debug for Shared {
             .field("name", &self.name)
             .finish()
     }
+}
+
+/// The newest entry per record id.
+type Changes = HashMap<String, Entry>;
+
+/// A generation rotated out and not yet compacted.
+struct Old {
+    generation: u64,
+    unwritten: Changes,
 }
 
 struct State {
@@ -201,8 +225,10 @@ struct State {
     /// Set by a failed write or flush: what is on disk is unknown, so no commit is accepted
     /// until a restart replays the journal.
     failed: Option<String>,
+    /// The newest entry of each record changed in the current generation, to write back.
+    unwritten: Changes,
     /// Old generations waiting for compaction, oldest first.
-    pending: Vec<u64>,
+    pending: Vec<Old>,
     compacting: bool,
     flushes: u64,
     closed: bool,
@@ -221,9 +247,17 @@ impl Journal {
         fs::create_dir_all(dir)?;
         let generations = generations(dir, name)?;
         let mut replay = Replay::default();
+        let mut pending = Vec::with_capacity(generations.len());
         for &generation in &generations {
             let path = generation_path(dir, name, generation);
+            let before = replay.entries.len();
             read_generation(&path, &mut replay)?;
+            // Written back by their compaction, like the changes of a running generation.
+            let unwritten = newest_per_id(&replay.entries[before..]);
+            pending.push(Old {
+                generation,
+                unwritten,
+            });
         }
         let generation = generations.last().map_or(1, |g| g + 1);
         let file = create_generation(dir, name, generation)?;
@@ -232,7 +266,6 @@ impl Journal {
             name: name.to_string(),
             records_dir: records_dir.to_path_buf(),
             options,
-            barrier: Mutex::new(None),
             state: Mutex::new(State {
                 file: Arc::new(file),
                 generation,
@@ -242,12 +275,14 @@ impl Journal {
                 durable: 0,
                 flushing: false,
                 failed: None,
-                pending: generations,
+                unwritten: Changes::new(),
+                pending,
                 compacting: false,
                 flushes: 0,
                 closed: false,
             }),
             changed: Condvar::new(),
+            wake_compactor: Condvar::new(),
         });
         let compactor = shared.options.background.then(|| {
             let shared = shared.clone();
@@ -261,15 +296,6 @@ impl Journal {
             compactor: Mutex::new(compactor),
         };
         Ok((journal, replay))
-    }
-
-    /// Runs before an old generation is dropped, after the state's own flush.
-    pub fn set_barrier(&self, barrier: Barrier) {
-        *self
-            .shared
-            .barrier
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(barrier);
     }
 
     /// Appends `entry` and returns once it is durable (group commit: see the module comment).
@@ -289,6 +315,9 @@ impl Journal {
         }
         state.size += frame.len() as u64;
         state.first_entry_at.get_or_insert_with(Instant::now);
+        if shared.options.write_back.is_some() {
+            state.unwritten.insert(entry.id.clone(), entry.clone());
+        }
         state.written += 1;
         let mine = state.written;
         loop {
@@ -323,7 +352,7 @@ impl Journal {
             shared.changed.notify_all();
         }
         if state.size >= shared.options.max_bytes {
-            shared.changed.notify_all();
+            shared.wake_compactor.notify_one();
         }
         Ok(())
     }
@@ -371,7 +400,7 @@ impl Drop for Journal {
     /// A clean stop compacts everything, so the next start has nothing to replay.
     fn drop(&mut self) {
         self.shared.lock().closed = true;
-        self.shared.changed.notify_all();
+        self.shared.wake_compactor.notify_all();
         if let Some(handle) = self
             .compactor
             .lock()
@@ -380,12 +409,15 @@ impl Drop for Journal {
         {
             let _ = handle.join();
         }
-        let state = self.shared.lock();
+        let mut state = self.shared.lock();
         if state.failed.is_some() || state.flushing || state.compacting {
             return;
         }
-        let mut all = state.pending.clone();
-        all.push(state.generation);
+        let mut all = std::mem::take(&mut state.pending);
+        all.push(Old {
+            generation: state.generation,
+            unwritten: std::mem::take(&mut state.unwritten),
+        });
         drop(state);
         if let Err(err) = self.shared.compact(&all) {
             warn!(journal = %self.shared.name, error = %err, "could not compact the journal at stop; it is replayed at the next start");
@@ -409,7 +441,10 @@ impl Shared {
         debug_assert!(!state.flushing && state.written == state.durable);
         let next = state.generation + 1;
         let file = create_generation(&self.dir, &self.name, next)?;
-        state.pending.push(state.generation);
+        state.pending.push(Old {
+            generation: state.generation,
+            unwritten: std::mem::take(&mut state.unwritten),
+        });
         state.file = Arc::new(file);
         state.generation = next;
         state.size = 0;
@@ -417,23 +452,26 @@ impl Shared {
         Ok(())
     }
 
-    /// Steps 2 and 3 for the generations `old`.
-    fn compact(&self, old: &[u64]) -> io::Result<()> {
+    /// Steps 2 and 3 for the generations `old` (oldest first).
+    fn compact(&self, old: &[Old]) -> io::Result<()> {
         if old.is_empty() {
             return Ok(());
         }
-        // Step 2: the record files and the state directory's entries, then the pools' data.
+        // Step 2: write the records back (the newest entry of each wins), flush them and the
+        // state directory's entries, then the pools' data.
+        if let Some(write_back) = &self.options.write_back {
+            let mut newest: HashMap<&str, &Entry> = HashMap::new();
+            for entry in old.iter().flat_map(|o| o.unwritten.values()) {
+                newest.insert(&entry.id, entry);
+            }
+            newest.values().try_for_each(|entry| write_back(entry))?;
+        }
         crate::host::copy::sync_filesystem(&self.records_dir)?;
-        let barrier = self
-            .barrier
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(barrier) = barrier {
+        if let Some(barrier) = &self.options.barrier {
             barrier()?;
         }
         // Step 3.
-        for &generation in old {
+        for generation in old.iter().map(|o| o.generation) {
             match fs::remove_file(generation_path(&self.dir, &self.name, generation)) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
                 _ => {}
@@ -471,7 +509,8 @@ impl Shared {
                 self.changed.notify_all();
                 match result {
                     Ok(()) => {
-                        info!(journal = %self.name, generations = ?pending, "journal compacted into the record files")
+                        let generations: Vec<u64> = pending.iter().map(|o| o.generation).collect();
+                        info!(journal = %self.name, ?generations, records = pending.iter().map(|o| o.unwritten.len()).sum::<usize>(), "journal compacted into the record files")
                     }
                     Err(err) => {
                         error!(journal = %self.name, error = %err, "compacting the journal failed; its generations stay and are retried (and replayed at start)");
@@ -496,7 +535,7 @@ impl Shared {
     }
 
     fn sleep<'a>(&self, state: MutexGuard<'a, State>, timeout: Duration) -> MutexGuard<'a, State> {
-        self.changed
+        self.wake_compactor
             .wait_timeout(state, timeout)
             .unwrap_or_else(|e| e.into_inner())
             .0
@@ -507,6 +546,13 @@ fn failed(why: &str) -> io::Error {
     io::Error::other(format!(
         "the state journal failed earlier ({why}); restart the driver"
     ))
+}
+
+fn newest_per_id(entries: &[Entry]) -> Changes {
+    entries
+        .iter()
+        .map(|entry| (entry.id.clone(), entry.clone()))
+        .collect()
 }
 
 fn generation_path(dir: &Path, name: &str, generation: u64) -> PathBuf {
@@ -796,15 +842,21 @@ mod tests {
     #[test]
     fn compaction_runs_the_barrier_before_dropping_a_generation() {
         let dir = tempfile::tempdir().unwrap();
-        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        journal.commit(&put("a", "1")).unwrap();
         // A failing barrier (e.g. a pool's flush failed): the generation must stay.
-        journal.set_barrier(Arc::new(|| Err(io::Error::other("flush failed"))));
+        let failing = Options {
+            barrier: Some(Arc::new(|| Err(io::Error::other("flush failed")))),
+            ..manual()
+        };
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), failing).unwrap();
+        journal.commit(&put("a", "1")).unwrap();
         assert!(journal.compact_now().is_err());
         crash(journal);
-        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        let passing = Options {
+            barrier: Some(Arc::new(|| Ok(()))),
+            ..manual()
+        };
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), passing).unwrap();
         assert_eq!(replay.entries, vec![put("a", "1")]);
-        journal.set_barrier(Arc::new(|| Ok(())));
         journal.compact_now().unwrap();
         crash(journal);
         let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();

@@ -205,14 +205,25 @@ impl Volumes {
             }
         }
         let state = locked[0].root.join("state");
-        let (store, report) = Store::open(&state, run_dir, journal::Options::default())
+        // Before a journal generation is dropped, the data of the volumes and snapshots it
+        // created or removed must be durable too (see `journal` and `create`).
+        let roots: Vec<PathBuf> = locked.iter().map(|p| p.root.clone()).collect();
+        let journal_options = journal::Options {
+            barrier: Some(Arc::new(move || {
+                roots
+                    .iter()
+                    .try_for_each(|root| crate::host::copy::sync_filesystem(root))
+            })),
+            ..journal::Options::default()
+        };
+        let (store, report) = Store::open(&state, run_dir, journal_options.clone())
             .context(|| format!("loading records from {}", state.display()))?;
         let snapshot_state = state.join("snapshots");
         let (snapshots, snapshot_report) = Records::open(
             &snapshot_state,
             &state.join(store::JOURNAL_DIR),
             "snapshots",
-            journal::Options::default(),
+            journal_options,
         )
         .context(|| format!("loading records from {}", snapshot_state.display()))?;
         let all = store.all();
@@ -244,16 +255,6 @@ impl Volumes {
             usage_cache: throttle::UsageCache::default(),
             node: NodeTag::of(node_id),
         };
-        // Before a journal generation is dropped, the data of the volumes and snapshots it
-        // created or removed must be durable too (see `journal` and `create`).
-        let roots: Vec<PathBuf> = volumes.pools.iter().map(|p| p.root.clone()).collect();
-        let barrier: journal::Barrier = Arc::new(move || {
-            roots
-                .iter()
-                .try_for_each(|root| crate::host::copy::sync_filesystem(root))
-        });
-        volumes.store.set_barrier(barrier.clone());
-        volumes.snapshots.set_barrier(barrier);
         volumes.recover(report)?;
         for torn in &snapshot_report.torn {
             tracing::warn!(what = %torn, "ignored the torn tail of the snapshot journal");

@@ -3,11 +3,12 @@
 //! snapshot records (`snapshot`) both live in one.
 //!
 //! Every change is committed by one entry in the state's journal (`journal`: one flush, shared
-//! by concurrent commits), then written to the record's file atomically (temp file → rename)
-//! but without fsync: the file is what a reader of the state directory sees, and after a
-//! process crash it is exact (the page cache survives); after a power loss it may be stale,
-//! empty or resurrected, which is why loading replays the journal over the files. Compaction
-//! flushes the files before it drops a journal generation (see `journal`).
+//! by concurrent commits) and is then visible in memory. The record's file is written back
+//! later, by the journal's compaction (atomically, temp file → rename, then flushed before the
+//! journal generation is dropped): while the driver runs, a file may lag its record by up to
+//! one compaction interval, and loading replays the journal over the files. Keeping the file
+//! write off the commit path keeps creates and deletes at one append and one flush, with no
+//! inode allocated in the state directory.
 //!
 //! Files of older versions (one durably written JSON per record, no journal) load unchanged:
 //! they are what a compacted state looks like.
@@ -48,6 +49,8 @@ pub struct Records<R: Record> {
 struct Index<R: Record> {
     by_id: BTreeMap<R::Id, Arc<R>>,
     by_name: HashMap<String, R::Id>,
+    /// Records found at load whose files cannot be read (until rewritten or removed).
+    unreadable: HashSet<R::Id>,
 }
 
 /// What loading found besides good records.
@@ -78,21 +81,19 @@ impl<R: Record> Records<R> {
         options: journal::Options,
     ) -> io::Result<(Records<R>, Loaded<R::Id>)> {
         fs::create_dir_all(dir)?;
-        let (journal, replay) = Journal::open(journal_dir, name, dir, options)?;
-        let touched: HashSet<&str> = replay.entries.iter().map(|e| e.id.as_str()).collect();
         let mut index = Index {
             by_id: BTreeMap::new(),
             by_name: HashMap::new(),
+            unreadable: HashSet::new(),
         };
         let mut loaded = Loaded {
             unreadable: Vec::new(),
             removed_temp_files: 0,
             created_recently: HashSet::new(),
             removed_recently: HashSet::new(),
-            torn: replay.torn.clone(),
+            torn: Vec::new(),
         };
-        // What the files of records the journal touches hold, to repair only what differs.
-        let mut file_bytes: HashMap<String, Vec<u8>> = HashMap::new();
+        // The files first: once the journal is open, its compaction may write them back.
         for entry in fs::read_dir(dir)? {
             let entry = entry?;
             let file_name = entry.file_name();
@@ -107,11 +108,9 @@ impl<R: Record> Records<R> {
             let Some(id) = file_name.strip_suffix(RECORD_SUFFIX).and_then(R::parse_id) else {
                 continue;
             };
-            let bytes = fs::read(entry.path());
-            let parsed = bytes
-                .as_ref()
+            let parsed = fs::read(entry.path())
                 .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<R>(b).map_err(|e| e.to_string()));
+                .and_then(|b| serde_json::from_slice::<R>(&b).map_err(|e| e.to_string()));
             match parsed {
                 Ok(record) if *record.id() == id => index.insert(Arc::new(record)),
                 Ok(record) => loaded.unreadable.push((
@@ -120,13 +119,15 @@ impl<R: Record> Records<R> {
                 )),
                 Err(err) => loaded.unreadable.push((id.clone(), err)),
             }
-            let key = id.to_string();
-            if touched.contains(key.as_str()) {
-                file_bytes.insert(key, bytes.unwrap_or_default());
-            }
         }
-        // Replay: the last entry of a record wins.
-        let mut last: HashMap<String, (R::Id, Option<Vec<u8>>)> = HashMap::new();
+        let options = journal::Options {
+            write_back: Some(write_back::<R>(dir)),
+            ..options
+        };
+        let (journal, replay) = Journal::open(journal_dir, name, dir, options)?;
+        loaded.torn = replay.torn.clone();
+        // Replay: the last entry of a record wins. The files catch up when the journal's
+        // compaction writes these entries back.
         for entry in &replay.entries {
             let Some(id) = R::parse_id(&entry.id) else {
                 return Err(io::Error::new(
@@ -153,36 +154,20 @@ impl<R: Record> Records<R> {
                         loaded.created_recently.insert(id.clone());
                     }
                     loaded.removed_recently.remove(&id);
-                    last.insert(entry.id.clone(), (id, Some(entry.json.clone())));
                 }
                 Op::Remove => {
                     loaded.created_recently.remove(&id);
                     loaded.removed_recently.insert(id.clone());
-                    last.insert(entry.id.clone(), (id, None));
                 }
             }
         }
+        index.unreadable = loaded.unreadable.iter().map(|(id, _)| id.clone()).collect();
         let records = Records {
             dir: dir.to_path_buf(),
             journal,
             index: RwLock::new(index),
         };
-        // Bring the files in line with the journal (after a power loss they may lag behind);
-        // not flushed: the journal stays until a compaction flushes them.
-        for (key, (id, json)) in last {
-            let on_disk = file_bytes.get(&key);
-            match json {
-                Some(json) if on_disk != Some(&json) => records.write_file(&id, &json)?,
-                None if on_disk.is_some() => remove_if_exists(&records.record_path(&id))?,
-                _ => {}
-            }
-        }
         Ok((records, loaded))
-    }
-
-    /// Runs before a journal generation is dropped (see `journal`).
-    pub fn set_barrier(&self, barrier: journal::Barrier) {
-        self.journal.set_barrier(barrier);
     }
 
     /// The journal's flush count (for tests and measurements).
@@ -208,7 +193,8 @@ impl<R: Record> Records<R> {
 
     /// Whether a record exists for `id`, readable or not.
     pub fn has_record_file(&self, id: &R::Id) -> bool {
-        self.read_index().by_id.contains_key(id) || self.record_path(id).exists()
+        let index = self.read_index();
+        index.by_id.contains_key(id) || index.unreadable.contains(id)
     }
 
     pub fn len(&self) -> usize {
@@ -255,12 +241,12 @@ impl<R: Record> Records<R> {
         self.write_index().insert(record);
     }
 
-    /// Durably writes `durable` as the record of `id`, leaving the index alone: commits it
-    /// to the journal (the one flush), then writes the file (no flush, see the module comment).
+    /// Durably writes `durable` as the record of `id`, leaving the index alone: one journal
+    /// commit (the one flush; the file is written back by compaction, see the module comment).
     /// Callers serialize the writes of one record (operation guards).
     pub fn write(&self, id: &R::Id, durable: &impl Serialize) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(durable)?;
-        let op = if self.read_index().by_id.contains_key(id) {
+        let op = if self.has_record_file(id) {
             Op::Update
         } else {
             Op::Create
@@ -268,13 +254,13 @@ impl<R: Record> Records<R> {
         self.journal.commit(&Entry {
             op,
             id: id.to_string(),
-            json: json.clone(),
+            json,
         })?;
-        self.write_file(id, &json)
+        self.write_index().unreadable.remove(id);
+        Ok(())
     }
 
     /// Durably removes the record of `id`; a missing record is fine (and costs no flush).
-    /// The journal entry is the commit; the file's unlink is flushed by compaction.
     pub fn remove(&self, id: &R::Id) -> io::Result<()> {
         if self.has_record_file(id) {
             self.journal.commit(&Entry {
@@ -282,38 +268,18 @@ impl<R: Record> Records<R> {
                 id: id.to_string(),
                 json: Vec::new(),
             })?;
-            remove_if_exists(&self.record_path(id))?;
         }
         let mut index = self.write_index();
         if let Some(record) = index.by_id.remove(id) {
             index.by_name.remove(record.name());
         }
+        index.unreadable.remove(id);
         Ok(())
     }
 
     /// A file beside the record of `id`, e.g. `<id>.publications.json`.
     pub fn side_path(&self, id: &R::Id, suffix: &str) -> PathBuf {
-        self.dir.join(format!("{id}{suffix}"))
-    }
-
-    /// A temp name for writing the side file `suffix` (swept at the next open).
-    pub fn side_temp_path(&self, id: &R::Id, suffix: &str) -> PathBuf {
-        self.dir.join(format!(".{id}{suffix}{TEMP_SUFFIX}"))
-    }
-
-    /// Atomically (temp → rename), without flush.
-    fn write_file(&self, id: &R::Id, json: &[u8]) -> io::Result<()> {
-        let temp = self.temp_path(id);
-        fs::write(&temp, json)?;
-        fs::rename(&temp, self.record_path(id))
-    }
-
-    fn record_path(&self, id: &R::Id) -> PathBuf {
-        self.side_path(id, RECORD_SUFFIX)
-    }
-
-    fn temp_path(&self, id: &R::Id) -> PathBuf {
-        self.side_temp_path(id, RECORD_SUFFIX)
+        file_of(&self.dir, id, suffix)
     }
 
     fn read_index(&self) -> RwLockReadGuard<'_, Index<R>> {
@@ -331,6 +297,38 @@ impl<R: Record> Index<R> {
             .insert(record.name().to_string(), record.id().clone());
         self.by_id.insert(record.id().clone(), record);
     }
+}
+
+/// How compaction writes a journal entry back into the record files of `dir`: atomically
+/// (temp → rename), without flush (compaction flushes them all at once).
+fn write_back<R: Record>(dir: &Path) -> journal::WriteBack {
+    let dir = dir.to_path_buf();
+    Arc::new(move |entry: &Entry| {
+        // Ids become file names: only ours (the journal is ours too, but checked anyway).
+        if R::parse_id(&entry.id).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the journal names an invalid id {:?}", entry.id),
+            ));
+        }
+        let path = file_of(&dir, &entry.id, RECORD_SUFFIX);
+        match entry.op {
+            Op::Remove => remove_if_exists(&path),
+            Op::Create | Op::Update => {
+                let temp = temp_file_of(&dir, &entry.id, RECORD_SUFFIX);
+                fs::write(&temp, &entry.json)?;
+                fs::rename(&temp, &path)
+            }
+        }
+    })
+}
+
+fn file_of(dir: &Path, id: &impl Display, suffix: &str) -> PathBuf {
+    dir.join(format!("{id}{suffix}"))
+}
+
+fn temp_file_of(dir: &Path, id: &impl Display, suffix: &str) -> PathBuf {
+    dir.join(format!(".{id}{suffix}{TEMP_SUFFIX}"))
 }
 
 fn remove_if_exists(path: &Path) -> io::Result<()> {
@@ -449,10 +447,52 @@ mod tests {
             HashSet::from(["t-a".to_string(), "t-c".to_string()])
         );
         assert_eq!(loaded.removed_recently, HashSet::from(["t-b".to_string()]));
-        // The files were repaired from the journal.
+        // The files are repaired from the journal by its compaction.
+        records.compact_now().unwrap();
         assert!(!dir.path().join("t-b.json").exists());
         let file: Thing = read_json(&dir.path().join("t-a.json")).unwrap();
         assert_eq!(file, expected[0]);
+    }
+
+    #[test]
+    fn commits_write_no_file_and_compaction_writes_them_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, _) = open(dir.path());
+        let expected = changes(&records);
+        let files = || {
+            let mut names: Vec<String> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.ends_with(".json"))
+                .collect();
+            names.sort();
+            names
+        };
+        assert!(files().is_empty(), "{:?}", files());
+        // A removed record is gone at once, though its file (if any) waits for compaction.
+        assert!(!records.has_record_file(&"t-b".to_string()));
+        records.compact_now().unwrap();
+        assert_eq!(files(), vec!["t-a.json", "t-c.json"]);
+        let file: Thing = read_json(&dir.path().join("t-a.json")).unwrap();
+        assert_eq!(file, expected[0]);
+        records.remove(&"t-a".to_string()).unwrap();
+        assert!(dir.path().join("t-a.json").exists());
+        records.compact_now().unwrap();
+        assert_eq!(files(), vec!["t-c.json"]);
+    }
+
+    #[test]
+    fn an_unreadable_record_counts_until_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("t-bad.json"), b"{ not json").unwrap();
+        let (records, loaded) = open(dir.path());
+        assert_eq!(loaded.unreadable.len(), 1);
+        let bad = "t-bad".to_string();
+        assert!(records.has_record_file(&bad) && records.get(&bad).is_none());
+        records.remove(&bad).unwrap();
+        assert!(!records.has_record_file(&bad));
+        records.compact_now().unwrap();
+        assert!(!dir.path().join("t-bad.json").exists());
     }
 
     #[test]

@@ -131,11 +131,6 @@ impl Store {
         self.records.has_record_file(id)
     }
 
-    /// Runs before a journal generation is dropped (see `journal`).
-    pub fn set_barrier(&self, barrier: journal::Barrier) {
-        self.records.set_barrier(barrier);
-    }
-
     /// The journal's flush count so far.
     pub fn flushes(&self) -> u64 {
         self.records.flushes()
@@ -298,11 +293,16 @@ mod tests {
         let created = store.put(record("a")).unwrap();
         let record_file = dir.path().join(format!("{}.json", created.id));
         let pub_file = dir.path().join(format!("{}.publications.json", created.id));
+        // Record files are written back by the journal's compaction.
+        store.records.compact_now().unwrap();
         let durable_before = fs::read(&record_file).unwrap();
+        let flushes_before = store.flushes();
         let mut published = (*created).clone();
         published.publications.push(publication("/k/pods/1/mount"));
         store.put(published.clone()).unwrap();
         // Publishing leaves the durable record alone.
+        assert_eq!(store.flushes(), flushes_before);
+        store.records.compact_now().unwrap();
         assert_eq!(fs::read(&record_file).unwrap(), durable_before);
         assert!(pub_file.exists());
         // One store per directory at a time, as the pool lock ensures in the driver: a second
@@ -330,7 +330,9 @@ mod tests {
         assert!(!pub_file.exists());
         store.put(published).unwrap();
         store.remove(&created.id).unwrap();
-        assert!(!pub_file.exists() && !record_file.exists());
+        assert!(!pub_file.exists());
+        store.records.compact_now().unwrap();
+        assert!(!record_file.exists());
     }
 
     #[test]
@@ -345,6 +347,7 @@ mod tests {
         assert_eq!(*store.get(&old.id).unwrap(), old);
         // Moved out at load: a later change of a durable field keeps them, and an unpublish
         // does not bring them back at the next load.
+        store.records.compact_now().unwrap();
         let record_file = fs::read_to_string(dir.path().join(format!("{}.json", old.id))).unwrap();
         assert!(!record_file.contains("/k/t"), "{record_file}");
         let mut grown = old.clone();

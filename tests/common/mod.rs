@@ -772,8 +772,13 @@ impl TestDriver {
     }
 
     /// `state/` under the data dir: one record per volume (plus leftovers), and the snapshot
-    /// records of `state/snapshots/` as `snapshots/<name>`.
-    pub fn state_entries(&self) -> Vec<String> {
+    /// records of `state/snapshots/` as `snapshots/<name>`. At rest: a running driver is
+    /// restarted first, because record files lag the journal until a compaction, and a clean
+    /// stop writes every record back.
+    pub async fn state_entries(&mut self) -> Vec<String> {
+        if self.child.is_some() {
+            self.restart().await;
+        }
         let state = self.data.join("state");
         let snapshots = dir_names(&state.join("snapshots"))
             .into_iter()
