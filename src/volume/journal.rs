@@ -1,9 +1,9 @@
 //! An append-only journal of record changes: the commit point of every durable record change
 //! (see `records`), at one disk flush per change, shared between concurrent callers.
 //!
-//! Files: `<state>/journal/<name>.<generation>`, one generation appended to at a time. Each
-//! entry is a frame `[payload length: u32 LE][crc32 of payload: u32 LE][payload]`, the payload
-//! `[op: u8][id length: u16 LE][id][record JSON]` (no JSON for a removal).
+//! Files: `<state>/journal/<name>.<generation>`, one generation written to at a time, each
+//! filled with zeros before its first commit so that a commit's flush writes data alone (the
+//! format, and how a torn tail is told from damage: `journal_file`).
 //!
 //! **Group commit.** An entry is appended under the journal's lock, then its caller waits until
 //! a flush (`fdatasync`) that started after its append has finished. One caller at a time
@@ -32,16 +32,15 @@
 //! generation order, over the record files), which is harmless because replay is idempotent
 //! and the last entry of a record always wins.
 //!
-//! **Load.** Every generation is read in order. A bad entry (short, or checksum mismatch)
-//! whose declared end reaches the end of its file is a torn tail, the remains of an append
-//! whose flush never completed (so never acknowledged): it is ignored with a warning and cut
-//! off. A bad entry followed by more data is damage in the middle — not something a crash can
-//! do — and the journal refuses to open: skipping it could resurrect a deleted volume or lose
-//! a created one, and later entries may depend on it. An admin must look (see the error).
+//! **Load.** Every generation is read in order. A torn tail (the remains of commits whose
+//! flush never completed, so never acknowledged) is ignored with a warning. Damage to an entry
+//! that was acknowledged refuses to open the journal: skipping it could resurrect a deleted
+//! volume or lose a created one, and later entries may depend on it. An admin must look (see
+//! the error).
 
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs::{self, File};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -49,11 +48,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
+use super::journal_file::{self as file, Order, generation_path, generations};
 use super::records::sync_dir;
-
-const HEADER: usize = 8;
-/// Far above any record; a larger declared length is garbage.
-const MAX_PAYLOAD: usize = 16 << 20;
+pub use file::Replay;
 
 /// What an entry does to the record of its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +63,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn code(self) -> u8 {
+    pub(super) fn code(self) -> u8 {
         match self {
             Op::Create => 1,
             Op::Update => 2,
@@ -74,7 +71,7 @@ impl Op {
         }
     }
 
-    fn of(code: u8) -> Option<Op> {
+    pub(super) fn of(code: u8) -> Option<Op> {
         match code {
             1 => Some(Op::Create),
             2 => Some(Op::Update),
@@ -90,32 +87,6 @@ pub struct Entry {
     pub id: String,
     /// The record's JSON (empty for `Remove`).
     pub json: Vec<u8>,
-}
-
-impl Entry {
-    fn frame(&self) -> Vec<u8> {
-        let id = self.id.as_bytes();
-        let mut payload = Vec::with_capacity(3 + id.len() + self.json.len());
-        payload.push(self.op.code());
-        payload.extend_from_slice(&(id.len() as u16).to_le_bytes());
-        payload.extend_from_slice(id);
-        payload.extend_from_slice(&self.json);
-        let mut frame = Vec::with_capacity(HEADER + payload.len());
-        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&crc32(&payload).to_le_bytes());
-        frame.extend_from_slice(&payload);
-        frame
-    }
-
-    fn parse(payload: &[u8]) -> Option<Entry> {
-        let op = Op::of(*payload.first()?)?;
-        let len = u16::from_le_bytes(payload.get(1..3)?.try_into().ok()?) as usize;
-        let id = std::str::from_utf8(payload.get(3..3 + len)?)
-            .ok()?
-            .to_string();
-        let json = payload[3 + len..].to_vec();
-        Some(Entry { op, id, json })
-    }
 }
 
 /// Something to make durable before an old generation is dropped (see the module comment).
@@ -164,15 +135,6 @@ impl std::fmt::Debug for Options {
     }
 }
 
-/// What the generations on disk held at open.
-#[derive(Debug, Default)]
-pub struct Replay {
-    /// Every good entry, oldest first.
-    pub entries: Vec<Entry>,
-    /// Torn tails cut off (one line each, already logged).
-    pub torn: Vec<String>,
-}
-
 #[derive(Debug)]
 pub struct Journal {
     shared: Arc<Shared>,
@@ -214,7 +176,7 @@ struct Old {
 struct State {
     file: Arc<File>,
     generation: u64,
-    /// Bytes in the current generation.
+    /// Where the next entry goes in the current generation's file.
     size: u64,
     /// When the current generation got its first entry.
     first_entry_at: Option<Instant>,
@@ -251,7 +213,7 @@ impl Journal {
         for &generation in &generations {
             let path = generation_path(dir, name, generation);
             let before = replay.entries.len();
-            read_generation(&path, &mut replay)?;
+            file::read_generation(&path, &mut replay)?;
             // Written back by their compaction, like the changes of a running generation.
             let unwritten = newest_per_id(&replay.entries[before..]);
             pending.push(Old {
@@ -260,7 +222,8 @@ impl Journal {
             });
         }
         let generation = generations.last().map_or(1, |g| g + 1);
-        let file = create_generation(dir, name, generation)?;
+        let file = file::prepare(dir, name, options.max_bytes)?;
+        file::install(dir, name, generation)?;
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             name: name.to_string(),
@@ -269,7 +232,7 @@ impl Journal {
             state: Mutex::new(State {
                 file: Arc::new(file),
                 generation,
-                size: 0,
+                size: file::MAGIC.len() as u64,
                 first_entry_at: None,
                 written: 0,
                 durable: 0,
@@ -300,15 +263,18 @@ impl Journal {
 
     /// Appends `entry` and returns once it is durable (group commit: see the module comment).
     pub fn commit(&self, entry: &Entry) -> io::Result<()> {
-        let frame = entry.frame();
         let shared = &*self.shared;
         let mut state = shared.lock();
         if let Some(why) = &state.failed {
             return Err(failed(why));
         }
-        if let Err(err) = (&*state.file).write_all(&frame) {
-            // Cut a partial frame off, so it can never sit before later entries.
-            let _ = state.file.set_len(state.size);
+        let order = Order {
+            sequence: state.written + 1,
+            durable: state.durable,
+        };
+        let frame = file::frame(entry, order);
+        if let Err(err) = file::write_frame(&state.file, state.size, &frame) {
+            // A partial frame is a torn tail at the next start: nothing may follow it.
             state.failed = Some(format!("appending to the journal: {err}"));
             shared.changed.notify_all();
             return Err(err);
@@ -370,8 +336,8 @@ impl Journal {
         while state.flushing || state.compacting {
             state = shared.wait(state);
         }
-        if state.size > 0 {
-            shared.rotate(&mut state)?;
+        if state.first_entry_at.is_some() {
+            shared.rotate(&mut state, None)?;
         }
         state.compacting = true;
         let pending = std::mem::take(&mut state.pending);
@@ -391,7 +357,7 @@ impl Journal {
     #[cfg(test)]
     pub(super) fn rotate_only(&self) -> io::Result<u64> {
         let mut state = self.shared.lock();
-        self.shared.rotate(&mut state)?;
+        self.shared.rotate(&mut state, None)?;
         Ok(state.generation - 1)
     }
 }
@@ -434,20 +400,24 @@ impl Shared {
         self.changed.wait(state).unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Step 1: starts generation n+1 (durably: see the module comment); generation n joins
-    /// the pending ones. Only with every appended entry durable, so no entry of generation n
-    /// waits for a flush of n+1's file.
-    fn rotate(&self, state: &mut State) -> io::Result<()> {
+    /// Step 1: starts generation n+1 (durably: see the module comment) in `prepared` (else
+    /// prepares it now); generation n joins the pending ones. Only with every appended entry
+    /// durable, so no entry of generation n waits for a flush of n+1's file.
+    fn rotate(&self, state: &mut State, prepared: Option<File>) -> io::Result<()> {
         debug_assert!(!state.flushing && state.written == state.durable);
         let next = state.generation + 1;
-        let file = create_generation(&self.dir, &self.name, next)?;
+        let file = match prepared {
+            Some(file) => file,
+            None => file::prepare(&self.dir, &self.name, self.options.max_bytes)?,
+        };
+        file::install(&self.dir, &self.name, next)?;
         state.pending.push(Old {
             generation: state.generation,
             unwritten: std::mem::take(&mut state.unwritten),
         });
         state.file = Arc::new(file);
         state.generation = next;
-        state.size = 0;
+        state.size = file::MAGIC.len() as u64;
         state.first_entry_at = None;
         Ok(())
     }
@@ -481,6 +451,8 @@ impl Shared {
     }
 
     fn compact_in_background(&self) {
+        // The next generation's file, prepared without the lock (commits go on meanwhile).
+        let mut prepared: Option<File> = None;
         let mut state = self.lock();
         loop {
             if state.closed {
@@ -489,11 +461,24 @@ impl Shared {
             let age = state.first_entry_at.map(|t| t.elapsed());
             let due = state.size >= self.options.max_bytes
                 || age.is_some_and(|age| age >= self.options.max_age);
+            if due && prepared.is_none() {
+                drop(state);
+                let result = file::prepare(&self.dir, &self.name, self.options.max_bytes);
+                state = self.lock();
+                match result {
+                    Ok(file) => prepared = Some(file),
+                    Err(err) => {
+                        error!(journal = %self.name, error = %err, "cannot prepare a new journal generation; retrying later");
+                        state = self.sleep(state, Duration::from_secs(5));
+                    }
+                }
+                continue;
+            }
             if due
                 && !state.flushing
                 && state.written == state.durable
                 && state.failed.is_none()
-                && let Err(err) = self.rotate(&mut state)
+                && let Err(err) = self.rotate(&mut state, prepared.take())
             {
                 error!(journal = %self.name, error = %err, "cannot start a new journal generation; retrying later");
                 state = self.sleep(state, Duration::from_secs(5));
@@ -555,121 +540,6 @@ fn newest_per_id(entries: &[Entry]) -> Changes {
         .collect()
 }
 
-fn generation_path(dir: &Path, name: &str, generation: u64) -> PathBuf {
-    dir.join(format!("{name}.{generation}"))
-}
-
-/// The generations of `name` in `dir`, oldest first.
-fn generations(dir: &Path, name: &str) -> io::Result<Vec<u64>> {
-    let prefix = format!("{name}.");
-    let mut found = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let file_name = entry?.file_name();
-        if let Some(generation) = file_name
-            .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|g| g.parse::<u64>().ok())
-        {
-            found.push(generation);
-        }
-    }
-    found.sort_unstable();
-    Ok(found)
-}
-
-/// A new, empty generation whose directory entry is durable.
-fn create_generation(dir: &Path, name: &str, generation: u64) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .append(true)
-        .create_new(true)
-        .open(generation_path(dir, name, generation))?;
-    sync_dir(dir)?;
-    Ok(file)
-}
-
-/// Appends the good entries of one generation to `replay`; cuts a torn tail off the file.
-fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<()> {
-    let bytes = fs::read(path)?;
-    let mut at = 0;
-    while at < bytes.len() {
-        let header = bytes.get(at..at + HEADER);
-        let declared = header.map(|h| u32::from_le_bytes(h[..4].try_into().unwrap()) as usize);
-        let end = declared.map(|len| at.saturating_add(HEADER).saturating_add(len));
-        let entry = match (header, declared, end) {
-            (Some(h), Some(len), Some(end)) if len <= MAX_PAYLOAD && end <= bytes.len() => {
-                let crc = u32::from_le_bytes(h[4..8].try_into().unwrap());
-                let payload = &bytes[at + HEADER..end];
-                (crc32(payload) == crc)
-                    .then(|| Entry::parse(payload))
-                    .flatten()
-            }
-            _ => None,
-        };
-        match entry {
-            Some(entry) => {
-                replay.entries.push(entry);
-                at = end.unwrap_or(bytes.len());
-            }
-            None => {
-                let reaches_end = match (declared, end) {
-                    (Some(len), Some(end)) => len > MAX_PAYLOAD || end >= bytes.len(),
-                    _ => true,
-                };
-                if !reaches_end {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "{} is damaged at byte {at} of {} with entries after it (not a crash's torn tail); refusing to start rather than lose or resurrect records: move the journal aside to start from the record files alone, knowing the changes it holds are lost",
-                            path.display(),
-                            bytes.len()
-                        ),
-                    ));
-                }
-                let what = format!(
-                    "{}: ignored a torn last entry at byte {at} ({} bytes; a change whose commit never completed)",
-                    path.display(),
-                    bytes.len() - at
-                );
-                warn!(journal = %path.display(), offset = at, bytes = bytes.len() - at, "the journal ends with a torn entry (a commit interrupted by a crash, never acknowledged); ignoring it");
-                let file = OpenOptions::new().write(true).open(path)?;
-                file.set_len(at as u64)?;
-                file.sync_data()?;
-                replay.torn.push(what);
-                break;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// CRC-32 (IEEE 802.3, reflected, as zlib computes it).
-pub fn crc32(bytes: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            table[i] = c;
-            i += 1;
-        }
-        table
-    };
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc = TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,11 +568,6 @@ mod tests {
     fn last_generation(dir: &Path) -> PathBuf {
         let generation = *generations(dir, "j").unwrap().last().unwrap();
         generation_path(dir, "j", generation)
-    }
-
-    #[test]
-    fn crc32_matches_the_standard_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
     }
 
     #[test]
@@ -753,65 +618,36 @@ mod tests {
     }
 
     #[test]
-    fn a_truncated_last_entry_is_ignored_and_cut_off() {
+    fn commits_overwrite_the_zeros_of_a_preallocated_file() {
         let dir = tempfile::tempdir().unwrap();
-        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        for i in 0..3 {
-            journal
-                .commit(&put("a", &format!("{{\"v\":{i}}}")))
-                .unwrap();
-        }
-        crash(journal);
+        let options = Options {
+            max_bytes: 64 << 10,
+            ..manual()
+        };
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
         let path = last_generation(dir.path());
-        let len = fs::metadata(&path).unwrap().len();
-        OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(len - 3)
-            .unwrap();
-        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        assert_eq!(replay.entries.len(), 2);
-        assert_eq!(replay.entries[1].json, b"{\"v\":1}");
-        assert_eq!(replay.torn.len(), 1, "{:?}", replay.torn);
-        // Cut off: the old generation now ends cleanly, before the new one.
+        assert_eq!(fs::metadata(&path).unwrap().len(), 64 << 10);
+        journal.commit(&put("a", "1")).unwrap();
+        journal.commit(&put("b", "2")).unwrap();
+        // The size never changes, so a flush need not write the file's metadata.
+        assert_eq!(fs::metadata(&path).unwrap().len(), 64 << 10);
         crash(journal);
         let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        assert_eq!(replay.entries.len(), 2);
+        assert_eq!(replay.entries, vec![put("a", "1"), put("b", "2")]);
         assert!(replay.torn.is_empty());
     }
 
     #[test]
-    fn a_last_entry_with_a_bad_checksum_is_ignored() {
+    fn a_commit_cut_by_a_crash_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         journal.commit(&put("a", "1")).unwrap();
         journal.commit(&put("b", "2")).unwrap();
         crash(journal);
-        let path = last_generation(dir.path());
-        let mut bytes = fs::read(&path).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 0xff;
-        fs::write(&path, &bytes).unwrap();
+        file::tear_last_entry(&last_generation(dir.path()));
         let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         assert_eq!(replay.entries, vec![put("a", "1")]);
-        assert_eq!(replay.torn.len(), 1);
-    }
-
-    #[test]
-    fn damage_before_good_entries_refuses_to_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        journal.commit(&put("a", "1")).unwrap();
-        journal.commit(&put("b", "2")).unwrap();
-        crash(journal);
-        let path = last_generation(dir.path());
-        let mut bytes = fs::read(&path).unwrap();
-        bytes[HEADER + 1] ^= 0xff;
-        fs::write(&path, &bytes).unwrap();
-        let err = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
-        assert!(err.to_string().contains("damaged"), "{err}");
+        assert_eq!(replay.torn.len(), 1, "{:?}", replay.torn);
     }
 
     #[test]

@@ -361,6 +361,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volume::journal_file;
     use serde::Deserialize;
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -558,13 +559,7 @@ mod tests {
             .map(|e| e.unwrap().path())
             .max()
             .unwrap();
-        let len = fs::metadata(&last).unwrap().len();
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&last)
-            .unwrap()
-            .set_len(len - 2)
-            .unwrap();
+        journal_file::tear_last_entry(&last);
         fs::write(dir.path().join("t-a.json"), b"").unwrap();
         let (records, loaded) = open(dir.path());
         assert_eq!(state(&records), vec![(*thing("a", 1)).clone()]);

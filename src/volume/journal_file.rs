@@ -1,0 +1,454 @@
+//! The journal's files on disk (see `journal` for what they are for): naming, the entry
+//! frames, and reading a generation back with its torn tail told apart from damage.
+//!
+//! **Layout (version 2).** `<name>.<generation>` starts with [`MAGIC`], then frames
+//! `[payload length: u32 LE][crc32 of payload: u32 LE][payload]`, the payload
+//! `[sequence: u64 LE][durable: u64 LE][op: u8][id length: u16 LE][id][record JSON]`, then
+//! zeros. A file is filled with zeros and flushed *before* its first commit, so a commit
+//! overwrites blocks that already exist and its `fdatasync` writes the data alone — appending
+//! would also change the file's size, which costs a filesystem journal commit per flush. The
+//! end of the entries is the first all-zero frame header.
+//!
+//! `sequence` numbers the entries of one driver run (consecutive within a file); `durable` is
+//! the highest sequence known flushed when the entry was appended. They tell a crash from
+//! damage: a bad frame followed by a good one that was appended *after the bad one was
+//! flushed* (`durable >= its sequence - 1`) was acknowledged, so it is damage; otherwise the
+//! bad frame and everything after it were never acknowledged (a crash before the flush; the
+//! kernel may write a file's pages back in any order) and are ignored.
+//!
+//! **Version 1** files (no magic, frames without `sequence`/`durable`, appended, nothing
+//! after the last frame) were written by the previous release and are still read.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use tracing::warn;
+
+use super::journal::{Entry, Op};
+use super::records::sync_dir;
+
+pub const MAGIC: &[u8; 8] = b"SVJRNL2\n";
+const HEADER: usize = 8;
+/// `sequence` and `durable`.
+const ORDER: usize = 16;
+/// Far above any record; a larger declared length is garbage.
+const MAX_PAYLOAD: usize = 16 << 20;
+
+/// Where a frame sits in the order of commits (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Order {
+    pub sequence: u64,
+    pub durable: u64,
+}
+
+/// What reading the generations found.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// Every good entry, oldest first.
+    pub entries: Vec<Entry>,
+    /// Torn tails ignored (one line each, already logged).
+    pub torn: Vec<String>,
+}
+
+pub fn generation_path(dir: &Path, name: &str, generation: u64) -> PathBuf {
+    dir.join(format!("{name}.{generation}"))
+}
+
+/// The next generation's file while it is being prepared (not a generation: never read).
+fn spare_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.next"))
+}
+
+/// The generations of `name` in `dir`, oldest first.
+pub fn generations(dir: &Path, name: &str) -> io::Result<Vec<u64>> {
+    let prefix = format!("{name}.");
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let file_name = entry?.file_name();
+        if let Some(generation) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|g| g.parse::<u64>().ok())
+        {
+            found.push(generation);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Makes the file of a next generation: the magic, zeros up to `bytes`, flushed. Slow (it
+/// writes `bytes`), so the compactor does it before it takes the journal's lock.
+pub fn prepare(dir: &Path, name: &str, bytes: u64) -> io::Result<File> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(spare_path(dir, name))?;
+    file.write_all(MAGIC)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = bytes.saturating_sub(MAGIC.len() as u64);
+    while left > 0 {
+        let chunk = left.min(zeros.len() as u64) as usize;
+        file.write_all(&zeros[..chunk])?;
+        left -= chunk as u64;
+    }
+    file.sync_all()?;
+    Ok(file)
+}
+
+/// Makes a prepared file generation `generation`, its directory entry durable before any
+/// commit goes there (else a power loss could drop the file with acknowledged commits).
+pub fn install(dir: &Path, name: &str, generation: u64) -> io::Result<()> {
+    fs::rename(
+        spare_path(dir, name),
+        generation_path(dir, name, generation),
+    )?;
+    sync_dir(dir)
+}
+
+/// Writes `frame` at `offset` of a generation's file.
+pub fn write_frame(file: &File, offset: u64, frame: &[u8]) -> io::Result<()> {
+    file.write_all_at(frame, offset)
+}
+
+/// The frame of `entry` as the `order`-th commit.
+pub fn frame(entry: &Entry, order: Order) -> Vec<u8> {
+    let id = entry.id.as_bytes();
+    let mut payload = Vec::with_capacity(ORDER + 3 + id.len() + entry.json.len());
+    payload.extend_from_slice(&order.sequence.to_le_bytes());
+    payload.extend_from_slice(&order.durable.to_le_bytes());
+    payload.push(entry.op.code());
+    payload.extend_from_slice(&(id.len() as u16).to_le_bytes());
+    payload.extend_from_slice(id);
+    payload.extend_from_slice(&entry.json);
+    let mut frame = Vec::with_capacity(HEADER + payload.len());
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&crc32(&payload).to_le_bytes());
+    frame.extend_from_slice(&payload);
+    frame
+}
+
+/// `[op][id length][id][json]`, the payload of version 1 and the tail of version 2.
+fn parse_entry(payload: &[u8]) -> Option<Entry> {
+    let op = Op::of(*payload.first()?)?;
+    let len = u16::from_le_bytes(payload.get(1..3)?.try_into().ok()?) as usize;
+    let id = std::str::from_utf8(payload.get(3..3 + len)?)
+        .ok()?
+        .to_string();
+    let json = payload[3 + len..].to_vec();
+    Some(Entry { op, id, json })
+}
+
+/// The frame header at `at`: its declared payload length, if `bytes` holds a header there.
+fn declared_length(bytes: &[u8], at: usize) -> Option<usize> {
+    let header = bytes.get(at..at.checked_add(HEADER)?)?;
+    Some(u32::from_le_bytes(header[..4].try_into().unwrap()) as usize)
+}
+
+/// The payload of a good frame at `at` (length in bounds, checksum right), and its end.
+fn payload_at(bytes: &[u8], at: usize) -> Option<(&[u8], usize)> {
+    let len = declared_length(bytes, at)?;
+    if len > MAX_PAYLOAD {
+        return None;
+    }
+    let end = at + HEADER + len;
+    let payload = bytes.get(at + HEADER..end)?;
+    let crc = u32::from_le_bytes(bytes[at + 4..at + HEADER].try_into().unwrap());
+    (crc32(payload) == crc).then_some((payload, end))
+}
+
+fn v2_frame_at(bytes: &[u8], at: usize) -> Option<(Entry, Order, usize)> {
+    let (payload, end) = payload_at(bytes, at)?;
+    let order = Order {
+        sequence: u64::from_le_bytes(payload.get(..8)?.try_into().ok()?),
+        durable: u64::from_le_bytes(payload.get(8..ORDER)?.try_into().ok()?),
+    };
+    Some((parse_entry(&payload[ORDER..])?, order, end))
+}
+
+/// Appends the good entries of the generation at `path` to `replay`, ignoring (and logging) a
+/// torn tail; damage before good entries is an error.
+pub fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<()> {
+    let bytes = fs::read(path)?;
+    match bytes.strip_prefix(MAGIC.as_slice()) {
+        Some(_) => read_v2(path, &bytes, replay),
+        None => read_v1(path, &bytes, replay),
+    }
+}
+
+fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<()> {
+    let mut at = MAGIC.len();
+    while let Some(len) = declared_length(bytes, at) {
+        if len == 0 && bytes[at + 4..at + HEADER] == [0; 4] {
+            return Ok(()); // The zeros after the last entry.
+        }
+        if let Some((entry, _, end)) = v2_frame_at(bytes, at) {
+            replay.entries.push(entry);
+            at = end;
+            continue;
+        }
+        let next = (len <= MAX_PAYLOAD)
+            .then(|| v2_frame_at(bytes, at + HEADER + len))
+            .flatten();
+        if let Some((_, order, _)) = next
+            && order.durable.saturating_add(1) >= order.sequence
+        {
+            return Err(damaged(path, at, bytes.len()));
+        }
+        torn(path, at, bytes.len(), replay);
+        return Ok(());
+    }
+    if bytes[at..].iter().any(|&b| b != 0) {
+        torn(path, at, bytes.len(), replay);
+    }
+    Ok(())
+}
+
+/// Version 1: nothing follows the last frame, so a bad frame with more after it is damage.
+/// A torn tail is cut off the file.
+fn read_v1(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<()> {
+    let mut at = 0;
+    while at < bytes.len() {
+        if let Some((payload, end)) = payload_at(bytes, at)
+            && let Some(entry) = parse_entry(payload)
+        {
+            replay.entries.push(entry);
+            at = end;
+            continue;
+        }
+        let reaches_end = match declared_length(bytes, at) {
+            Some(len) => len > MAX_PAYLOAD || at + HEADER + len >= bytes.len(),
+            None => true,
+        };
+        if !reaches_end {
+            return Err(damaged(path, at, bytes.len()));
+        }
+        torn(path, at, bytes.len(), replay);
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.set_len(at as u64)?;
+        file.sync_data()?;
+        break;
+    }
+    Ok(())
+}
+
+fn damaged(path: &Path, at: usize, len: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{} is damaged at byte {at} of {len}, with entries after it that were written once it was durable (not a crash's torn tail); refusing to start rather than lose or resurrect records: move the journal aside to start from the record files alone, knowing the changes it holds are lost",
+            path.display()
+        ),
+    )
+}
+
+fn torn(path: &Path, at: usize, len: usize, replay: &mut Replay) {
+    warn!(journal = %path.display(), offset = at, "the journal ends with a torn entry (a commit interrupted by a crash, never acknowledged); ignoring it and what follows");
+    replay.torn.push(format!(
+        "{}: ignored a torn last entry at byte {at} of {len} (a change whose commit never completed)",
+        path.display()
+    ));
+}
+
+/// What a crash before a commit's flush may leave: zeros where the last entry's tail was.
+#[cfg(test)]
+pub fn tear_last_entry(path: &Path) {
+    let mut bytes = fs::read(path).unwrap();
+    let end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+    bytes[end - 4..end].fill(0);
+    fs::write(path, &bytes).unwrap();
+}
+
+/// CRC-32 (IEEE 802.3, reflected, as zlib computes it).
+pub fn crc32(bytes: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            table[i] = c;
+            i += 1;
+        }
+        table
+    };
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc = TABLE[((crc ^ b as u32) & 0xff) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(id: &str, json: &str) -> Entry {
+        Entry {
+            op: Op::Update,
+            id: id.into(),
+            json: json.as_bytes().to_vec(),
+        }
+    }
+
+    fn order(sequence: u64, durable: u64) -> Order {
+        Order { sequence, durable }
+    }
+
+    /// A version 2 file holding `frames`, preallocated to 4 KiB.
+    fn v2_file(dir: &Path, frames: &[Vec<u8>]) -> PathBuf {
+        let mut bytes = MAGIC.to_vec();
+        frames.iter().for_each(|f| bytes.extend_from_slice(f));
+        bytes.resize(4096, 0);
+        let path = generation_path(dir, "j", 1);
+        fs::write(&path, &bytes).unwrap();
+        path
+    }
+
+    fn read(path: &Path) -> io::Result<Replay> {
+        let mut replay = Replay::default();
+        read_generation(path, &mut replay).map(|()| replay)
+    }
+
+    /// Flips a byte of the payload of `frame` (its checksum no longer matches).
+    fn damage(mut frame: Vec<u8>) -> Vec<u8> {
+        let last = frame.len() - 1;
+        frame[last] ^= 0xff;
+        frame
+    }
+
+    #[test]
+    fn crc32_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn entries_end_at_the_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = v2_file(
+            dir.path(),
+            &[
+                frame(&put("a", "1"), order(1, 0)),
+                frame(&put("b", "2"), order(2, 1)),
+            ],
+        );
+        let replay = read(&path).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1"), put("b", "2")]);
+        assert!(replay.torn.is_empty());
+    }
+
+    #[test]
+    fn a_bad_last_entry_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = v2_file(
+            dir.path(),
+            &[
+                frame(&put("a", "1"), order(1, 0)),
+                damage(frame(&put("b", "2"), order(2, 1))),
+            ],
+        );
+        let replay = read(&path).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(replay.torn.len(), 1);
+    }
+
+    #[test]
+    fn a_bad_entry_before_one_written_after_its_flush_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        // Entry 3 was appended once 2 was durable: 2 had been acknowledged.
+        let path = v2_file(
+            dir.path(),
+            &[
+                frame(&put("a", "1"), order(1, 0)),
+                damage(frame(&put("b", "2"), order(2, 1))),
+                frame(&put("c", "3"), order(3, 2)),
+            ],
+        );
+        let err = read(&path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_entry_before_one_written_before_its_flush_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        // Entries 2 and 3 waited for the same flush, which a crash stopped; the kernel wrote
+        // 3's page back but not 2's. Neither was acknowledged.
+        let path = v2_file(
+            dir.path(),
+            &[
+                frame(&put("a", "1"), order(1, 0)),
+                damage(frame(&put("b", "2"), order(2, 1))),
+                frame(&put("c", "3"), order(3, 1)),
+            ],
+        );
+        let replay = read(&path).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(replay.torn.len(), 1);
+    }
+
+    #[test]
+    fn garbage_after_the_entries_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut garbage = vec![0xff; 5];
+        garbage.extend_from_slice(&[0; 3]);
+        let path = v2_file(dir.path(), &[frame(&put("a", "1"), order(1, 0)), garbage]);
+        let replay = read(&path).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(replay.torn.len(), 1);
+    }
+
+    /// What the previous release wrote: frames without order, appended, nothing after them.
+    fn v1_frame(entry: &Entry) -> Vec<u8> {
+        let with_order = frame(entry, order(0, 0));
+        let payload = &with_order[HEADER + ORDER..];
+        let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&crc32(payload).to_le_bytes());
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    #[test]
+    fn version_1_files_are_read_their_torn_tail_cut_and_damage_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = generation_path(dir.path(), "j", 1);
+        let good = [v1_frame(&put("a", "1")), v1_frame(&put("b", "2"))].concat();
+        fs::write(&path, &good).unwrap();
+        assert_eq!(
+            read(&path).unwrap().entries,
+            vec![put("a", "1"), put("b", "2")]
+        );
+
+        fs::write(&path, &good[..good.len() - 3]).unwrap();
+        let replay = read(&path).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(replay.torn.len(), 1);
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            v1_frame(&put("a", "1")),
+            "cut off"
+        );
+
+        let mut damaged = good.clone();
+        damaged[HEADER + 1] ^= 0xff;
+        let err = read_after_writing(&path, &damaged).unwrap_err();
+        assert!(err.to_string().contains("damaged"), "{err}");
+    }
+
+    fn read_after_writing(path: &Path, bytes: &[u8]) -> io::Result<Replay> {
+        fs::write(path, bytes).unwrap();
+        read(path)
+    }
+}
