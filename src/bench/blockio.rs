@@ -29,7 +29,7 @@ use crate::cli::BlockIoArgs;
 use crate::client::DriverInfo;
 use crate::paths::MadeDirs;
 use crate::report::{Recorder, RpcSummary, percentile};
-use crate::workload::{Fatal, Session, make_base_dirs, path_string, target_for};
+use crate::workload::{Fatal, Session, path_string, ready_to_work};
 
 /// Alignment of every buffer and offset: enough for any logical block size up to 4 KiB.
 const ALIGN: usize = 4096;
@@ -191,20 +191,7 @@ pub async fn block_io(args: &BlockIoArgs) -> Result<BlockIoReport, Fatal> {
     }
     let common = args.common();
     let session = Session::open(&common).await?;
-    let (target, discovery) = match target_for(&session, &common).await {
-        Ok(found) => found,
-        Err(err) => {
-            let _ = session.close().await;
-            return Err(err);
-        }
-    };
-    let mut base_dirs = match make_base_dirs(&target) {
-        Ok(made) => made,
-        Err(err) => {
-            let _ = session.close().await;
-            return Err(err);
-        }
-    };
+    let (session, target, discovery, mut base_dirs) = ready_to_work(session, &common).await?;
     let mut recorder = Recorder::default();
     let mut dirs = MadeDirs::default();
     let mut leftovers = Vec::new();

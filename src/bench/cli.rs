@@ -30,8 +30,9 @@ pub enum Workload {
     BlockIo(BlockIoArgs),
 }
 
-#[derive(Debug, Args)]
-pub struct Common {
+/// Which driver, and where kubelet's directories are: every workload's first flags.
+#[derive(Debug, Clone, Args)]
+pub struct DriverArgs {
     /// The driver's CSI socket.
     #[arg(long, value_name = "unix:///PATH")]
     pub endpoint: String,
@@ -48,6 +49,12 @@ pub struct Common {
     /// Pid of an already running driver, to report its memory (VmRSS, VmHWM).
     #[arg(long, conflicts_with = "driver_cmd")]
     pub driver_pid: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct Common {
+    #[command(flatten)]
+    pub driver: DriverArgs,
 
     /// Access type of the volumes.
     #[arg(long, value_enum, default_value_t = AccessType::Mount)]
@@ -108,22 +115,8 @@ pub struct StartupArgs {
 
 #[derive(Debug, Args)]
 pub struct BlockIoArgs {
-    /// The driver's CSI socket.
-    #[arg(long, value_name = "unix:///PATH")]
-    pub endpoint: String,
-
-    /// Kubelet's root directory: the block target follows kubelet's layout beneath it.
-    #[arg(long, default_value = "/var/lib/kubelet")]
-    pub kubelet_dir: PathBuf,
-
-    /// Start the driver with this shell command (run by `sh -c`), wait until Probe says ready,
-    /// and SIGTERM it at the end.
-    #[arg(long, value_name = "COMMAND")]
-    pub driver_cmd: Option<String>,
-
-    /// Pid of an already running driver (only reported).
-    #[arg(long, conflicts_with = "driver_cmd")]
-    pub driver_pid: Option<u32>,
+    #[command(flatten)]
+    pub driver: DriverArgs,
 
     /// Requested capacity of the volume, in bytes; the plain file gets the same size.
     #[arg(long, default_value_t = 1 << 30)]
@@ -157,10 +150,7 @@ impl BlockIoArgs {
     /// The shared flags, for the session and volume code of the other workloads.
     pub fn common(&self) -> Common {
         Common {
-            endpoint: self.endpoint.clone(),
-            kubelet_dir: self.kubelet_dir.clone(),
-            driver_cmd: self.driver_cmd.clone(),
-            driver_pid: self.driver_pid,
+            driver: self.driver.clone(),
             access_type: AccessType::Block,
             size: self.size,
             fs_type: String::new(),

@@ -437,8 +437,8 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) async fn open(common: &Common) -> Result<Session, Fatal> {
-        let socket = client::socket_path(&common.endpoint)?;
-        match &common.driver_cmd {
+        let socket = client::socket_path(&common.driver.endpoint)?;
+        match &common.driver.driver_cmd {
             Some(command) => {
                 let (process, ready) = start(command, common).await?;
                 Ok(Session {
@@ -462,7 +462,7 @@ impl Session {
                 Ok(Session {
                     csi,
                     process: None,
-                    pid: common.driver_pid,
+                    pid: common.driver.driver_pid,
                 })
             }
         }
@@ -489,7 +489,7 @@ async fn start(
     command: &str,
     common: &Common,
 ) -> Result<(DriverProcess, crate::driver_process::Ready), Fatal> {
-    let socket = client::socket_path(&common.endpoint)?;
+    let socket = client::socket_path(&common.driver.endpoint)?;
     let mut process = DriverProcess::start(command)?;
     let ready = process
         .wait_ready(&socket, common.deadline, START_TIMEOUT)
@@ -497,11 +497,29 @@ async fn start(
     Ok((process, ready))
 }
 
-/// Reads what the driver offers and refuses drivers that cannot create volumes.
-pub(crate) async fn target_for(
-    session: &Session,
+/// What every workload starts from: the volume target of `session`'s driver (with the calls
+/// that discovered it) and kubelet's base directories made. On failure the session is closed.
+pub(crate) async fn ready_to_work(
+    session: Session,
     common: &Common,
-) -> Result<(Target, Recorder), Fatal> {
+) -> Result<(Session, Target, Recorder, MadeDirs), Fatal> {
+    let found = target_for(&session, common)
+        .await
+        .and_then(|(target, discovery)| {
+            let base_dirs = make_base_dirs(&target)?;
+            Ok((target, discovery, base_dirs))
+        });
+    match found {
+        Ok((target, discovery, base_dirs)) => Ok((session, target, discovery, base_dirs)),
+        Err(err) => {
+            let _ = session.close().await;
+            Err(err)
+        }
+    }
+}
+
+/// Reads what the driver offers and refuses drivers that cannot create volumes.
+async fn target_for(session: &Session, common: &Common) -> Result<(Target, Recorder), Fatal> {
     let mut recorder = Recorder::default();
     let info = client::discover(&session.csi, &mut recorder).await?;
     if !info.controller_service || !info.create_delete_volume {
@@ -515,7 +533,7 @@ pub(crate) async fn target_for(
     let run_id = format!("bench-{}", uuid::Uuid::now_v7().simple());
     let target = Target {
         csi: session.csi.clone(),
-        layout: KubeletLayout::new(&common.kubelet_dir, &info.name),
+        layout: KubeletLayout::new(&common.driver.kubelet_dir, &info.name),
         info,
         access: common.access_type,
         size: common.size,
@@ -527,7 +545,7 @@ pub(crate) async fn target_for(
 }
 
 /// The shared directories kubelet would have (pods/, plugins/…) that the cycles need.
-pub(crate) fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
+fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
     let layout = &target.layout;
     let mut bases = vec![layout.root().to_path_buf()];
     match target.access {
@@ -589,20 +607,7 @@ pub async fn lifecycle(args: &LifecycleArgs) -> Result<LifecycleReport, Fatal> {
         idle_rss_kib: session.rss_kib(),
         ..Default::default()
     };
-    let (target, discovery) = match target_for(&session, common).await {
-        Ok(found) => found,
-        Err(err) => {
-            let _ = session.close().await;
-            return Err(err);
-        }
-    };
-    let mut base_dirs = match make_base_dirs(&target) {
-        Ok(made) => made,
-        Err(err) => {
-            let _ = session.close().await;
-            return Err(err);
-        }
-    };
+    let (session, target, discovery, mut base_dirs) = ready_to_work(session, common).await?;
     let target = Arc::new(target);
     let mut errors_total = discovery.errors();
 
@@ -706,7 +711,7 @@ pub struct StartupReport {
 
 pub async fn startup(args: &StartupArgs) -> Result<StartupReport, Fatal> {
     let common = &args.common;
-    let Some(command) = common.driver_cmd.as_deref() else {
+    let Some(command) = common.driver.driver_cmd.as_deref() else {
         return Err("the startup workload starts the driver itself: give --driver-cmd".into());
     };
     let session = Session::open(common).await?;
