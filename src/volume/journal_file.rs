@@ -89,7 +89,7 @@ pub fn prepare(dir: &Path, name: &str, bytes: u64) -> io::Result<File> {
         .truncate(true)
         .open(spare_path(dir, name))?;
     file.write_all(MAGIC)?;
-    let zeros = vec![0u8; 1 << 20];
+    let zeros = [0u8; 64 << 10];
     let mut left = bytes.saturating_sub(MAGIC.len() as u64);
     while left > 0 {
         let chunk = left.min(zeros.len() as u64) as usize;
