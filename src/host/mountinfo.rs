@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
@@ -90,7 +90,10 @@ pub fn parse(text: &str) -> Result<Vec<MountEntry>, ParseError> {
 /// The mount table of this process's mount namespace. Parse errors become
 /// [`io::ErrorKind::InvalidData`].
 pub fn read_self() -> io::Result<Vec<MountEntry>> {
-    let bytes = fs::read(SELF_MOUNTINFO)?;
+    // procfs reports size 0, so `fs::read` would start with tiny reads: one large buffer
+    // takes a node's mount table in one or two.
+    let mut bytes = Vec::with_capacity(64 << 10);
+    fs::File::open(SELF_MOUNTINFO)?.read_to_end(&mut bytes)?;
     // Mount points need not be UTF-8. Writing such bytes as \ooo escapes keeps them
     // byte-exact: parsing decodes them like the kernel's own escapes, and no literal text can
     // be mistaken for one because the kernel escapes every backslash.
