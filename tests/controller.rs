@@ -581,6 +581,46 @@ async fn delete_refuses_to_cross_a_planted_mount() {
     assert_eq!(fs::read(outside.join("precious")).unwrap(), b"keep");
 }
 
+/// A removal that fails midway (here an immutable file the walk cannot unlink) keeps the
+/// volume: its record was committed as removed first, so it is committed again, and survives
+/// a restart; the CO's retry finishes once the cause is gone.
+#[tokio::test]
+async fn a_delete_that_fails_midway_keeps_the_volume_for_a_retry() {
+    let mut driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    let stuck = host_path(&volume).join("stuck");
+    fs::write(&stuck, b"cannot be unlinked").unwrap();
+    let chattr = |flag: &str| {
+        let status = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&stuck)
+            .status()
+            .expect("running chattr (e2fsprogs)");
+        assert!(status.success(), "chattr {flag}");
+    };
+    chattr("+i");
+
+    let failed = driver.delete(&volume.volume_id).await;
+    let still_there = stuck.exists();
+    chattr("-i");
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(still_there);
+    assert_eq!(driver.list_all().await.len(), 1, "the volume still exists");
+    driver.kill9_and_restart().await;
+    assert_eq!(
+        driver.list_all().await.len(),
+        1,
+        "and is still known after a crash"
+    );
+
+    driver
+        .delete(&volume.volume_id)
+        .await
+        .expect("DeleteVolume");
+    assert!(!exists_no_follow(&host_path(&volume)));
+    assert!(driver.list_all().await.is_empty());
+}
+
 // ---- ValidateVolumeCapabilities ----
 
 async fn validate(

@@ -17,17 +17,21 @@
 //! clones copy data: `cow::fill_volume` flushes the pool's filesystem (data and directory
 //! entries) before the commit, since a copy cannot be remade from the record.
 //!
-//! Deletion runs the other way: data first (no flush), then the removal is committed (the one
-//! flush). A crash in between leaves a record whose data is gone: a retried DeleteVolume
-//! finishes the job. A power loss may undo the (unflushed) data removal after the removal was
-//! committed; the journal still names the volume as removed, so `recover` deletes what comes
-//! back instead of moving it to lost+found.
+//! Deletion checks first (not published, no mount inside, loop devices detached), then commits
+//! the removal and removes the data while the journal entry is written, and waits for its
+//! flush (the one flush) last. A crash once the entry is written leaves a journal that names
+//! the volume as removed, with some of its data left, or brought back by a power loss (the
+//! data removal is not flushed): `recover` deletes it instead of moving it to lost+found, and
+//! the journal generation is not compacted before the removal ends (see `journal::Appended`).
+//! A crash before the entry is written leaves the record, and a retried DeleteVolume finishes
+//! the job. A removal that fails midway commits the record again: the volume stays, and the
+//! CO retries.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracing::{info, warn};
@@ -230,10 +234,25 @@ impl Volumes {
                     .join(", ")
             )));
         }
-        self.remove_data(pool, id, record.kind, record.size_limit)?;
-        self.store
-            .remove(id)
+        let paths = self.ready_to_remove(pool, id, record.kind)?;
+        // The removal is committed first and its journal write overlaps the data's removal
+        // (one flush's latency less). A crash before the data is gone leaves a journal that
+        // says removed: the next start deletes the rest (see `recover`).
+        let removal = self
+            .store
+            .start_remove(id)
             .context(|| format!("removing the record of volume {id}"))?;
+        let removed = remove_trees(&paths, id, record.size_limit);
+        self.store
+            .finish_remove(id, removal)
+            .context(|| format!("removing the record of volume {id}"))?;
+        if let Err(err) = removed {
+            // Back as it was (the record, no half-promise): the CO retries the deletion.
+            self.store
+                .put((*record).clone())
+                .context(|| format!("restoring the record of volume {id}"))?;
+            return Err(err);
+        }
         pool.release(id);
         pool.enforcement.forget(record.size_limit);
         self.usage_cache.forget(id);
@@ -268,6 +287,18 @@ impl Volumes {
         kind: VolumeKind,
         limit: SizeLimit,
     ) -> Result<()> {
+        let paths = self.ready_to_remove(pool, id, kind)?;
+        remove_trees(&paths, id, limit)
+    }
+
+    /// Where volume `id`'s data may be, once nothing holds it: its loop devices detached, and
+    /// refused if a mount sits at or under it.
+    fn ready_to_remove(
+        &self,
+        pool: &Pool,
+        id: &VolumeId,
+        kind: VolumeKind,
+    ) -> Result<[PathBuf; 2]> {
         if kind == VolumeKind::Block {
             // A device left attached by a crash would keep the file's blocks alive.
             for device in devices::serving(id).unwrap_or_default() {
@@ -289,13 +320,17 @@ impl Volumes {
                 )));
             }
         }
-        // The walk re-checks every directory: a mount made after the look above stops it there.
-        for path in &paths {
-            limits::remove_directory(limit, path)
-                .map_err(|err| walk_failure(id, "deleting", err))?;
-        }
-        Ok(())
+        Ok(paths)
     }
+}
+
+/// Removes the data at `paths`. The walk re-checks every directory: a mount made after
+/// `ready_to_remove` looked stops it there.
+fn remove_trees(paths: &[PathBuf], id: &VolumeId, limit: SizeLimit) -> Result<()> {
+    for path in paths {
+        limits::remove_directory(limit, path).map_err(|err| walk_failure(id, "deleting", err))?;
+    }
+    Ok(())
 }
 
 /// Same name asked again: only an equivalent request gets the existing volume back.

@@ -89,6 +89,13 @@ pub struct Entry {
     pub json: Vec<u8>,
 }
 
+/// An entry appended, not yet known durable (see `Journal::append`).
+#[derive(Debug)]
+#[must_use = "an appended entry is not durable until waited for"]
+pub struct Appended {
+    sequence: u64,
+}
+
 /// Something to make durable before an old generation is dropped (see the module comment).
 pub type Barrier = Arc<dyn Fn() -> io::Result<()> + Send + Sync>;
 /// Applies an entry to the record files (step 2 of a compaction), without flushing.
@@ -183,6 +190,9 @@ struct State {
     /// Sequence numbers of the last entry appended, and of the last one known durable.
     written: u64,
     durable: u64,
+    /// Entries appended whose caller has not waited yet (it is still working: no rotation,
+    /// so their generation is compacted only after that work, e.g. a volume's data removal).
+    unwaited: usize,
     flushing: bool,
     /// Set by a failed write or flush: what is on disk is unknown, so no commit is accepted
     /// until a restart replays the journal.
@@ -236,6 +246,7 @@ impl Journal {
                 first_entry_at: None,
                 written: 0,
                 durable: 0,
+                unwaited: 0,
                 flushing: false,
                 failed: None,
                 unwritten: Changes::new(),
@@ -263,6 +274,14 @@ impl Journal {
 
     /// Appends `entry` and returns once it is durable (group commit: see the module comment).
     pub fn commit(&self, entry: &Entry) -> io::Result<()> {
+        let appended = self.append(entry)?;
+        self.wait(appended)
+    }
+
+    /// Appends `entry` and starts writing it to disk without waiting, so the caller can
+    /// overlap its own work with the write before it `wait`s. From here on the entry is
+    /// committed: the next flush, the caller's or anyone's, makes it durable.
+    pub fn append(&self, entry: &Entry) -> io::Result<Appended> {
         let shared = &*self.shared;
         let mut state = shared.lock();
         if let Some(why) = &state.failed {
@@ -285,7 +304,23 @@ impl Journal {
             state.unwritten.insert(entry.id.clone(), entry.clone());
         }
         state.written += 1;
-        let mine = state.written;
+        state.unwaited += 1;
+        let appended = Appended {
+            sequence: state.written,
+        };
+        let (file, offset) = (state.file.clone(), state.size - frame.len() as u64);
+        drop(state);
+        // Only a head start for the flush (`wait` makes it durable), so a failure is moot.
+        let _ = file::start_writeback(&file, offset, frame.len() as u64);
+        Ok(appended)
+    }
+
+    /// Returns once the entry `appended` is durable.
+    pub fn wait(&self, appended: Appended) -> io::Result<()> {
+        let shared = &*self.shared;
+        let mut state = shared.lock();
+        state.unwaited -= 1;
+        let mine = appended.sequence;
         loop {
             if state.durable >= mine {
                 break;
@@ -333,8 +368,13 @@ impl Journal {
     pub fn compact_now(&self) -> io::Result<()> {
         let shared = &*self.shared;
         let mut state = shared.lock();
-        while state.flushing || state.compacting {
-            state = shared.wait(state);
+        while state.flushing || state.compacting || state.unwaited > 0 {
+            // Timed: the end of an unwaited entry's work is not signalled.
+            state = shared
+                .changed
+                .wait_timeout(state, Duration::from_millis(1))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         if state.first_entry_at.is_some() {
             shared.rotate(&mut state, None)?;
@@ -476,6 +516,7 @@ impl Shared {
             }
             if due
                 && !state.flushing
+                && state.unwaited == 0
                 && state.written == state.durable
                 && state.failed.is_none()
                 && let Err(err) = self.rotate(&mut state, prepared.take())
@@ -606,6 +647,24 @@ mod tests {
             N,
             "every acknowledged commit is replayed"
         );
+    }
+
+    #[test]
+    fn an_appended_entry_is_durable_after_its_wait_and_holds_its_generation_till_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        let appended = journal.append(&put("a", "1")).unwrap();
+        let before = generations(dir.path(), "j").unwrap();
+        std::thread::scope(|s| {
+            let compaction = s.spawn(|| journal.compact_now());
+            std::thread::sleep(Duration::from_millis(50));
+            // The caller is still at work (say, removing a volume's data): no rotation yet.
+            assert_eq!(generations(dir.path(), "j").unwrap(), before);
+            journal.wait(appended).unwrap();
+            compaction.join().unwrap().unwrap();
+        });
+        assert_eq!(journal.flushes(), 1);
+        assert_ne!(generations(dir.path(), "j").unwrap(), before);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::journal::{self, Entry, Journal, Op};
+use super::journal::{self, Appended, Entry, Journal, Op};
 
 pub const RECORD_SUFFIX: &str = ".json";
 pub const TEMP_SUFFIX: &str = ".tmp";
@@ -262,12 +262,30 @@ impl<R: Record> Records<R> {
 
     /// Durably removes the record of `id`; a missing record is fine (and costs no flush).
     pub fn remove(&self, id: &R::Id) -> io::Result<()> {
-        if self.has_record_file(id) {
-            self.journal.commit(&Entry {
+        let removal = self.start_remove(id)?;
+        self.finish_remove(id, removal)
+    }
+
+    /// The first half of `remove`: commits the removal of `id`'s record to the journal and
+    /// starts its disk write, leaving the record visible; the caller may work meanwhile, then
+    /// must `finish_remove`. Committed means final: the next flush makes it durable.
+    pub fn start_remove(&self, id: &R::Id) -> io::Result<Option<Appended>> {
+        if !self.has_record_file(id) {
+            return Ok(None);
+        }
+        self.journal
+            .append(&Entry {
                 op: Op::Remove,
                 id: id.to_string(),
                 json: Vec::new(),
-            })?;
+            })
+            .map(Some)
+    }
+
+    /// Waits until the removal started by `start_remove` is durable, then drops the record.
+    pub fn finish_remove(&self, id: &R::Id, removal: Option<Appended>) -> io::Result<()> {
+        if let Some(appended) = removal {
+            self.journal.wait(appended)?;
         }
         let mut index = self.write_index();
         if let Some(record) = index.by_id.remove(id) {

@@ -71,8 +71,8 @@ impl Volumes {
                 continue;
             }
             if removed.contains(&id) {
-                // DeleteVolume removed the data, then committed the removal; a power loss
-                // undid the (unflushed) data removal. The CO deleted it: finish the job.
+                // DeleteVolume committed the removal, then a crash stopped the data's removal
+                // or a power loss undid it (unflushed). The CO deleted it: finish the job.
                 match limits::remove_directory(SizeLimit::None, &entry.path()) {
                     Ok(()) => {
                         info!(volume = %id, path = %entry.path().display(), "removed the data of a deleted volume that a crash brought back")

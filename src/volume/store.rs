@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::journal;
+use super::journal::{self, Appended};
 
 use super::id::VolumeId;
 use super::record::{Publication, VolumeRecord};
@@ -219,8 +219,19 @@ impl Store {
 
     /// Durably removes the record of `id`; a missing record is fine.
     pub fn remove(&self, id: &VolumeId) -> io::Result<()> {
+        let removal = self.start_remove(id)?;
+        self.finish_remove(id, removal)
+    }
+
+    /// `remove` in two halves, to overlap work with the journal's write (see
+    /// `Records::start_remove`): once started, the removal is committed.
+    pub fn start_remove(&self, id: &VolumeId) -> io::Result<Option<Appended>> {
+        self.records.start_remove(id)
+    }
+
+    pub fn finish_remove(&self, id: &VolumeId, removal: Option<Appended>) -> io::Result<()> {
         remove_if_present(&self.publications_path(id))?;
-        self.records.remove(id)
+        self.records.finish_remove(id, removal)
     }
 }
 
