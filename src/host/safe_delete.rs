@@ -43,6 +43,13 @@ pub fn remove_all(path: &Path) -> Result<(), WalkError> {
     if !stat.is_dir() {
         return ignore_missing(fs::remove_file(path)).map_err(io_err);
     }
+    // An empty directory (a volume never written) goes in one call: rmdir follows no symlink
+    // and fails on a mount point. Any failure but a vanished path means: walk it.
+    match fs::remove_dir(path) {
+        Ok(()) => return Ok(()),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(_) => {}
+    }
     tree::walk(path, AtMountPoint::Refuse, &mut Remover)?;
     ignore_missing(fs::remove_dir(path)).map_err(io_err)
 }

@@ -96,6 +96,13 @@ pub struct Appended {
     sequence: u64,
 }
 
+/// Where an entry's frame was written.
+struct Written {
+    file: Arc<File>,
+    offset: u64,
+    len: u64,
+}
+
 /// Something to make durable before an old generation is dropped (see the module comment).
 pub type Barrier = Arc<dyn Fn() -> io::Result<()> + Send + Sync>;
 /// Applies an entry to the record files (step 2 of a compaction), without flushing.
@@ -274,7 +281,7 @@ impl Journal {
 
     /// Appends `entry` and returns once it is durable (group commit: see the module comment).
     pub fn commit(&self, entry: &Entry) -> io::Result<()> {
-        let appended = self.append(entry)?;
+        let (appended, _) = self.append_entry(entry)?;
         self.wait(appended)
     }
 
@@ -282,6 +289,14 @@ impl Journal {
     /// overlap its own work with the write before it `wait`s. From here on the entry is
     /// committed: the next flush, the caller's or anyone's, makes it durable.
     pub fn append(&self, entry: &Entry) -> io::Result<Appended> {
+        let (appended, written) = self.append_entry(entry)?;
+        // Only a head start for the flush (`wait` makes it durable), so a failure is moot.
+        let _ = file::start_writeback(&written.file, written.offset, written.len);
+        Ok(appended)
+    }
+
+    /// Writes `entry`'s frame, and says where.
+    fn append_entry(&self, entry: &Entry) -> io::Result<(Appended, Written)> {
         let shared = &*self.shared;
         let mut state = shared.lock();
         if let Some(why) = &state.failed {
@@ -308,11 +323,13 @@ impl Journal {
         let appended = Appended {
             sequence: state.written,
         };
-        let (file, offset) = (state.file.clone(), state.size - frame.len() as u64);
-        drop(state);
-        // Only a head start for the flush (`wait` makes it durable), so a failure is moot.
-        let _ = file::start_writeback(&file, offset, frame.len() as u64);
-        Ok(appended)
+        let len = frame.len() as u64;
+        let written = Written {
+            file: state.file.clone(),
+            offset: state.size - len,
+            len,
+        };
+        Ok((appended, written))
     }
 
     /// Returns once the entry `appended` is durable.
