@@ -382,6 +382,7 @@ impl Journal {
 
     /// Rotates to a new generation now (if the current one has entries) and compacts every
     /// old generation, in this thread.
+    #[cfg(test)]
     pub fn compact_now(&self) -> io::Result<()> {
         let shared = &*self.shared;
         let mut state = shared.lock();

@@ -96,6 +96,8 @@ pub fn prepare(dir: &Path, name: &str, bytes: u64) -> io::Result<File> {
         file.write_all(&zeros[..chunk])?;
         left -= chunk as u64;
     }
+    // The zeros' blocks and the file's size durable before any entry lands in them: else each
+    // entry's fdatasync would also write the size and block map, the cost this layout avoids.
     file.sync_all()?;
     Ok(file)
 }
