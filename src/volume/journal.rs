@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use super::journal_file::{self as file, Order, generation_path, generations};
-use super::records::sync_dir;
+use super::records::{remove_file_if_present, sync_dir};
 pub use file::Replay;
 
 /// What an entry does to the record of its id.
@@ -280,7 +280,7 @@ impl Journal {
     }
 
     /// Appends `entry` and returns once it is durable (group commit: see the module comment).
-    pub fn commit(&self, entry: &Entry) -> io::Result<()> {
+    pub fn commit(&self, entry: Entry) -> io::Result<()> {
         let (appended, _) = self.append_entry(entry)?;
         self.wait(appended)
     }
@@ -288,7 +288,7 @@ impl Journal {
     /// Appends `entry` and starts writing it to disk without waiting, so the caller can
     /// overlap its own work with the write before it `wait`s. From here on the entry is
     /// committed: the next flush, the caller's or anyone's, makes it durable.
-    pub fn append(&self, entry: &Entry) -> io::Result<Appended> {
+    pub fn append(&self, entry: Entry) -> io::Result<Appended> {
         let (appended, written) = self.append_entry(entry)?;
         // Only a head start for the flush (`wait` makes it durable), so a failure is moot.
         let _ = file::start_writeback(&written.file, written.offset, written.len);
@@ -296,7 +296,7 @@ impl Journal {
     }
 
     /// Writes `entry`'s frame, and says where.
-    fn append_entry(&self, entry: &Entry) -> io::Result<(Appended, Written)> {
+    fn append_entry(&self, entry: Entry) -> io::Result<(Appended, Written)> {
         let shared = &*self.shared;
         let mut state = shared.lock();
         if let Some(why) = &state.failed {
@@ -306,7 +306,7 @@ impl Journal {
             sequence: state.written + 1,
             durable: state.durable,
         };
-        let frame = file::frame(entry, order);
+        let frame = file::frame(&entry, order);
         if let Err(err) = file::write_frame(&state.file, state.size, &frame) {
             // A partial frame is a torn tail at the next start: nothing may follow it.
             state.failed = Some(format!("appending to the journal: {err}"));
@@ -316,7 +316,7 @@ impl Journal {
         state.size += frame.len() as u64;
         state.first_entry_at.get_or_insert_with(Instant::now);
         if shared.options.write_back.is_some() {
-            state.unwritten.insert(entry.id.clone(), entry.clone());
+            state.unwritten.insert(entry.id.clone(), entry);
         }
         state.written += 1;
         state.unwaited += 1;
@@ -500,10 +500,7 @@ impl Shared {
         }
         // Step 3.
         for generation in old.iter().map(|o| o.generation) {
-            match fs::remove_file(generation_path(&self.dir, &self.name, generation)) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-                _ => {}
-            }
+            remove_file_if_present(&generation_path(&self.dir, &self.name, generation))?;
         }
         sync_dir(&self.dir)
     }
@@ -650,7 +647,7 @@ mod tests {
                 let (journal, start) = (&journal, &start);
                 s.spawn(move || {
                     start.wait();
-                    journal.commit(&put(&format!("v{i}"), "{}")).unwrap();
+                    journal.commit(put(&format!("v{i}"), "{}")).unwrap();
                 });
             }
         });
@@ -671,7 +668,7 @@ mod tests {
     fn an_appended_entry_is_durable_after_its_wait_and_holds_its_generation_till_then() {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        let appended = journal.append(&put("a", "1")).unwrap();
+        let appended = journal.append(put("a", "1")).unwrap();
         let before = generations(dir.path(), "j").unwrap();
         std::thread::scope(|s| {
             let compaction = s.spawn(|| journal.compact_now());
@@ -689,8 +686,8 @@ mod tests {
     fn one_commit_alone_is_one_flush() {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        journal.commit(&put("a", "1")).unwrap();
-        journal.commit(&put("a", "2")).unwrap();
+        journal.commit(put("a", "1")).unwrap();
+        journal.commit(put("a", "2")).unwrap();
         assert_eq!(journal.flushes(), 2);
     }
 
@@ -704,8 +701,8 @@ mod tests {
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
         let path = last_generation(dir.path());
         assert_eq!(fs::metadata(&path).unwrap().len(), 64 << 10);
-        journal.commit(&put("a", "1")).unwrap();
-        journal.commit(&put("b", "2")).unwrap();
+        journal.commit(put("a", "1")).unwrap();
+        journal.commit(put("b", "2")).unwrap();
         // The size never changes, so a flush need not write the file's metadata.
         assert_eq!(fs::metadata(&path).unwrap().len(), 64 << 10);
         crash(journal);
@@ -718,8 +715,8 @@ mod tests {
     fn a_commit_cut_by_a_crash_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        journal.commit(&put("a", "1")).unwrap();
-        journal.commit(&put("b", "2")).unwrap();
+        journal.commit(put("a", "1")).unwrap();
+        journal.commit(put("b", "2")).unwrap();
         crash(journal);
         file::tear_last_entry(&last_generation(dir.path()));
         let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
@@ -731,23 +728,23 @@ mod tests {
     fn generations_replay_in_order_whatever_step_a_compaction_stopped_at() {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
-        journal.commit(&put("a", "1")).unwrap();
+        journal.commit(put("a", "1")).unwrap();
         // Step 1 done, steps 2 and 3 not: both generations are replayed, oldest first.
         let old = journal.rotate_only().unwrap();
-        journal.commit(&put("a", "2")).unwrap();
+        journal.commit(put("a", "2")).unwrap();
         crash(journal);
         assert!(generation_path(dir.path(), "j", old).exists());
         let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         assert_eq!(replay.entries, vec![put("a", "1"), put("a", "2")]);
         // A full compaction drops every generation but the current one.
-        journal.commit(&put("a", "3")).unwrap();
+        journal.commit(put("a", "3")).unwrap();
         journal.compact_now().unwrap();
         assert_eq!(generations(dir.path(), "j").unwrap().len(), 1);
         crash(journal);
         let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         assert!(replay.entries.is_empty());
         // A clean stop compacts everything.
-        journal.commit(&put("a", "4")).unwrap();
+        journal.commit(put("a", "4")).unwrap();
         drop(journal);
         assert!(generations(dir.path(), "j").unwrap().is_empty());
     }
@@ -761,7 +758,7 @@ mod tests {
             ..manual()
         };
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), failing).unwrap();
-        journal.commit(&put("a", "1")).unwrap();
+        journal.commit(put("a", "1")).unwrap();
         assert!(journal.compact_now().is_err());
         crash(journal);
         let passing = Options {
@@ -785,7 +782,7 @@ mod tests {
         };
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
         for i in 0..20 {
-            journal.commit(&put(&format!("v{i}"), "{\"x\":1}")).unwrap();
+            journal.commit(put(&format!("v{i}"), "{\"x\":1}")).unwrap();
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while fs::metadata(last_generation(dir.path())).unwrap().len() > 512

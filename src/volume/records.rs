@@ -246,17 +246,23 @@ impl<R: Record> Records<R> {
     /// Callers serialize the writes of one record (operation guards).
     pub fn write(&self, id: &R::Id, durable: &impl Serialize) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(durable)?;
-        let op = if self.has_record_file(id) {
+        let (exists, unreadable) = {
+            let index = self.read_index();
+            (index.by_id.contains_key(id), index.unreadable.contains(id))
+        };
+        let op = if exists || unreadable {
             Op::Update
         } else {
             Op::Create
         };
-        self.journal.commit(&Entry {
+        self.journal.commit(Entry {
             op,
             id: id.to_string(),
             json,
         })?;
-        self.write_index().unreadable.remove(id);
+        if unreadable {
+            self.write_index().unreadable.remove(id);
+        }
         Ok(())
     }
 
@@ -274,7 +280,7 @@ impl<R: Record> Records<R> {
             return Ok(None);
         }
         self.journal
-            .append(&Entry {
+            .append(Entry {
                 op: Op::Remove,
                 id: id.to_string(),
                 json: Vec::new(),
@@ -331,7 +337,7 @@ fn write_back<R: Record>(dir: &Path) -> journal::WriteBack {
         }
         let path = file_of(&dir, &entry.id, RECORD_SUFFIX);
         match entry.op {
-            Op::Remove => remove_if_exists(&path),
+            Op::Remove => remove_file_if_present(&path),
             Op::Create | Op::Update => {
                 let temp = temp_file_of(&dir, &entry.id, RECORD_SUFFIX);
                 fs::write(&temp, &entry.json)?;
@@ -349,7 +355,8 @@ fn temp_file_of(dir: &Path, id: &impl Display, suffix: &str) -> PathBuf {
     dir.join(format!(".{id}{suffix}{TEMP_SUFFIX}"))
 }
 
-fn remove_if_exists(path: &Path) -> io::Result<()> {
+/// Removes the file at `path`; one already gone is fine.
+pub fn remove_file_if_present(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
         _ => Ok(()),

@@ -20,7 +20,7 @@ use super::journal::{self, Appended};
 
 use super::id::VolumeId;
 use super::record::{Publication, VolumeRecord};
-use super::records::{Record, Records, TEMP_SUFFIX, read_json};
+use super::records::{Record, Records, TEMP_SUFFIX, read_json, remove_file_if_present};
 pub use super::records::{sync_dir, write_durably};
 
 const PUBLICATIONS_SUFFIX: &str = ".publications.json";
@@ -190,7 +190,7 @@ impl Store {
     fn write_publications(&self, id: &VolumeId, publications: &[Publication]) -> io::Result<()> {
         let path = self.publications_path(id);
         if publications.is_empty() {
-            return remove_if_present(&path);
+            return remove_file_if_present(&path);
         }
         let temp = self
             .run
@@ -212,7 +212,7 @@ impl Store {
             && let Some(publications) = read_publications(&beside)?
         {
             self.write_publications(id, &publications)?;
-            remove_if_present(&beside)?;
+            remove_file_if_present(&beside)?;
         }
         read_publications(&path)
     }
@@ -230,15 +230,8 @@ impl Store {
     }
 
     pub fn finish_remove(&self, id: &VolumeId, removal: Option<Appended>) -> io::Result<()> {
-        remove_if_present(&self.publications_path(id))?;
+        remove_file_if_present(&self.publications_path(id))?;
         self.records.finish_remove(id, removal)
-    }
-}
-
-fn remove_if_present(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-        _ => Ok(()),
     }
 }
 
@@ -248,7 +241,7 @@ fn sweep_temp_files(run: &Path) -> io::Result<()> {
         let name = entry?.file_name();
         let name = name.to_string_lossy();
         if name.starts_with('.') && name.ends_with(&format!("{PUBLICATIONS_SUFFIX}{TEMP_SUFFIX}")) {
-            remove_if_present(&run.join(&*name))?;
+            remove_file_if_present(&run.join(&*name))?;
         }
     }
     Ok(())
