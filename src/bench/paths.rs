@@ -112,6 +112,28 @@ impl MadeDirs {
         Ok(())
     }
 
+    /// `make_all` on a blocking thread. Kubelet makes each pod's directories in that pod's own
+    /// worker; on the bench's one client thread, a `mkdir` waiting for the disk would stall
+    /// every other client, and `--concurrency` would measure the bench instead of the driver.
+    pub async fn make_all_apart(&mut self, path: PathBuf) -> io::Result<()> {
+        let mut dirs = std::mem::take(self);
+        let (dirs, made) = tokio::task::spawn_blocking(move || {
+            let made = dirs.make_all(&path);
+            (dirs, made)
+        })
+        .await
+        .expect("making kubelet directories panicked");
+        *self = dirs;
+        made
+    }
+
+    /// `remove` on a blocking thread, for the reason `make_all_apart` gives.
+    pub async fn remove_apart(mut self) -> Vec<String> {
+        tokio::task::spawn_blocking(move || self.remove())
+            .await
+            .expect("removing kubelet directories panicked")
+    }
+
     /// Removes what we made, deepest first; what cannot be removed (not empty, still a mount
     /// point) is left in place and described.
     pub fn remove(&mut self) -> Vec<String> {

@@ -140,7 +140,7 @@ impl Target {
         }
         ok &= detached;
         ok &= self.delete(&volume.volume_id, recorder).await;
-        outcome.problems.extend(dirs.remove());
+        outcome.problems.extend(dirs.remove_apart().await);
         outcome.completed = ok && outcome.problems.is_empty();
         outcome
     }
@@ -208,7 +208,8 @@ impl Target {
         let mut took = Duration::ZERO;
         if let Some(staging) = done.staging.clone() {
             // Kubelet makes the staging directory itself.
-            dirs.make_all(&staging)
+            dirs.make_all_apart(staging.clone())
+                .await
                 .map_err(|err| AttachFailure::Host(err.to_string()))?;
             done.staged = true;
             let call = node.node_stage_volume(self.csi.request(csi::NodeStageVolumeRequest {
@@ -226,7 +227,9 @@ impl Target {
             took += started.elapsed();
         }
         // Kubelet makes only the target's parent.
-        dirs.make_all(done.target.parent().expect("targets have a parent"))
+        let parent = done.target.parent().expect("targets have a parent");
+        dirs.make_all_apart(parent.to_path_buf())
+            .await
             .map_err(|err| AttachFailure::Host(err.to_string()))?;
         done.published = true;
         let call = node.node_publish_volume(self.csi.request(csi::NodePublishVolumeRequest {
