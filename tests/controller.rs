@@ -581,6 +581,40 @@ async fn delete_refuses_to_cross_a_planted_mount() {
     assert_eq!(fs::read(outside.join("precious")).unwrap(), b"keep");
 }
 
+/// An empty volume skips the mount table; a mount on the volume's directory itself (here of
+/// an empty directory, so the volume still looks empty) must still stop the delete.
+#[tokio::test]
+async fn delete_refuses_a_mount_on_an_empty_looking_volume() {
+    let driver = TestDriver::start().await;
+    let empty = driver.root.join("empty");
+    fs::create_dir(&empty).unwrap();
+    let volume = driver.create_fs_volume().await;
+    nix::mount::mount(
+        Some(&empty),
+        &host_path(&volume),
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .expect("planting a bind mount");
+
+    let refused = driver.delete(&volume.volume_id).await;
+    let unmounted = nix::mount::umount(&host_path(&volume));
+    let status = expect_code(refused, Code::FailedPrecondition);
+    unmounted.expect("removing the planted mount");
+    assert!(
+        status.message().contains("refusing to delete across it"),
+        "refused by the check before the delete starts: {status:?}"
+    );
+    assert!(empty.is_dir(), "the mounted directory is not removed");
+    assert_eq!(driver.list_all().await.len(), 1, "the volume still exists");
+    driver
+        .delete(&volume.volume_id)
+        .await
+        .expect("DeleteVolume");
+    assert!(!exists_no_follow(&host_path(&volume)));
+}
+
 /// A removal that fails midway (here an immutable file the walk cannot unlink) keeps the
 /// volume: its record was committed as removed first, so it is committed again, and survives
 /// a restart; the CO's retry finishes once the cause is gone.

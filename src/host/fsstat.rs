@@ -7,10 +7,12 @@
 use std::ffi::CStr;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
 use nix::sys::statvfs::{FsFlags, statvfs};
 
 /// The subset of statx we use.
@@ -58,6 +60,28 @@ pub fn lstat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
 /// statx of an open file descriptor.
 pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     statx_raw(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// The canonical form of the existing `path` (symlinks followed), as the kernel names what it
+/// opened. realpath(3) reads the link of every component, each looked up from the root again:
+/// this is one lookup and one readlink, checked against the file itself so a name the kernel
+/// decorates (" (deleted)") is never taken for a path.
+pub fn canonical(path: &Path) -> io::Result<PathBuf> {
+    let opened = nix::fcntl::open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
+    let link = format!("/proc/self/fd/{}", opened.as_raw_fd());
+    // Never NotFound: callers take that for "this path does not exist".
+    let named = std::fs::read_link(&link)
+        .map_err(|err| io::Error::other(format!("reading {link}: {err}")))?;
+    let file = stat_fd(opened.as_fd())?;
+    let same =
+        named.is_absolute() && lstat_if_exists(&named)?.is_some_and(|at| at.same_file(&file));
+    if !same {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} moved or vanished while being resolved", path.display()),
+        ));
+    }
+    Ok(named)
 }
 
 /// Like `lstat`, but a missing path is `Ok(None)`.
@@ -216,6 +240,32 @@ mod tests {
         std::os::unix::fs::symlink("/", &link).unwrap();
         assert!(lstat(&link).unwrap().is_symlink());
         assert_eq!(lstat_if_exists(&dir.path().join("missing")).unwrap(), None);
+    }
+
+    #[test]
+    fn canonical_follows_symlinks_like_realpath_and_misses_what_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/c");
+        std::fs::create_dir_all(&deep).unwrap();
+        let link = dir.path().join("to-b");
+        std::os::unix::fs::symlink("a/b", &link).unwrap();
+        let through_link = link.join("c");
+        assert_eq!(
+            canonical(&through_link).unwrap(),
+            through_link.canonicalize().unwrap()
+        );
+        assert!(canonical(&through_link).unwrap().ends_with("a/b/c"));
+        assert_eq!(canonical(Path::new("/")).unwrap(), Path::new("/"));
+        let missing = canonical(&dir.path().join("a/missing")).unwrap_err();
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+        // What the kernel would call ".../c (deleted)" is gone, not a path.
+        let opened = std::fs::File::open(&deep).unwrap();
+        std::fs::remove_dir(&deep).unwrap();
+        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+        assert_eq!(
+            canonical(&fd_path).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
     }
 
     #[test]

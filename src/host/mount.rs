@@ -1,8 +1,9 @@
 //! Bind mounts with mount(2), through sys-mount.
 //!
-//! A bind mount ignores per-mount flags on its first call, so flags such as read-only take a
-//! second call (MS_BIND | MS_REMOUNT | flags). Until that second call succeeds the mount is
-//! read-write; on failure we unmount again rather than leave it so.
+//! A bind mount ignores per-mount flags on its first call and starts with its source mount's
+//! flags, so other flags such as read-only take a second call (MS_BIND | MS_REMOUNT | flags).
+//! Until that second call succeeds the mount is read-write; on failure we unmount again rather
+//! than leave it so.
 
 use std::io;
 use std::path::Path;
@@ -55,7 +56,13 @@ pub fn bind(source: &Path, target: &Path, flags: MountFlags) -> io::Result<()> {
     if flags.is_empty() {
         return Ok(());
     }
-    if let Err(err) = set_flags(target, flags) {
+    // The remount takes the filesystem's superblock lock for writing, which every other
+    // publish on that filesystem then waits for; a statvfs tells when it would change nothing.
+    let applied = has_flags(target, flags).and_then(|same| match same {
+        true => Ok(()),
+        false => set_flags(target, flags),
+    });
+    if let Err(err) = applied {
         let _ = unmount(target);
         return Err(err);
     }

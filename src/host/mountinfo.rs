@@ -14,6 +14,8 @@ use std::io::{self, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
+use super::{fsstat, tree};
+
 const SELF_MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// One line of mountinfo. Paths are unescaped to the exact bytes the kernel has; option fields
@@ -110,6 +112,18 @@ pub fn mounts_at_or_under<'a>(
     entries
         .iter()
         .filter(move |entry| entry.mount_point.starts_with(dir))
+}
+
+/// Whether no mount can sit at or under `path`, when that is plain without the mount table
+/// (which on a busy node runs to hundreds of lines): statx shows a mount on the path itself,
+/// and anything mounted beneath needs a directory entry to sit on. `false` means "look".
+pub fn nothing_mounted_within(path: &Path) -> io::Result<bool> {
+    match fsstat::lstat_if_exists(path)? {
+        None => Ok(true),
+        Some(stat) if stat.is_mount_root => Ok(false),
+        Some(stat) if stat.is_dir() => tree::is_empty_dir(path),
+        Some(_) => Ok(true),
+    }
 }
 
 /// Encodes a path the way the kernel does in mountinfo: space, tab, newline and backslash as
@@ -257,6 +271,27 @@ mod tests {
 
     fn problem(line: &str) -> Problem {
         parse_line(line).expect_err("should not parse").problem
+    }
+
+    #[test]
+    fn only_non_empty_directories_need_the_mount_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        assert!(nothing_mounted_within(&root.join("missing")).unwrap());
+        fs::create_dir(root.join("empty")).unwrap();
+        assert!(nothing_mounted_within(&root.join("empty")).unwrap());
+        fs::write(root.join("file"), b"x").unwrap();
+        assert!(nothing_mounted_within(&root.join("file")).unwrap());
+        std::os::unix::fs::symlink(root, root.join("link")).unwrap();
+        assert!(
+            nothing_mounted_within(&root.join("link")).unwrap(),
+            "a symlink is judged itself, not what it points at"
+        );
+        assert!(!nothing_mounted_within(root).unwrap(), "has entries: look");
+        assert!(
+            !nothing_mounted_within(Path::new("/")).unwrap(),
+            "a mount root: look"
+        );
     }
 
     #[test]

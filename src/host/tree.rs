@@ -149,6 +149,25 @@ fn changed_meanwhile(err: &io::Error) -> bool {
     )
 }
 
+/// Whether `path` is a directory (not a symlink to one) without entries.
+pub fn is_empty_dir(path: &Path) -> io::Result<bool> {
+    let fd = match open_dir(None, path.as_os_str().as_bytes()) {
+        Ok(fd) => fd,
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
+            return Ok(false);
+        }
+        Err(err) => return Err(err),
+    };
+    let mut dir = Dir::from_fd(fd)?;
+    for entry in dir.iter() {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn open_dir(parent: Option<BorrowedFd<'_>>, name: &[u8]) -> io::Result<OwnedFd> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd: Result<OwnedFd, Errno> = match parent {

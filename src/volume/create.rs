@@ -310,10 +310,21 @@ impl Volumes {
         // Data may sit under its final or (an interrupted create) its staging name.
         let paths = [pool.data_path(id, kind), pool.staging_path(id, kind)];
         // Refuse before removing anything: a mount found midway would leave a half-deleted volume.
-        let mounts =
-            mountinfo::read_self().context(|| "reading /proc/self/mountinfo".to_string())?;
+        let mut mounts = None;
         for path in &paths {
-            if let Some(mount) = mountinfo::mounts_at_or_under(&mounts, path).next() {
+            let plain = mountinfo::nothing_mounted_within(path)
+                .context(|| format!("inspecting {}", path.display()))?;
+            if plain {
+                continue;
+            }
+            let mounts = match &mut mounts {
+                Some(mounts) => mounts,
+                None => mounts.insert(
+                    mountinfo::read_self()
+                        .context(|| "reading /proc/self/mountinfo".to_string())?,
+                ),
+            };
+            if let Some(mount) = mountinfo::mounts_at_or_under(mounts, path).next() {
                 return Err(Error::FailedPrecondition(format!(
                     "volume {id} has a mount at {}; refusing to delete across it",
                     mount.mount_point.display()

@@ -178,11 +178,12 @@ impl Volumes {
     }
 
     /// The target's existing ancestors must resolve (symlinks followed) inside the kubelet dir
-    /// and outside the data dir (volumes are never targets of each other).
-    fn check_target_ancestors(&self, target: &Path) -> Result<()> {
+    /// and outside the data dir (volumes are never targets of each other). Says whether the
+    /// target's parent exists.
+    fn check_target_ancestors(&self, target: &Path) -> Result<bool> {
         let mut ancestor = target.parent();
         while let Some(dir) = ancestor {
-            let resolved = dir.canonicalize();
+            let resolved = fsstat::canonical(dir);
             let pool = resolved
                 .as_ref()
                 .ok()
@@ -196,7 +197,9 @@ impl Volumes {
                 )));
             }
             match resolved {
-                Ok(real) if real.starts_with(&self.kubelet_dir) => return Ok(()),
+                Ok(real) if real.starts_with(&self.kubelet_dir) => {
+                    return Ok(Some(dir) == target.parent());
+                }
                 Ok(real) => {
                     return Err(Error::InvalidArgument(format!(
                         "target {} resolves through {} outside the kubelet directory {}",
@@ -209,12 +212,14 @@ impl Volumes {
                 Err(err) => return Err(Error::host(format!("resolving {}", dir.display()), err)),
             }
         }
-        Ok(())
+        Ok(false)
     }
 
-    /// Checks the target's ancestors and creates its parent (kubelet normally has).
+    /// Checks the target's ancestors and creates its parent unless (as kubelet does) it exists.
     fn check_target_parent(&self, target: &Path) -> Result<()> {
-        self.check_target_ancestors(target)?;
+        if self.check_target_ancestors(target)? {
+            return Ok(());
+        }
         let parent = target.parent().unwrap_or(Path::new("/"));
         fs::create_dir_all(parent).context(|| format!("creating {}", parent.display()))
     }
