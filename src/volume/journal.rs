@@ -8,7 +8,9 @@
 //! **Group commit.** An entry is appended under the journal's lock, then its caller waits until
 //! a flush (`fdatasync`) that started after its append has finished. One caller at a time
 //! flushes (the leader, lock released while it flushes); entries appended meanwhile share the
-//! next flush, so N concurrent commits cost far fewer than N flushes.
+//! next flush, so N concurrent commits cost far fewer than N flushes. `append` (without
+//! waiting) also wakes a flusher thread, so that the flush runs while its caller goes on with
+//! its own work (a delete removing the volume's data) instead of after it.
 //!
 //! **Compaction.** A commit writes nothing but its entry: the record files beside the journal
 //! are written back later, by compaction, so a create or delete costs one append and one
@@ -96,13 +98,6 @@ pub struct Appended {
     sequence: u64,
 }
 
-/// Where an entry's frame was written.
-struct Written {
-    file: Arc<File>,
-    offset: u64,
-    len: u64,
-}
-
 /// Something to make durable before an old generation is dropped (see the module comment).
 pub type Barrier = Arc<dyn Fn() -> io::Result<()> + Send + Sync>;
 /// Applies an entry to the record files (step 2 of a compaction), without flushing.
@@ -152,7 +147,8 @@ impl std::fmt::Debug for Options {
 #[derive(Debug)]
 pub struct Journal {
     shared: Arc<Shared>,
-    compactor: Mutex<Option<JoinHandle<()>>>,
+    /// The compactor and the flusher, joined at drop.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 struct Shared {
@@ -167,6 +163,8 @@ struct Shared {
     /// Wakes the background compactor: separate from `changed`, so that a commit's flush
     /// does not wake (and switch to) a compactor with nothing to do.
     wake_compactor: Condvar,
+    /// Wakes the background flusher (by `append`, and at drop).
+    wake_flusher: Condvar,
 }
 
 impl std::fmt::Debug for Shared {
@@ -264,39 +262,49 @@ impl Journal {
             }),
             changed: Condvar::new(),
             wake_compactor: Condvar::new(),
+            wake_flusher: Condvar::new(),
         });
-        let compactor = shared.options.background.then(|| {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("journal-{name}"))
-                .spawn(move || shared.compact_in_background())
-                .expect("spawning the journal compactor")
-        });
+        let mut threads = Vec::new();
+        if shared.options.background {
+            let compactor = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("journal-{name}"))
+                    .spawn(move || compactor.compact_in_background())
+                    .expect("spawning the journal compactor"),
+            );
+            let flusher = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("flush-{name}"))
+                    .spawn(move || flusher.flush_in_background())
+                    .expect("spawning the journal flusher"),
+            );
+        }
         let journal = Journal {
             shared,
-            compactor: Mutex::new(compactor),
+            threads: Mutex::new(threads),
         };
         Ok((journal, replay))
     }
 
     /// Appends `entry` and returns once it is durable (group commit: see the module comment).
     pub fn commit(&self, entry: Entry) -> io::Result<()> {
-        let (appended, _) = self.append_entry(entry)?;
+        let appended = self.append_entry(entry)?;
         self.wait(appended)
     }
 
-    /// Appends `entry` and starts writing it to disk without waiting, so the caller can
-    /// overlap its own work with the write before it `wait`s. From here on the entry is
-    /// committed: the next flush, the caller's or anyone's, makes it durable.
+    /// Appends `entry` and has it flushed in the background, so the caller can overlap its own
+    /// work with the flush before it `wait`s. From here on the entry is committed: the next
+    /// flush, the flusher's or anyone's, makes it durable.
     pub fn append(&self, entry: Entry) -> io::Result<Appended> {
-        let (appended, written) = self.append_entry(entry)?;
-        // Only a head start for the flush (`wait` makes it durable), so a failure is moot.
-        let _ = file::start_writeback(&written.file, written.offset, written.len);
+        let appended = self.append_entry(entry)?;
+        self.shared.wake_flusher.notify_one();
         Ok(appended)
     }
 
-    /// Writes `entry`'s frame, and says where.
-    fn append_entry(&self, entry: Entry) -> io::Result<(Appended, Written)> {
+    /// Writes `entry`'s frame.
+    fn append_entry(&self, entry: Entry) -> io::Result<Appended> {
         let shared = &*self.shared;
         let mut state = shared.lock();
         if let Some(why) = &state.failed {
@@ -320,16 +328,9 @@ impl Journal {
         }
         state.written += 1;
         state.unwaited += 1;
-        let appended = Appended {
+        Ok(Appended {
             sequence: state.written,
-        };
-        let len = frame.len() as u64;
-        let written = Written {
-            file: state.file.clone(),
-            offset: state.size - len,
-            len,
-        };
-        Ok((appended, written))
+        })
     }
 
     /// Returns once the entry `appended` is durable.
@@ -345,29 +346,10 @@ impl Journal {
             if let Some(why) = &state.failed {
                 return Err(failed(why));
             }
-            if state.flushing {
-                state = shared.wait(state);
-                continue;
-            }
-            // Lead a flush covering every entry appended so far.
-            state.flushing = true;
-            let covered = state.written;
-            let file = state.file.clone();
-            drop(state);
-            if let Some(hook) = &shared.options.on_flush {
-                hook();
-            }
-            let flushed = file.sync_data();
-            state = shared.lock();
-            state.flushing = false;
-            state.flushes += 1;
-            match flushed {
-                Ok(()) => state.durable = state.durable.max(covered),
-                // After a failed fdatasync the file's state is unknown (the kernel may have
-                // dropped the dirty pages): refuse everything until a restart replays it.
-                Err(err) => state.failed = Some(format!("flushing the journal: {err}")),
-            }
-            shared.changed.notify_all();
+            state = match state.flushing {
+                true => shared.wait(state),
+                false => shared.flush(state),
+            };
         }
         if state.size >= shared.options.max_bytes {
             shared.wake_compactor.notify_one();
@@ -425,12 +407,9 @@ impl Drop for Journal {
     fn drop(&mut self) {
         self.shared.lock().closed = true;
         self.shared.wake_compactor.notify_all();
-        if let Some(handle) = self
-            .compactor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        self.shared.wake_flusher.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+        for handle in threads {
             let _ = handle.join();
         }
         let mut state = self.shared.lock();
@@ -503,6 +482,43 @@ impl Shared {
             remove_file_if_present(&generation_path(&self.dir, &self.name, generation))?;
         }
         sync_dir(&self.dir)
+    }
+
+    /// Leads a flush covering every entry appended so far (`flushing` keeps it the only one).
+    fn flush<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        state.flushing = true;
+        let covered = state.written;
+        let file = state.file.clone();
+        drop(state);
+        if let Some(hook) = &self.options.on_flush {
+            hook();
+        }
+        let flushed = file.sync_data();
+        state = self.lock();
+        state.flushing = false;
+        state.flushes += 1;
+        match flushed {
+            Ok(()) => state.durable = state.durable.max(covered),
+            // After a failed fdatasync the file's state is unknown (the kernel may have
+            // dropped the dirty pages): refuse everything until a restart replays it.
+            Err(err) => state.failed = Some(format!("flushing the journal: {err}")),
+        }
+        self.changed.notify_all();
+        state
+    }
+
+    /// Flushes what `append` left unflushed, while its caller works on.
+    fn flush_in_background(&self) {
+        let mut state = self.lock();
+        while !state.closed {
+            state = if state.written > state.durable && !state.flushing && state.failed.is_none() {
+                self.flush(state)
+            } else {
+                self.wake_flusher
+                    .wait(state)
+                    .unwrap_or_else(|e| e.into_inner())
+            };
+        }
     }
 
     fn compact_in_background(&self) {
@@ -680,6 +696,24 @@ mod tests {
         });
         assert_eq!(journal.flushes(), 1);
         assert_ne!(generations(dir.path(), "j").unwrap(), before);
+    }
+
+    #[test]
+    fn an_appended_entry_is_flushed_in_the_background_before_its_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), Options::default()).unwrap();
+        let appended = journal.append(put("a", "1")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while journal.flushes() == 0 {
+            assert!(Instant::now() < deadline, "the flusher never flushed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        journal.wait(appended).unwrap();
+        assert_eq!(
+            journal.flushes(),
+            1,
+            "the wait found its entry durable already"
+        );
     }
 
     #[test]

@@ -117,26 +117,6 @@ pub fn write_frame(file: &File, offset: u64, frame: &[u8]) -> io::Result<()> {
     file.write_all_at(frame, offset)
 }
 
-/// Starts writing a frame to disk (no cache flush, no waiting): the flush that follows has
-/// less left to do.
-pub fn start_writeback(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a plain syscall on a file descriptor we own; no memory is passed.
-    let done = unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            offset as libc::off64_t,
-            len as libc::off64_t,
-            libc::SYNC_FILE_RANGE_WRITE,
-        )
-    };
-    if done == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// The frame of `entry` as the `order`-th commit.
 pub fn frame(entry: &Entry, order: Order) -> Vec<u8> {
     let id = entry.id.as_bytes();
