@@ -160,12 +160,16 @@ pub fn is_empty_dir(path: &Path) -> io::Result<bool> {
     };
     let mut dir = Dir::from_fd(fd)?;
     for entry in dir.iter() {
-        let name = entry?.file_name().to_bytes().to_vec();
-        if name != b"." && name != b".." {
+        if !is_self_or_parent(entry?.file_name()) {
             return Ok(false);
         }
     }
     Ok(true)
+}
+
+/// "." or "..", which every directory lists.
+fn is_self_or_parent(name: &CStr) -> bool {
+    matches!(name.to_bytes(), b"." | b"..")
 }
 
 fn open_dir(parent: Option<BorrowedFd<'_>>, name: &[u8]) -> io::Result<OwnedFd> {
@@ -181,9 +185,9 @@ fn list(fd: &OwnedFd) -> io::Result<Vec<CString>> {
     let mut dir = Dir::from_fd(fd.try_clone()?)?;
     let mut names = Vec::new();
     for entry in dir.iter() {
-        let name = entry?.file_name().to_owned();
-        if name.as_bytes() != b"." && name.as_bytes() != b".." {
-            names.push(name);
+        let entry = entry?;
+        if !is_self_or_parent(entry.file_name()) {
+            names.push(entry.file_name().to_owned());
         }
     }
     Ok(names)
@@ -243,6 +247,23 @@ mod tests {
             dir = open_dir(Some(dir.as_fd()), b"d").unwrap();
         }
         std::fs::write(format!("/proc/self/fd/{}/leaf", dir.as_raw_fd()), b"x").unwrap();
+    }
+
+    #[test]
+    fn only_an_empty_directory_itself_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(is_empty_dir(&empty).unwrap());
+        std::os::unix::fs::symlink(&empty, dir.path().join("link")).unwrap();
+        assert!(
+            !is_empty_dir(&dir.path().join("link")).unwrap(),
+            "not followed"
+        );
+        std::fs::write(empty.join("file"), b"x").unwrap();
+        assert!(!is_empty_dir(&empty).unwrap());
+        assert!(!is_empty_dir(&empty.join("file")).unwrap(), "a file");
+        assert!(is_empty_dir(&dir.path().join("missing")).is_err());
     }
 
     #[test]
