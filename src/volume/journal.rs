@@ -266,20 +266,15 @@ impl Journal {
         });
         let mut threads = Vec::new();
         if shared.options.background {
-            let compactor = shared.clone();
-            threads.push(
+            let spawn = |role: &str, work: fn(&Shared)| {
+                let shared = shared.clone();
                 std::thread::Builder::new()
-                    .name(format!("journal-{name}"))
-                    .spawn(move || compactor.compact_in_background())
-                    .expect("spawning the journal compactor"),
-            );
-            let flusher = shared.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("flush-{name}"))
-                    .spawn(move || flusher.flush_in_background())
-                    .expect("spawning the journal flusher"),
-            );
+                    .name(format!("{role}-{name}"))
+                    .spawn(move || work(&shared))
+                    .unwrap_or_else(|err| panic!("spawning the journal's {role} thread: {err}"))
+            };
+            threads.push(spawn("journal", Shared::compact_in_background));
+            threads.push(spawn("flush", Shared::flush_in_background));
         }
         let journal = Journal {
             shared,
