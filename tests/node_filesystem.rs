@@ -281,6 +281,37 @@ async fn publish_validates_arguments_before_looking_up_the_volume() {
     assert!(!exists_no_follow(&target));
 }
 
+/// Kubelet normally makes the target's parent; when it has not, the driver does. A parent
+/// reached through a symlink that stays inside the kubelet dir is accepted.
+#[tokio::test]
+async fn publish_makes_a_missing_parent_and_follows_symlinks_inside_the_kubelet_dir() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    let missing = driver
+        .kubelet
+        .join("pods/new-pod/volumes/kubernetes.io~csi/pv/mount");
+    driver.publish_ok(&volume, &missing, snw()).await;
+    assert_eq!(mounts_at(&missing).len(), 1);
+    driver.unpublish_ok(&volume, &missing).await;
+    assert!(
+        missing.parent().unwrap().is_dir(),
+        "the parent made for kubelet stays"
+    );
+
+    let real = driver.kubelet.join("pods/real-pod");
+    fs::create_dir_all(&real).unwrap();
+    std::os::unix::fs::symlink(&real, driver.kubelet.join("pods/linked-pod")).unwrap();
+    let linked = driver.kubelet.join("pods/linked-pod/mount");
+    driver.publish_ok(&volume, &linked, snw()).await;
+    assert_eq!(
+        mounts_at(&real.join("mount")).len(),
+        1,
+        "mounted where the link leads"
+    );
+    driver.unpublish_ok(&volume, &linked).await;
+    assert!(!exists_no_follow(&real.join("mount")));
+}
+
 #[tokio::test]
 async fn publish_refuses_a_parent_that_escapes_through_a_symlink() {
     let driver = TestDriver::start().await;
