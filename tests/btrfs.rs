@@ -277,6 +277,29 @@ async fn an_expansion_interrupted_after_raising_the_limit_is_finished_by_the_ret
     assert_eq!(usage.total, 32 * MIB);
 }
 
+/// A power loss undid the removal of a deleted volume's subvolume: the next start destroys it
+/// as a subvolume, not as a tree of files.
+#[tokio::test]
+async fn a_subvolume_a_power_loss_brought_back_after_a_delete_is_destroyed_at_start() {
+    let mut setup = start_on_btrfs(Some("btrfs")).await;
+    let volume = setup.driver.create(fast_request(16 * MIB)).await;
+    let data = host_path(&volume);
+    fs::write(data.join("old"), b"deleted data").unwrap();
+    btrfs::snapshot_subvolume(&data, &setup.pool, "aside", false).unwrap();
+    setup.driver.delete(&volume.volume_id).await.unwrap();
+    setup.driver.kill9();
+    fs::rename(setup.pool.join("aside"), &data).unwrap();
+
+    setup.driver.start_again().await;
+    assert!(!data.exists());
+    let log = setup.driver.log_text();
+    let line = log
+        .lines()
+        .find(|line| line.contains("a crash brought back"))
+        .unwrap_or_else(|| panic!("no removal logged:\n{log}"));
+    assert!(line.contains("BtrfsQgroup"), "{line}");
+}
+
 #[tokio::test]
 async fn a_create_interrupted_before_its_commit_leaves_no_subvolume_behind() {
     let mut setup = start_on_btrfs(Some("btrfs")).await;

@@ -454,6 +454,24 @@ async fn damage_in_the_middle_of_the_journal_refuses_to_start() {
     );
 }
 
+/// DeleteVolume committed, then a power loss undid the (unflushed) removal of the data: the
+/// next start finishes the removal, since the journal still says the volume was deleted.
+#[tokio::test]
+async fn data_a_power_loss_brought_back_after_a_delete_is_removed_at_start() {
+    let mut driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    driver.delete(&volume.volume_id).await.unwrap();
+    driver.kill9();
+    fs::create_dir(host_path(&volume)).unwrap();
+    fs::write(host_path(&volume).join("old"), b"deleted data").unwrap();
+
+    driver.start_again().await;
+    assert!(!exists_no_follow(&host_path(&volume)));
+    assert!(!driver.data.join("lost+found").exists());
+    assert!(driver.log_text().contains("a crash brought back"));
+    assert!(driver.list_all().await.is_empty());
+}
+
 /// A power loss right after a create's commit took its (unflushed) data and the move into
 /// place: the empty volume is remade from its record. A volume whose data vanished after it
 /// was used is reported, not remade.

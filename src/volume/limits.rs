@@ -272,12 +272,36 @@ impl Enforcement {
         ProjectIds::new(projquota::DEFAULT_PROJECT_ID_RANGE, in_use)
     }
 
+    /// The limit that the data of a deleted volume, left behind by a crash (its record is
+    /// gone), still carries: so removing it cleans up the way DeleteVolume would have, and a
+    /// project id is not left with a limit that makes every later start skip it as foreign.
+    pub fn limit_left_on(&self, dir: &Path) -> SizeLimit {
+        if btrfs::is_subvolume(dir).unwrap_or(false) {
+            return SizeLimit::BtrfsQgroup;
+        }
+        match (self, projquota::project_of(dir)) {
+            (Enforcement::Project(ids), Ok(found)) => orphaned_project(found, ids)
+                .map_or(SizeLimit::None, |project_id| SizeLimit::ProjectQuota {
+                    project_id,
+                }),
+            _ => SizeLimit::None,
+        }
+    }
+
     /// The volume with this limit was deleted: its project id may be handed out again.
     pub fn forget(&self, limit: SizeLimit) {
         if let (Enforcement::Project(ids), SizeLimit::ProjectQuota { project_id }) = (self, limit) {
             ids.release(project_id);
         }
     }
+}
+
+/// The project id of orphaned data that is ours to clear: one we hand out (in range, with the
+/// inherit flag we set), held by no record or lease. A power loss may bring data back after
+/// its id went to a newer volume, whose limit must stay.
+fn orphaned_project((project_id, inherited): (u32, bool), ids: &ProjectIds) -> Option<u32> {
+    (inherited && ids.range().contains(&project_id) && !ids.is_held(project_id))
+        .then_some(project_id)
 }
 
 /// Sets the limit of the volume at `dir` to `capacity` bytes (growing it online).
@@ -388,5 +412,38 @@ pub(super) fn split(dir: &Path) -> Result<(&Path, &str)> {
             format!("making {}", dir.display()),
             io::Error::from(io::ErrorKind::InvalidInput),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_free_project_id_of_ours_is_cleared_after_orphaned_data() {
+        let ids = ProjectIds::new(100..200, [150]);
+        assert_eq!(orphaned_project((120, true), &ids), Some(120));
+        assert_eq!(
+            orphaned_project((150, true), &ids),
+            None,
+            "a record holds it"
+        );
+        assert_eq!(orphaned_project((120, false), &ids), None, "not set by us");
+        assert_eq!(
+            orphaned_project((7, true), &ids),
+            None,
+            "an admin's project"
+        );
+        assert_eq!(
+            orphaned_project((0, true), &ids),
+            None,
+            "the default project"
+        );
+        let lease = ids.allocate(|_| Ok(false)).unwrap();
+        assert_eq!(
+            orphaned_project((lease.id(), true), &ids),
+            None,
+            "a create holds it"
+        );
     }
 }

@@ -20,7 +20,7 @@ use super::create::size_file;
 use super::id::VolumeId;
 use super::limits;
 use super::pool::{Pool, id_of_data_entry};
-use super::record::{SizeLimit, VolumeKind, VolumeRecord};
+use super::record::{VolumeKind, VolumeRecord};
 use super::store::LoadReport;
 use super::{STAGING_PREFIX, Volumes, devices};
 use crate::error::{IoContext, Result};
@@ -73,9 +73,10 @@ impl Volumes {
             if removed.contains(&id) {
                 // DeleteVolume committed the removal, then a crash stopped the data's removal
                 // or a power loss undid it (unflushed). The CO deleted it: finish the job.
-                match limits::remove_directory(SizeLimit::None, &entry.path()) {
+                let limit = pool.enforcement.limit_left_on(&entry.path());
+                match limits::remove_directory(limit, &entry.path()) {
                     Ok(()) => {
-                        info!(volume = %id, path = %entry.path().display(), "removed the data of a deleted volume that a crash brought back")
+                        info!(volume = %id, path = %entry.path().display(), limit = ?limit, "removed the data of a deleted volume that a crash brought back")
                     }
                     Err(err) => {
                         warn!(volume = %id, error = %err, "could not remove the data of a deleted volume")
