@@ -6,6 +6,7 @@ mod common;
 use std::fs;
 use std::time::Duration;
 
+use common::scratchfs::ScratchFs;
 use common::*;
 use stickyvol::host::loopdev;
 
@@ -452,6 +453,57 @@ async fn damage_in_the_middle_of_the_journal_refuses_to_start() {
         "{}",
         driver.log_text()
     );
+}
+
+/// The data filesystem fails (shut down, as ext4 and XFS do after fatal I/O errors): Probe
+/// turns not ready, so the livenessprobe sidecar gets the driver restarted, and once the
+/// filesystem is back a restart finds every volume as it was.
+#[tokio::test]
+async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_restart() {
+    let mut fs = ScratchFs::new("ext4", 256 * MIB as u64, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make an ext4 filesystem: {why}"));
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.path("data");
+    driver.start_again().await;
+    let volume = driver.create_fs_volume().await;
+    assert_eq!(probe_ready(&driver).await, Some(true));
+
+    fs.shut_down();
+    // The journal's file can no longer be read...
+    assert_eq!(probe_ready(&driver).await, Some(false));
+    assert!(last_not_ready(&driver).contains("reading the journal"));
+    // ...and once a commit has failed, the journal refuses every later one.
+    let status = driver.delete(&volume.volume_id).await.unwrap_err();
+    assert!(
+        status.message().contains("Input/output error"),
+        "{status:?}"
+    );
+    assert_eq!(probe_ready(&driver).await, Some(false));
+    assert!(last_not_ready(&driver).contains("appending to the journal"));
+
+    driver.kill9();
+    fs.remount();
+    driver.start_again().await;
+    assert_eq!(probe_ready(&driver).await, Some(true));
+    assert_eq!(driver.list_all().await.len(), 1);
+    driver.delete(&volume.volume_id).await.unwrap();
+}
+
+async fn probe_ready(driver: &TestDriver) -> Option<bool> {
+    let probe = driver.identity().probe(csi::ProbeRequest {}).await;
+    probe.expect("Probe").into_inner().ready
+}
+
+/// The reason the driver logged last for answering Probe "not ready".
+fn last_not_ready(driver: &TestDriver) -> String {
+    let log = driver.log_text();
+    let line = log.lines().rev().find(|line| line.contains("not ready"));
+    let line = line.unwrap_or_else(|| panic!("no \"not ready\" in the log:\n{log}"));
+    assert!(
+        line.contains("the volume state journal cannot take commits"),
+        "{line}"
+    );
+    line.to_string()
 }
 
 /// DeleteVolume committed, then a power loss undid the (unflushed) removal of the data: the

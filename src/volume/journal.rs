@@ -43,6 +43,7 @@
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -165,6 +166,16 @@ struct Shared {
     wake_compactor: Condvar,
     /// Wakes the background flusher (by `append`, and at drop).
     wake_flusher: Condvar,
+    /// What `Journal::health` reads, kept apart from `state`, whose lock a rotation holds
+    /// across a directory fsync: Probe must not wait behind that.
+    health: Mutex<Health>,
+}
+
+struct Health {
+    /// A copy of `State::failed`.
+    failed: Option<String>,
+    /// The current generation's file.
+    file: Arc<File>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -239,13 +250,14 @@ impl Journal {
         let generation = generations.last().map_or(1, |g| g + 1);
         let file = file::prepare(dir, name, options.max_bytes)?;
         file::install(dir, name, generation)?;
+        let file = Arc::new(file);
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             name: name.to_string(),
             records_dir: records_dir.to_path_buf(),
             options,
             state: Mutex::new(State {
-                file: Arc::new(file),
+                file: file.clone(),
                 generation,
                 size: file::MAGIC.len() as u64,
                 first_entry_at: None,
@@ -263,6 +275,7 @@ impl Journal {
             changed: Condvar::new(),
             wake_compactor: Condvar::new(),
             wake_flusher: Condvar::new(),
+            health: Mutex::new(Health { failed: None, file }),
         });
         let mut threads = Vec::new();
         if shared.options.background {
@@ -312,7 +325,7 @@ impl Journal {
         let frame = file::frame(&entry, order);
         if let Err(err) = file::write_frame(&state.file, state.size, &frame) {
             // A partial frame is a torn tail at the next start: nothing may follow it.
-            state.failed = Some(format!("appending to the journal: {err}"));
+            shared.fail(&mut state, format!("appending to the journal: {err}"));
             shared.changed.notify_all();
             return Err(err);
         }
@@ -350,6 +363,22 @@ impl Journal {
             shared.wake_compactor.notify_one();
         }
         Ok(())
+    }
+
+    /// Why the journal cannot take commits, if it cannot: an earlier write or flush failed
+    /// (only a restart, replaying the journal, clears that), or its file can no longer be read
+    /// (ext4 and XFS refuse every read once shut down after I/O errors). The one-byte read
+    /// hits the page cache: no disk I/O.
+    pub fn health(&self) -> Result<(), String> {
+        let health = self.shared.lock_health();
+        if let Some(why) = &health.failed {
+            return Err(why.clone());
+        }
+        let file = health.file.clone();
+        drop(health);
+        file.read_at(&mut [0u8; 1], 0)
+            .map(drop)
+            .map_err(|err| format!("reading the journal: {err}"))
     }
 
     /// How many flushes commits have made so far.
@@ -428,6 +457,16 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn lock_health(&self) -> MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Refuses every later commit (see `State::failed`), and tells `health`.
+    fn fail(&self, state: &mut State, why: String) {
+        self.lock_health().failed = Some(why.clone());
+        state.failed = Some(why);
+    }
+
     fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.changed.wait(state).unwrap_or_else(|e| e.into_inner())
     }
@@ -448,6 +487,7 @@ impl Shared {
             unwritten: std::mem::take(&mut state.unwritten),
         });
         state.file = Arc::new(file);
+        self.lock_health().file = state.file.clone();
         state.generation = next;
         state.size = file::MAGIC.len() as u64;
         state.first_entry_at = None;
@@ -496,7 +536,7 @@ impl Shared {
             Ok(()) => state.durable = state.durable.max(covered),
             // After a failed fdatasync the file's state is unknown (the kernel may have
             // dropped the dirty pages): refuse everything until a restart replays it.
-            Err(err) => state.failed = Some(format!("flushing the journal: {err}")),
+            Err(err) => self.fail(&mut state, format!("flushing the journal: {err}")),
         }
         self.changed.notify_all();
         state

@@ -371,7 +371,8 @@ impl Volumes {
         self.default_pool().space()
     }
 
-    /// Ready when the data and state directories exist, are writable and not on a read-only mount.
+    /// Ready when the data and state directories exist, are writable and not on a read-only
+    /// mount, and the state journals can take commits.
     pub fn check_ready(&self) -> Result<()> {
         let pool = self.default_pool();
         for dir in [&pool.volumes, &self.state] {
@@ -385,6 +386,20 @@ impl Volumes {
                 "data directory {} is on a read-only filesystem",
                 pool.root.display()
             )));
+        }
+        // A journal that cannot take commits fails every create and delete until a restart
+        // replays it: not ready, so the livenessprobe sidecar has kubelet restart the driver
+        // instead of leaving it failing behind a healthy Probe.
+        let journals = [
+            ("volume", self.store.journal_health()),
+            ("snapshot", self.snapshots.journal_health()),
+        ];
+        for (records, health) in journals {
+            health.map_err(|why| {
+                Error::FailedPrecondition(format!(
+                    "the {records} state journal cannot take commits ({why}); a restart replays it"
+                ))
+            })?;
         }
         Ok(())
     }

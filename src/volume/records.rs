@@ -170,6 +170,11 @@ impl<R: Record> Records<R> {
         Ok((records, loaded))
     }
 
+    /// Whether the journal can take commits (see `Journal::health`).
+    pub fn journal_health(&self) -> Result<(), String> {
+        self.journal.health()
+    }
+
     /// The journal's flush count (for tests and measurements).
     pub fn flushes(&self) -> u64 {
         self.journal.flushes()

@@ -131,6 +131,11 @@ impl Store {
         self.records.has_record_file(id)
     }
 
+    /// Whether the journal can take commits (see `Journal::health`).
+    pub fn journal_health(&self) -> Result<(), String> {
+        self.records.journal_health()
+    }
+
     /// The journal's flush count so far.
     pub fn flushes(&self) -> u64 {
         self.records.flushes()

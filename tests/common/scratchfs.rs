@@ -19,6 +19,7 @@ pub struct ScratchFs {
     /// The loop device, e.g. /dev/loop3.
     pub device: PathBuf,
     pub fs_type: String,
+    mount_options: String,
     /// Holds the image and the mount point; None once deliberately leaked.
     dir: Option<TempDir>,
     attached: bool,
@@ -66,6 +67,7 @@ impl ScratchFs {
             mount_point,
             device: PathBuf::new(),
             fs_type: fs_type.to_string(),
+            mount_options: mount_options.to_string(),
             dir: Some(dir),
             attached: false,
             mounted: false,
@@ -86,25 +88,75 @@ impl ScratchFs {
         scratch.device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         scratch.attached = true;
 
+        scratch.mount()?;
+        Ok(scratch)
+    }
+
+    fn mount(&mut self) -> Result<(), String> {
         let mut mount = Command::new("mount");
-        mount.args(["-t", fs_type]);
-        if !mount_options.is_empty() {
-            mount.args(["-o", mount_options]);
+        mount.args(["-t", &self.fs_type]);
+        if !self.mount_options.is_empty() {
+            mount.args(["-o", &self.mount_options]);
         }
         let out = mount
-            .arg(&scratch.device)
-            .arg(&scratch.mount_point)
+            .arg(&self.device)
+            .arg(&self.mount_point)
             .output()
             .map_err(|e| format!("running mount: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "mount -t {fs_type} -o {mount_options:?}: {}{}",
+                "mount -t {} -o {:?}: {}{}",
+                self.fs_type,
+                self.mount_options,
                 String::from_utf8_lossy(&out.stderr).trim(),
-                kernel_log_about(&scratch.device)
+                kernel_log_about(&self.device)
             ));
         }
-        scratch.mounted = true;
-        Ok(scratch)
+        self.mounted = true;
+        Ok(())
+    }
+
+    /// Shuts the filesystem down the way ext4 and XFS do after fatal I/O errors
+    /// (EXT4_IOC_SHUTDOWN / XFS_IOC_GOINGDOWN, without flushing the log): from then on every
+    /// write, and every open of a file, fails with EIO, while stat and statvfs still answer.
+    pub fn shut_down(&self) {
+        // _IOR('X', 125, __u32), the same number for both filesystems.
+        const GOING_DOWN: libc::c_ulong = 0x8004_587d;
+        const NO_LOG_FLUSH: u32 = 2;
+        let root = File::open(&self.mount_point).expect("opening the mount point");
+        let flags = NO_LOG_FLUSH;
+        // SAFETY: the ioctl reads one u32 that outlives the call.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&root),
+                GOING_DOWN as _,
+                &raw const flags,
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "shutting {} down: {}",
+            self.mount_point.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Unmounts and mounts the filesystem again, as a reboot would (e.g. after `shut_down`).
+    pub fn remount(&mut self) {
+        let out = Command::new("umount")
+            .arg(&self.mount_point)
+            .output()
+            .expect("running umount");
+        assert!(
+            out.status.success(),
+            "umount {}: {}",
+            self.mount_point.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        self.mounted = false;
+        self.mount()
+            .unwrap_or_else(|why| panic!("mounting again: {why}"));
     }
 
     /// The mount point joined with `relative`.
