@@ -331,3 +331,47 @@ async fn block_io_reports_every_case_for_device_and_plain_file_and_leaves_nothin
     );
     assert_nothing_left(&mut driver).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_flood_times_probe_and_a_bystander_publish_and_leaves_nothing() {
+    let mut driver = TestDriver::start().await;
+    let mut args = vec!["stats-flood".to_string()];
+    args.extend(target_flags(&driver));
+    args.extend(
+        [
+            "--files",
+            "1500",
+            "--callers",
+            "4",
+            "--runtime",
+            "1200ms",
+            "--probe-interval",
+            "50ms",
+            "--size",
+            "16777216",
+        ]
+        .map(String::from),
+    );
+    let output = bench(args).await;
+    assert_exit(&output, 0);
+    let report = report(&output);
+
+    assert_eq!(report["workload"], "stats-flood");
+    assert_eq!(report["errors_total"], 0, "{report:#}");
+    assert_eq!(report["files"], 1500);
+    assert!(report["fill_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(calls(&report["idle"], "Probe"), (20, 0));
+    let flood = &report["flood"];
+    let (stats, _) = calls(flood, "NodeGetVolumeStats");
+    assert!(stats >= 4, "{flood:#}");
+    let (probes, _) = calls(flood, "Probe");
+    assert!(probes >= 2, "{flood:#}");
+    // The second volume is published at the start of the flood and then every second.
+    let (publishes, _) = calls(flood, "NodePublishVolume");
+    assert!(publishes >= 1, "{flood:#}");
+    assert_eq!(calls(flood, "NodeUnpublishVolume"), (publishes, 0));
+    assert_eq!(calls(&report["setup"], "CreateVolume"), (2, 0));
+    assert_eq!(calls(&report["setup"], "DeleteVolume"), (2, 0));
+    assert_eq!(report["leftovers"], serde_json::json!([]));
+    assert_nothing_left(&mut driver).await;
+}

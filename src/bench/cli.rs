@@ -28,6 +28,9 @@ pub enum Workload {
     /// and writes at queue depth 1 and 32), side by side with a plain file of the same size on
     /// the filesystem of the volume's data.
     BlockIo(BlockIoArgs),
+    /// NodeGetVolumeStats from many callers on one published volume holding many files, while
+    /// Probe is timed and a second volume is published and unpublished every second.
+    StatsFlood(StatsFloodArgs),
 }
 
 /// Which driver, and where kubelet's directories are: every workload's first flags.
@@ -152,6 +155,61 @@ impl BlockIoArgs {
         Common {
             driver: self.driver.clone(),
             access_type: AccessType::Block,
+            size: self.size,
+            fs_type: String::new(),
+            parameters: self.parameters.clone(),
+            preload: 0,
+            keep_preload: false,
+            deadline: self.deadline,
+            json: self.json,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct StatsFloodArgs {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+
+    /// Empty files made in the volume before the flood (in directories of 1,000).
+    #[arg(long, default_value_t = 100_000)]
+    pub files: usize,
+
+    /// Clients calling NodeGetVolumeStats back to back.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub callers: u64,
+
+    /// How long the flood lasts.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub runtime: Duration,
+
+    /// Time between two Probe calls, before and during the flood.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub probe_interval: Duration,
+
+    /// Requested capacity of each of the two volumes, in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub size: i64,
+
+    /// A CreateVolume parameter (StorageClass parameter), KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl StatsFloodArgs {
+    /// The shared flags, for the session and volume code of the other workloads.
+    pub fn common(&self) -> Common {
+        Common {
+            driver: self.driver.clone(),
+            access_type: AccessType::Mount,
             size: self.size,
             fs_type: String::new(),
             parameters: self.parameters.clone(),

@@ -85,6 +85,8 @@ pub struct DriverInfo {
     pub create_delete_volume: bool,
     pub controller_publish: bool,
     pub stage_unstage: bool,
+    /// Node capability GET_VOLUME_STATS.
+    pub get_volume_stats: bool,
 }
 
 /// Reads GetPluginInfo, GetPluginCapabilities, ControllerGetCapabilities, NodeGetCapabilities
@@ -155,9 +157,14 @@ pub async fn discover(csi: &Csi, recorder: &mut Recorder) -> Result<DriverInfo, 
     )
     .await
     .map_err(|s| failed("NodeGetCapabilities", s))?;
-    let stage_unstage = node_caps.capabilities.iter().any(|c| {
-        matches!(&c.r#type, Some(NodeType::Rpc(r)) if r.r#type == node_rpc::Type::StageUnstageVolume as i32)
-    });
+    let node_has = |t: node_rpc::Type| {
+        node_caps
+            .capabilities
+            .iter()
+            .any(|c| matches!(&c.r#type, Some(NodeType::Rpc(r)) if r.r#type == t as i32))
+    };
+    let stage_unstage = node_has(node_rpc::Type::StageUnstageVolume);
+    let get_volume_stats = node_has(node_rpc::Type::GetVolumeStats);
     let node = timed(
         recorder,
         Rpc::NodeGetInfo,
@@ -181,6 +188,7 @@ pub async fn discover(csi: &Csi, recorder: &mut Recorder) -> Result<DriverInfo, 
         create_delete_volume: has(rpc::Type::CreateDeleteVolume),
         controller_publish: has(rpc::Type::PublishUnpublishVolume),
         stage_unstage,
+        get_volume_stats,
     })
 }
 

@@ -3,7 +3,8 @@
 //! Modules: `cli` (flags), `client` (channel, deadlines, capability discovery), `paths`
 //! (kubelet's directory layout), `driver_process` (starting, probing, measuring and stopping a
 //! driver), `workload` (the lifecycle and startup runs), `blockio` (direct I/O through a
-//! published block volume against a plain file), `report` (samples, percentiles, output).
+//! published block volume against a plain file), `statsflood` (NodeGetVolumeStats callers on
+//! a volume of many files, with Probe timed), `report` (samples, percentiles, output).
 
 mod blockio;
 mod cli;
@@ -11,6 +12,7 @@ mod client;
 mod driver_process;
 mod paths;
 mod report;
+mod statsflood;
 mod workload;
 
 use std::process::ExitCode;
@@ -51,6 +53,17 @@ fn main() -> ExitCode {
                     print_json(&report);
                 } else {
                     print!("{}", startup_text(&report));
+                }
+                exit_status(report.errors_total, &report.leftovers)
+            }
+        },
+        Workload::StatsFlood(args) => match runtime.block_on(statsflood::stats_flood(&args)) {
+            Err(err) => cannot_run(&err),
+            Ok(report) => {
+                if args.json {
+                    print_json(&report);
+                } else {
+                    print!("{}", statsflood::text(&report));
                 }
                 exit_status(report.errors_total, &report.leftovers)
             }
