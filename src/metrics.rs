@@ -15,17 +15,20 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use crate::driver::Driver;
+use crate::volume::journal;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
@@ -54,6 +57,111 @@ struct ModeLabels {
     mode: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JournalLabels {
+    journal: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CompactionLabels {
+    journal: String,
+    result: String,
+}
+
+/// The state journals' running totals as the last scrape read them (`Metrics::render`),
+/// encoded as counters: the journals count, the registry only shows.
+#[derive(Debug, Default)]
+struct JournalCollector {
+    latest: Mutex<Vec<journal::Stats>>,
+}
+
+/// One metric family with a sample per journal.
+fn per_journal<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    journals: &[journal::Stats],
+    name: &str,
+    help: &str,
+    metric: impl Fn(&journal::Stats) -> M,
+) -> Result<(), std::fmt::Error> {
+    let Some(first) = journals.first() else {
+        return Ok(());
+    };
+    let mut family = encoder.encode_descriptor(name, help, None, metric(first).metric_type())?;
+    for stats in journals {
+        let labels = JournalLabels {
+            journal: stats.name.clone(),
+        };
+        metric(stats).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for JournalCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        if latest.is_empty() {
+            return Ok(());
+        }
+        let latest = latest.as_slice();
+        per_journal(
+            &mut encoder,
+            latest,
+            "journal_commits",
+            "Record changes committed to a state journal (journal = volumes, snapshots)",
+            |s| ConstCounter::new(s.commits),
+        )?;
+        per_journal(
+            &mut encoder,
+            latest,
+            "journal_flushes",
+            "Disk flushes (fdatasync) of a state journal; commits made together share one",
+            |s| ConstCounter::new(s.flushes),
+        )?;
+        per_journal(
+            &mut encoder,
+            latest,
+            "journal_flush_seconds",
+            "Time spent in those flushes: divided by the flushes, the disk's flush latency",
+            |s| ConstCounter::new(s.flush_seconds),
+        )?;
+        per_journal(
+            &mut encoder,
+            latest,
+            "journal_generations",
+            "Journal files on disk: 1 plus those waiting for compaction (more than 2 for long: \
+             compaction is failing or behind, see the log)",
+            |s| ConstGauge::new(s.generations as i64),
+        )?;
+        per_journal(
+            &mut encoder,
+            latest,
+            "journal_healthy",
+            "1 while the journal takes commits; 0 after a failed write or flush (Probe then \
+             answers not ready)",
+            |s| ConstGauge::new(i64::from(s.healthy)),
+        )?;
+        let mut compactions = encoder.encode_descriptor(
+            "journal_compactions",
+            "Compactions of a state journal into the record files, by result (ok, failed)",
+            None,
+            MetricType::Counter,
+        )?;
+        for stats in latest.iter() {
+            for (result, count) in [
+                ("ok", stats.compactions),
+                ("failed", stats.failed_compactions),
+            ] {
+                let labels = CompactionLabels {
+                    journal: stats.name.clone(),
+                    result: result.into(),
+                };
+                ConstCounter::new(count).encode(compactions.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 type HistogramFamily = Family<MethodLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -73,6 +181,7 @@ pub struct Metrics {
     pool_unwritten: Family<PoolLabels, Gauge>,
     snapshots: Family<PoolLabels, Gauge>,
     pool_snapshot_bytes: Family<PoolLabels, Gauge>,
+    journals: Arc<JournalCollector>,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -152,8 +261,11 @@ impl Metrics {
             "Bytes a pool's snapshots hold on their own (not shared with volumes), as last measured",
             pool_snapshot_bytes.clone(),
         );
+        let journals = Arc::new(JournalCollector::default());
+        registry.register_collector(Box::new(journals.clone()));
         Metrics {
             registry,
+            journals,
             pool_available,
             pool_unwritten,
             snapshots,
@@ -222,6 +334,11 @@ impl Metrics {
                 }
                 Err(err) => warn!(error = %err, "metrics: cannot read data directory space"),
             }
+            *self
+                .journals
+                .latest
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = volumes.journal_stats().to_vec();
             for (pool, count, bytes) in volumes.snapshot_census() {
                 let labels = PoolLabels { pool };
                 self.snapshots.get_or_create(&labels).set(count as i64);

@@ -292,3 +292,41 @@ fn the_scrape_helpers_parse_what_they_are_given() {
     assert_eq!((response.status, response.body.as_str()), (404, "no"));
     assert!(parse_http_response(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nno").is_err());
 }
+
+/// The state journals' figures: one commit per record change, a flush per commit at most, and
+/// the journal's health.
+#[tokio::test]
+async fn journal_figures_count_commits_flushes_and_health() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let journal = |metrics: &Exposition, name: &str, journal: &str| {
+        metrics.value(
+            &format!("stickyvol_journal_{name}"),
+            &[("journal", journal)],
+        )
+    };
+    let metrics = driver.scrape();
+    for name in ["volumes", "snapshots"] {
+        assert_eq!(journal(&metrics, "commits_total", name), 0.0, "{name}");
+        assert_eq!(journal(&metrics, "healthy", name), 1.0, "{name}");
+        assert_eq!(journal(&metrics, "generations", name), 1.0, "{name}");
+    }
+
+    let kept = driver.create_fs_volume().await;
+    let deleted = driver.create_fs_volume().await;
+    driver.delete(&deleted.volume_id).await.unwrap();
+    // Deleting again changes no record.
+    driver.delete(&deleted.volume_id).await.unwrap();
+    let metrics = driver.scrape();
+    assert_eq!(journal(&metrics, "commits_total", "volumes"), 3.0);
+    let flushes = journal(&metrics, "flushes_total", "volumes");
+    assert!((1.0..=3.0).contains(&flushes), "{flushes} flushes");
+    assert!(journal(&metrics, "flush_seconds_total", "volumes") > 0.0);
+    assert_eq!(journal(&metrics, "commits_total", "snapshots"), 0.0);
+    assert_eq!(journal(&metrics, "healthy", "volumes"), 1.0);
+    let failed = metrics.value(
+        "stickyvol_journal_compactions_total",
+        &[("journal", "volumes"), ("result", "failed")],
+    );
+    assert_eq!(failed, 0.0);
+    driver.delete(&kept.volume_id).await.unwrap();
+}

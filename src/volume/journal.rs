@@ -45,6 +45,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -169,6 +170,37 @@ struct Shared {
     /// What `Journal::health` reads, kept apart from `state`, whose lock a rotation holds
     /// across a directory fsync: Probe must not wait behind that.
     health: Mutex<Health>,
+    /// Running totals for `Journal::stats`, also kept apart from `state`.
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    commits: AtomicU64,
+    flushes: AtomicU64,
+    flush_nanos: AtomicU64,
+    compactions: AtomicU64,
+    failed_compactions: AtomicU64,
+    /// Generation files on disk: the current one and those not compacted yet.
+    generations: AtomicU64,
+}
+
+/// What a journal has done since it was opened, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    pub name: String,
+    /// Entries appended (record changes committed).
+    pub commits: u64,
+    /// `fdatasync` calls; concurrent commits share one.
+    pub flushes: u64,
+    pub flush_seconds: f64,
+    pub compactions: u64,
+    pub failed_compactions: u64,
+    /// Generation files on disk: 1 plus those waiting for compaction; more than 2 for long
+    /// means compaction is failing or behind.
+    pub generations: u64,
+    /// Whether it takes commits (see `Journal::health`).
+    pub healthy: bool,
 }
 
 struct Health {
@@ -218,7 +250,6 @@ struct State {
     /// Old generations waiting for compaction, oldest first.
     pending: Vec<Old>,
     compacting: bool,
-    flushes: u64,
     closed: bool,
 }
 
@@ -269,13 +300,16 @@ impl Journal {
                 unwritten: Changes::new(),
                 pending,
                 compacting: false,
-                flushes: 0,
                 closed: false,
             }),
             changed: Condvar::new(),
             wake_compactor: Condvar::new(),
             wake_flusher: Condvar::new(),
             health: Mutex::new(Health { failed: None, file }),
+            counters: Counters {
+                generations: AtomicU64::new(generations.len() as u64 + 1),
+                ..Counters::default()
+            },
         });
         let mut threads = Vec::new();
         if shared.options.background {
@@ -336,6 +370,7 @@ impl Journal {
         }
         state.written += 1;
         state.unwaited += 1;
+        shared.counters.commits.fetch_add(1, Ordering::Relaxed);
         Ok(Appended {
             sequence: state.written,
         })
@@ -383,7 +418,22 @@ impl Journal {
 
     /// How many flushes commits have made so far.
     pub fn flushes(&self) -> u64 {
-        self.shared.lock().flushes
+        self.shared.counters.flushes.load(Ordering::Relaxed)
+    }
+
+    pub fn stats(&self) -> Stats {
+        let counters = &self.shared.counters;
+        let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Stats {
+            name: self.shared.name.clone(),
+            commits: count(&counters.commits),
+            flushes: count(&counters.flushes),
+            flush_seconds: count(&counters.flush_nanos) as f64 / 1e9,
+            compactions: count(&counters.compactions),
+            failed_compactions: count(&counters.failed_compactions),
+            generations: count(&counters.generations),
+            healthy: self.health().is_ok(),
+        }
     }
 
     /// Rotates to a new generation now (if the current one has entries) and compacts every
@@ -482,6 +532,7 @@ impl Shared {
             None => file::prepare(&self.dir, &self.name, self.options.max_bytes)?,
         };
         file::install(&self.dir, &self.name, next)?;
+        self.counters.generations.fetch_add(1, Ordering::Relaxed);
         state.pending.push(Old {
             generation: state.generation,
             unwritten: std::mem::take(&mut state.unwritten),
@@ -494,11 +545,27 @@ impl Shared {
         Ok(())
     }
 
-    /// Steps 2 and 3 for the generations `old` (oldest first).
+    /// Steps 2 and 3 for the generations `old` (oldest first), counted.
     fn compact(&self, old: &[Old]) -> io::Result<()> {
         if old.is_empty() {
             return Ok(());
         }
+        let result = self.write_back_and_drop(old);
+        let counters = &self.counters;
+        match &result {
+            Ok(()) => {
+                counters.compactions.fetch_add(1, Ordering::Relaxed);
+                let dropped = old.len() as u64;
+                counters.generations.fetch_sub(dropped, Ordering::Relaxed);
+            }
+            Err(_) => {
+                counters.failed_compactions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    fn write_back_and_drop(&self, old: &[Old]) -> io::Result<()> {
         // Step 2: write the records back (the newest entry of each wins), flush them and the
         // state directory's entries, then the pools' data.
         if let Some(write_back) = &self.options.write_back {
@@ -528,10 +595,13 @@ impl Shared {
         if let Some(hook) = &self.options.on_flush {
             hook();
         }
+        let started = Instant::now();
         let flushed = file.sync_data();
+        let took = started.elapsed().as_nanos() as u64;
         state = self.lock();
         state.flushing = false;
-        state.flushes += 1;
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.counters.flush_nanos.fetch_add(took, Ordering::Relaxed);
         match flushed {
             Ok(()) => state.durable = state.durable.max(covered),
             // After a failed fdatasync the file's state is unknown (the kernel may have
@@ -840,6 +910,45 @@ mod tests {
         crash(journal);
         let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         assert!(replay.entries.is_empty());
+    }
+
+    #[test]
+    fn stats_count_commits_flushes_compactions_and_generations() {
+        let dir = tempfile::tempdir().unwrap();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let failing = fail.clone();
+        let options = Options {
+            barrier: Some(Arc::new(move || match failing.load(Ordering::SeqCst) {
+                true => Err(io::Error::other("flush failed")),
+                false => Ok(()),
+            })),
+            ..manual()
+        };
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
+        journal.commit(put("a", "1")).unwrap();
+        journal.commit(put("b", "1")).unwrap();
+        let stats = journal.stats();
+        assert_eq!(
+            (stats.name.as_str(), stats.commits, stats.flushes),
+            ("j", 2, 2)
+        );
+        assert!(stats.flush_seconds > 0.0);
+        assert_eq!(stats.generations, 1);
+        assert!(stats.healthy);
+
+        // A failed compaction keeps its generation on disk.
+        assert!(journal.compact_now().is_err());
+        let stats = journal.stats();
+        assert_eq!((stats.compactions, stats.failed_compactions), (0, 1));
+        assert_eq!(stats.generations, 2);
+        assert_eq!(generations(dir.path(), "j").unwrap().len(), 2);
+
+        fail.store(false, Ordering::SeqCst);
+        journal.compact_now().unwrap();
+        let stats = journal.stats();
+        assert_eq!((stats.compactions, stats.failed_compactions), (1, 1));
+        assert_eq!(stats.generations, 1);
+        assert_eq!(generations(dir.path(), "j").unwrap().len(), 1);
     }
 
     #[test]

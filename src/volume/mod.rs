@@ -366,6 +366,11 @@ impl Volumes {
         (page, next)
     }
 
+    /// What the state journals (volumes, snapshots) have done since the start, for metrics.
+    pub fn journal_stats(&self) -> [journal::Stats; 2] {
+        [self.store.journal_stats(), self.snapshots.journal_stats()]
+    }
+
     /// Free space of the data directory's filesystem.
     pub fn space(&self) -> Result<Space> {
         self.default_pool().space()

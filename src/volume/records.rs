@@ -175,6 +175,10 @@ impl<R: Record> Records<R> {
         self.journal.health()
     }
 
+    pub fn journal_stats(&self) -> journal::Stats {
+        self.journal.stats()
+    }
+
     /// The journal's flush count (for tests and measurements).
     pub fn flushes(&self) -> u64 {
         self.journal.flushes()

@@ -136,6 +136,10 @@ impl Store {
         self.records.journal_health()
     }
 
+    pub fn journal_stats(&self) -> super::journal::Stats {
+        self.records.journal_stats()
+    }
+
     /// The journal's flush count so far.
     pub fn flushes(&self) -> u64 {
         self.records.flushes()
