@@ -127,6 +127,13 @@ impl Collector for JournalCollector {
         per_journal(
             &mut encoder,
             latest,
+            "journal_compaction_seconds",
+            "Time spent compacting, mostly flushing the filesystems of the state and the pools",
+            |s| ConstCounter::new(s.compaction_seconds),
+        )?;
+        per_journal(
+            &mut encoder,
+            latest,
             "journal_generations",
             "Journal files on disk: 1 plus those waiting for compaction (more than 2 for long: \
              compaction is failing or behind, see the log)",
