@@ -92,6 +92,31 @@ pub struct Common {
     pub json: bool,
 }
 
+impl Common {
+    /// The flags of a workload that works on volumes of its own, with no preload and the
+    /// driver's default fsType.
+    fn without_preload(
+        driver: &DriverArgs,
+        access_type: AccessType,
+        size: i64,
+        parameters: &[(String, String)],
+        deadline: Duration,
+        json: bool,
+    ) -> Common {
+        Common {
+            driver: driver.clone(),
+            access_type,
+            size,
+            fs_type: String::new(),
+            parameters: parameters.to_vec(),
+            preload: 0,
+            keep_preload: false,
+            deadline,
+            json,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct LifecycleArgs {
     #[command(flatten)]
@@ -152,17 +177,14 @@ pub struct BlockIoArgs {
 impl BlockIoArgs {
     /// The shared flags, for the session and volume code of the other workloads.
     pub fn common(&self) -> Common {
-        Common {
-            driver: self.driver.clone(),
-            access_type: AccessType::Block,
-            size: self.size,
-            fs_type: String::new(),
-            parameters: self.parameters.clone(),
-            preload: 0,
-            keep_preload: false,
-            deadline: self.deadline,
-            json: self.json,
-        }
+        Common::without_preload(
+            &self.driver,
+            AccessType::Block,
+            self.size,
+            &self.parameters,
+            self.deadline,
+            self.json,
+        )
     }
 }
 
@@ -207,17 +229,14 @@ pub struct StatsFloodArgs {
 impl StatsFloodArgs {
     /// The shared flags, for the session and volume code of the other workloads.
     pub fn common(&self) -> Common {
-        Common {
-            driver: self.driver.clone(),
-            access_type: AccessType::Mount,
-            size: self.size,
-            fs_type: String::new(),
-            parameters: self.parameters.clone(),
-            preload: 0,
-            keep_preload: false,
-            deadline: self.deadline,
-            json: self.json,
-        }
+        Common::without_preload(
+            &self.driver,
+            AccessType::Mount,
+            self.size,
+            &self.parameters,
+            self.deadline,
+            self.json,
+        )
     }
 }
 

@@ -35,51 +35,60 @@ fn main() -> ExitCode {
         .build()
         .expect("building the tokio runtime");
     match cli.workload {
-        Workload::Lifecycle(args) => match runtime.block_on(workload::lifecycle(&args)) {
-            Err(err) => cannot_run(&err),
-            Ok(report) => {
-                if args.common.json {
-                    print_json(&report);
-                } else {
-                    print!("{}", lifecycle_text(&report));
-                }
-                exit_status(report.errors_total, &report.leftovers)
-            }
-        },
-        Workload::Startup(args) => match runtime.block_on(workload::startup(&args)) {
-            Err(err) => cannot_run(&err),
-            Ok(report) => {
-                if args.common.json {
-                    print_json(&report);
-                } else {
-                    print!("{}", startup_text(&report));
-                }
-                exit_status(report.errors_total, &report.leftovers)
-            }
-        },
-        Workload::StatsFlood(args) => match runtime.block_on(statsflood::stats_flood(&args)) {
-            Err(err) => cannot_run(&err),
-            Ok(report) => {
-                if args.json {
-                    print_json(&report);
-                } else {
-                    print!("{}", statsflood::text(&report));
-                }
-                exit_status(report.errors_total, &report.leftovers)
-            }
-        },
-        Workload::BlockIo(args) => match runtime.block_on(blockio::block_io(&args)) {
-            Err(err) => cannot_run(&err),
-            Ok(report) => {
-                if args.json {
-                    print_json(&report);
-                } else {
-                    print!("{}", blockio::text(&report));
-                }
-                exit_status(report.errors_total, &report.leftovers)
-            }
-        },
+        Workload::Lifecycle(args) => finish(
+            runtime.block_on(workload::lifecycle(&args)),
+            args.common.json,
+        ),
+        Workload::Startup(args) => {
+            finish(runtime.block_on(workload::startup(&args)), args.common.json)
+        }
+        Workload::BlockIo(args) => finish(runtime.block_on(blockio::block_io(&args)), args.json),
+        Workload::StatsFlood(args) => {
+            finish(runtime.block_on(statsflood::stats_flood(&args)), args.json)
+        }
     }
+}
+
+/// What every workload's report offers: its text form and what went wrong.
+trait Outcome: serde::Serialize {
+    fn text(&self) -> String;
+    fn errors_total(&self) -> u64;
+    fn leftovers(&self) -> &[String];
+}
+
+macro_rules! outcome {
+    ($report:ty, $text:path) => {
+        impl Outcome for $report {
+            fn text(&self) -> String {
+                $text(self)
+            }
+            fn errors_total(&self) -> u64 {
+                self.errors_total
+            }
+            fn leftovers(&self) -> &[String] {
+                &self.leftovers
+            }
+        }
+    };
+}
+
+outcome!(workload::LifecycleReport, lifecycle_text);
+outcome!(workload::StartupReport, startup_text);
+outcome!(blockio::BlockIoReport, blockio::text);
+outcome!(statsflood::StatsFloodReport, statsflood::text);
+
+/// Prints the report (JSON or text) and turns it into the exit status.
+fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCode {
+    let report = match result {
+        Ok(report) => report,
+        Err(err) => return cannot_run(&err),
+    };
+    if json {
+        print_json(&report);
+    } else {
+        print!("{}", report.text());
+    }
+    exit_status(report.errors_total(), report.leftovers())
 }
 
 fn cannot_run(err: &str) -> ExitCode {
