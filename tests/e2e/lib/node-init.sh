@@ -1,0 +1,23 @@
+# node-init.sh NODE ROOT: PID 1 of a node. Makes the node's filesystem view (its own
+# /var/lib/kubelet, /var/lib/containerd, /etc/cni/net.d and /var/log, a fresh /run), then
+# supervises containerd and kubelet. Runs in the node's new mount, PID and UTS namespaces.
+set -euo pipefail
+node=$1 root=$2
+
+hostname "$node"
+# kubelet and containerd need shared propagation for Bidirectional mounts (the CSI driver's).
+mount --make-rshared /
+
+bind() { mkdir -p "$2" && mount --bind "$1" "$2"; }
+bind "$root/var-lib-kubelet" /var/lib/kubelet
+bind "$root/var-lib-containerd" /var/lib/containerd
+bind "$root/etc-cni" /etc/cni/net.d
+bind "$root/var-log" /var/log
+# The pool: the driver's data directory on a disk of the node's own.
+mkdir -p /var/lib/kubelet/volumes/stickyvol.csi.io
+mount -o loop "$root/pool.img" /var/lib/kubelet/volumes/stickyvol.csi.io
+# A reboot empties /run (publication records, sockets, CNI leases): a new tmpfs per boot.
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -p /run/containerd
+
+exec bash "$(dirname "$0")/supervise.sh" "$root/commands" "$root/logs"

@@ -1,0 +1,22 @@
+# Pinned versions of everything the cluster suite builds or installs. The sidecars' versions are
+# read from deploy/ (the images the manifests name), so the suite runs what users install.
+# shellcheck shell=bash
+
+KUBE_VERSION=v1.37.2        # k8s.io/kubernetes; the staging modules at v0.37.2 (modules/kubernetes/go.mod)
+ETCD_VERSION=v3.6.16        # go.etcd.io/etcd/server/v3 (modules/etcd/go.mod)
+SNAPSHOT_CLIENT_VERSION=v8.6.0   # github.com/kubernetes-csi/external-snapshotter/client/v8: the CRDs
+
+# The cluster's addresses: a host bridge with the control plane on it, one veth per node.
+E2E_NODES=(stickyvol-e2e-1 stickyvol-e2e-2)
+E2E_BRIDGE=sve2e0
+E2E_BRIDGE_IP=10.200.0.1          # the host end: apiserver, etcd stay on loopback
+E2E_NODE_IP_PREFIX=10.200.0       # node i (1-based) is .(i+1)
+E2E_POD_CIDR_PREFIX=10.244        # node i's pods: 10.244.i.0/24
+E2E_SERVICE_CIDR=10.96.0.0/16
+# Without kube-proxy (no iptables here) ClusterIPs do not route, but pods reach the API at the
+# `kubernetes` Service address: it is put on the host's loopback and the apiserver listens on
+# 443, the Service's port.
+E2E_KUBERNETES_SERVICE_IP=10.96.0.1
+# Each node's stickyvol data directory is an XFS filesystem of its own (reflinks; and sizes that
+# differ, so capacity-aware scheduling has something to choose): node i gets E2E_POOL_SIZES[i-1].
+E2E_POOL_SIZES=(8G 4G)

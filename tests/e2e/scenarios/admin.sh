@@ -1,0 +1,25 @@
+# What an operator reaches in the driver's pod: `stickyvol volumes` (through kubectl exec) lists
+# the node's volumes with their claims' names; the metrics endpoint and the livenessprobe's
+# health check answer.
+source "$(dirname "$0")/../lib/scenario.sh"
+
+claim listed 1Gi
+pod lister listed
+wait_pod_running lister
+node=$(pod_node lister)
+handle=$(k get pv "$(pv_of listed)" -o jsonpath='{.spec.csi.volumeHandle}')
+driver=$(k -n "$DRIVER_NS" get pods -l app.kubernetes.io/component=node \
+    --field-selector "spec.nodeName=$node" -o jsonpath='{.items[0].metadata.name}')
+
+step "stickyvol volumes in the driver's pod on $node"
+table=$(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes)
+echo "$table" >&2
+row=$(grep "^$handle " <<<"$table") || fail "volume $handle is not listed"
+[[ $row == *"$NS/listed"* ]] || fail "the row of $handle does not name the claim $NS/listed: $row"
+
+step "metrics and health through the apiserver's pod proxy"
+metrics=$(k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:8080/proxy/metrics") ||
+    fail "the metrics endpoint did not answer"
+grep -q '^stickyvol_' <<<"$metrics" || fail "no stickyvol_ metric in the metrics"
+expect_eq "$(k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:9898/proxy/healthz")" ok \
+    "the livenessprobe's answer"

@@ -1,0 +1,25 @@
+# Expansion while the pod runs: the claim is edited, csi-resizer and kubelet grow the volume, and
+# the pod sees the new size (a block device's size; a filesystem claim's capacity).
+source "$(dirname "$0")/../lib/scenario.sh"
+
+claim fs 1Gi
+pod fs-user fs
+BLOCK=1 claim raw 64Mi stickyvol Block
+BLOCK=1 pod raw-user raw
+wait_pod_running fs-user
+wait_pod_running raw-user
+
+step "grow both claims while their pods run"
+kn patch pvc fs --type=merge -p '{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}' >/dev/null
+kn patch pvc raw --type=merge -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}' >/dev/null
+until_true 180 "the filesystem claim's capacity becomes 2Gi" \
+    test "$(kn get pvc fs -o jsonpath='{.status.capacity.storage}')" = 2Gi
+until_true 180 "the block claim's capacity becomes 128Mi" \
+    test "$(kn get pvc raw -o jsonpath='{.status.capacity.storage}')" = 128Mi
+until_true 60 "the pod sees a 128 MiB device" \
+    test "$(pexec raw-user blockdev --getsize64 /dev/xvda)" = $((128 << 20))
+expect_eq "$(k get pv "$(pv_of fs)" -o jsonpath='{.spec.capacity.storage}')" 2Gi "the filesystem PV's capacity"
+
+step "the pod writes past the old end of the device"
+pexec raw-user dd if=/dev/zero of=/dev/xvda bs=1M seek=100 count=8 conv=fsync 2>/dev/null ||
+    fail "writing beyond the old 64 MiB failed"
