@@ -1,4 +1,5 @@
-//! Command-line flags for `stickyvol serve`, and the validated configuration derived from them.
+//! Command-line flags for `stickyvol serve` and `stickyvol doctor`, and the validated
+//! configuration derived from them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -98,6 +99,29 @@ pub struct ServeArgs {
     pub overcommit: Vec<String>,
 }
 
+/// Flags of `stickyvol doctor`: the paths `serve` will use, with the same names, environment
+/// variables and defaults, so the init container can be given the same values.
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// Kubelet's root directory (its mount must propagate to kubelet).
+    #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// The data directory to check [default: <kubelet-dir>/volumes/<driver-name>]
+    #[arg(long, env = "DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// CSI driver name (only used to derive the default data directory).
+    #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
+    pub driver_name: String,
+    /// An extra pool to check, as `serve` takes it (repeatable).
+    #[arg(
+        long = "pool",
+        env = "POOLS",
+        value_name = "NAME=PATH",
+        value_delimiter = ','
+    )]
+    pub pools: Vec<String>,
+}
+
 /// Name of the pool that lives in the data directory.
 pub const DEFAULT_POOL: &str = "default";
 
@@ -179,7 +203,7 @@ impl Config {
         require_absolute("--kubelet-dir", &args.kubelet_dir)?;
         let data_dir = args
             .data_dir
-            .unwrap_or_else(|| args.kubelet_dir.join("volumes").join(&args.driver_name));
+            .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
         require_absolute("--data-dir", &data_dir)?;
         if let Some(run_dir) = &args.run_dir {
             require_absolute("--run-dir", run_dir)?;
@@ -211,6 +235,37 @@ impl Config {
     /// The topology segment key that pins volumes to this node.
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)
+    }
+}
+
+/// Validated flags of `stickyvol doctor`: the paths it checks, judged by the same rules as
+/// `serve`'s, so a flag `serve` would refuse is refused here too, before any check runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoctorConfig {
+    pub kubelet_dir: PathBuf,
+    /// The default pool (the data dir) first, then the extra pools in flag order.
+    pub pools: Vec<PoolConfig>,
+}
+
+impl DoctorConfig {
+    pub fn from_args(args: DoctorArgs) -> Result<DoctorConfig, ConfigError> {
+        if !is_driver_name(&args.driver_name) {
+            return Err(ConfigError::DriverName(args.driver_name));
+        }
+        require_absolute("--kubelet-dir", &args.kubelet_dir)?;
+        let data_dir = args
+            .data_dir
+            .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
+        require_absolute("--data-dir", &data_dir)?;
+        Ok(DoctorConfig {
+            pools: pools(&data_dir, &args.pools, &[], &[])?,
+            kubelet_dir: args.kubelet_dir,
+        })
+    }
+
+    /// The data directory: the default pool's path.
+    pub fn data_dir(&self) -> &Path {
+        &self.pools[0].path
     }
 }
 
@@ -314,7 +369,7 @@ fn pools(
 }
 
 /// One `--pool NAME=PATH`: a pool name and an absolute path.
-pub fn pool_flag(value: &str) -> Result<(&str, PathBuf), ConfigError> {
+fn pool_flag(value: &str) -> Result<(&str, PathBuf), ConfigError> {
     let (name, path) = named_value("--pool", value)?;
     let path = PathBuf::from(path);
     require_absolute("--pool", &path)?;
@@ -419,6 +474,58 @@ mod tests {
             pools: Vec::new(),
             enforcement: Vec::new(),
             overcommit: Vec::new(),
+        }
+    }
+
+    fn doctor_args() -> DoctorArgs {
+        DoctorArgs {
+            kubelet_dir: "/var/lib/kubelet".into(),
+            data_dir: None,
+            driver_name: "stickyvol.csi.io".into(),
+            pools: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn doctor_derives_the_paths_serve_derives() {
+        let doctor = DoctorConfig::from_args(doctor_args()).unwrap();
+        let serve = Config::from_args(args("n")).unwrap();
+        assert_eq!(doctor.kubelet_dir, serve.kubelet_dir);
+        assert_eq!(doctor.data_dir(), serve.data_dir);
+        assert_eq!(doctor.pools, serve.pools);
+
+        let mut a = doctor_args();
+        a.pools = vec!["fast=/mnt/nvme".into()];
+        let doctor = DoctorConfig::from_args(a).unwrap();
+        assert_eq!(doctor.pools[1].name, "fast");
+        assert_eq!(doctor.pools[1].path, PathBuf::from("/mnt/nvme"));
+    }
+
+    #[test]
+    fn doctor_refuses_what_serve_refuses() {
+        let with = |change: fn(&mut DoctorArgs)| {
+            let mut a = doctor_args();
+            change(&mut a);
+            a
+        };
+        let cases = [
+            ("relative kubelet dir", with(|a| a.kubelet_dir = "k".into())),
+            ("relative data dir", with(|a| a.data_dir = Some("d".into()))),
+            (
+                "bad driver name",
+                with(|a| a.driver_name = "Not_A_Name".into()),
+            ),
+            (
+                "pool without a path",
+                with(|a| a.pools = vec!["fast".into()]),
+            ),
+            (
+                "pool inside the data dir",
+                with(|a| a.pools = vec!["fast=/var/lib/kubelet/volumes/stickyvol.csi.io/x".into()]),
+            ),
+        ];
+        for (what, a) in cases {
+            assert!(DoctorConfig::from_args(a).is_err(), "{what} accepted");
         }
     }
 

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::config::DoctorConfig;
 use crate::host::fsstat::{self, FsKind};
 use crate::host::mountinfo::{self, MountEntry};
 use crate::host::{btrfs, projquota};
@@ -44,16 +45,16 @@ fn check(outcome: Outcome, what: impl Into<String>) -> Check {
 }
 
 /// Runs every check; nothing is created or changed except two scratch files for the reflink probe.
-/// `pools` are the extra pools (`--pool NAME=PATH`), checked like the data directory.
-pub fn run(kubelet_dir: &Path, data_dir: &Path, pools: &[(String, PathBuf)]) -> Vec<Check> {
+/// The extra pools (`--pool NAME=PATH`) are checked like the data directory.
+pub fn run(config: &DoctorConfig) -> Vec<Check> {
     let mounts = mountinfo::read_self();
     let mut checks = vec![privileges(), mount_roots(), loop_control()];
-    checks.extend(data_directory("data directory", data_dir));
-    for (name, path) in pools {
-        checks.extend(data_directory(&format!("pool {name}"), path));
+    checks.extend(data_directory("data directory", config.data_dir()));
+    for pool in &config.pools[1..] {
+        checks.extend(data_directory(&format!("pool {}", pool.name), &pool.path));
     }
     checks.push(match &mounts {
-        Ok(mounts) => propagation(kubelet_dir, mounts),
+        Ok(mounts) => propagation(&config.kubelet_dir, mounts),
         Err(err) => check(
             Outcome::Fail,
             format!("cannot read /proc/self/mountinfo: {err}"),

@@ -1,0 +1,42 @@
+//! The `stickyvol` command line as clap parses it. `main` runs what it names; it lives in the
+//! library so tests can parse argument lists exactly as the binary does (the manifest test feeds
+//! it every stickyvol container in deploy/).
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::admin::cli::AdminCommand;
+use crate::config::{DoctorArgs, ServeArgs};
+
+/// stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
+///
+/// A claim gets a directory (or a raw block device) on the node where its first pod runs; the
+/// volume stays on that node, survives pod and node restarts, and is removed with its PV.
+#[derive(Debug, Parser)]
+#[command(name = "stickyvol", version, about)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the CSI Identity, Controller and Node services on a unix socket.
+    ///
+    /// Log verbosity follows RUST_LOG (e.g. RUST_LOG=debug logs every RPC; default: info).
+    Serve(ServeArgs),
+    /// Check that this node can run stickyvol; exits non-zero when it cannot.
+    Doctor(DoctorArgs),
+    /// `volumes` and `volume …`: ask the driver serving on this node about its volumes.
+    #[command(flatten)]
+    Admin(AdminCommand),
+}
