@@ -120,6 +120,10 @@ pub struct DoctorArgs {
         value_delimiter = ','
     )]
     pub pools: Vec<String>,
+    /// The run directory `serve` will keep publications in, to check [default: none, as for
+    /// `serve`: publications stay beside the records]
+    #[arg(long, env = "RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
 }
 
 /// Name of the pool that lives in the data directory.
@@ -245,6 +249,8 @@ pub struct DoctorConfig {
     pub kubelet_dir: PathBuf,
     /// The default pool (the data dir) first, then the extra pools in flag order.
     pub pools: Vec<PoolConfig>,
+    /// Where `serve --run-dir` will keep publications (None: beside the records).
+    pub run_dir: Option<PathBuf>,
 }
 
 impl DoctorConfig {
@@ -257,9 +263,13 @@ impl DoctorConfig {
             .data_dir
             .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
         require_absolute("--data-dir", &data_dir)?;
+        if let Some(run_dir) = &args.run_dir {
+            require_absolute("--run-dir", run_dir)?;
+        }
         Ok(DoctorConfig {
             pools: pools(&data_dir, &args.pools, &[], &[])?,
             kubelet_dir: args.kubelet_dir,
+            run_dir: args.run_dir,
         })
     }
 
@@ -483,6 +493,7 @@ mod tests {
             data_dir: None,
             driver_name: "stickyvol.csi.io".into(),
             pools: Vec::new(),
+            run_dir: None,
         }
     }
 
@@ -493,6 +504,7 @@ mod tests {
         assert_eq!(doctor.kubelet_dir, serve.kubelet_dir);
         assert_eq!(doctor.data_dir(), serve.data_dir);
         assert_eq!(doctor.pools, serve.pools);
+        assert_eq!(doctor.run_dir, serve.run_dir);
 
         let mut a = doctor_args();
         a.pools = vec!["fast=/mnt/nvme".into()];
@@ -511,6 +523,7 @@ mod tests {
         let cases = [
             ("relative kubelet dir", with(|a| a.kubelet_dir = "k".into())),
             ("relative data dir", with(|a| a.data_dir = Some("d".into()))),
+            ("relative run dir", with(|a| a.run_dir = Some("r".into()))),
             (
                 "bad driver name",
                 with(|a| a.driver_name = "Not_A_Name".into()),

@@ -53,6 +53,7 @@ pub fn run(config: &DoctorConfig) -> Vec<Check> {
     for pool in &config.pools[1..] {
         checks.extend(data_directory(&format!("pool {}", pool.name), &pool.path));
     }
+    checks.extend(run_directory(config));
     checks.push(match &mounts {
         Ok(mounts) => propagation(&config.kubelet_dir, mounts),
         Err(err) => check(
@@ -129,32 +130,7 @@ fn loop_control() -> Check {
 fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
     // The driver creates the data dir at start; before that, judge the nearest existing ancestor.
     let existing = nearest_existing(data_dir);
-    let mut checks = Vec::new();
-    let writable = nix::unistd::access(&existing, nix::unistd::AccessFlags::W_OK).is_ok();
-    let space = fsstat::space(&existing);
-    match (&space, writable) {
-        (Ok(space), true) if !space.read_only && space.available_bytes == 0 => checks.push(check(
-            Outcome::Fail,
-            format!("{label} {} has no free space", shown(data_dir, &existing)),
-        )),
-        (Ok(space), true) if !space.read_only => checks.push(check(
-            Outcome::Ok,
-            format!(
-                "{label} {} is writable ({} of {} bytes free)",
-                shown(data_dir, &existing),
-                space.available_bytes,
-                space.total_bytes
-            ),
-        )),
-        (Ok(_), _) => checks.push(check(
-            Outcome::Fail,
-            format!("{label} {} is not writable", shown(data_dir, &existing)),
-        )),
-        (Err(err), _) => checks.push(check(
-            Outcome::Fail,
-            format!("{label} {}: {err}", shown(data_dir, &existing)),
-        )),
-    }
+    let mut checks = vec![writable(label, data_dir, &existing)];
     let kind = match fsstat::filesystem_kind(&existing) {
         Ok(kind) => kind,
         Err(err) => {
@@ -202,6 +178,83 @@ fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
         format!("copy-on-write on the {label}: {cow}"),
     ));
     checks
+}
+
+/// Whether `wanted` takes writes and has room, judged by `existing`: itself, or before it is
+/// created its nearest existing ancestor.
+fn writable(label: &str, wanted: &Path, existing: &Path) -> Check {
+    let writable = nix::unistd::access(existing, nix::unistd::AccessFlags::W_OK).is_ok();
+    match (fsstat::space(existing), writable) {
+        (Ok(space), true) if !space.read_only && space.available_bytes == 0 => check(
+            Outcome::Fail,
+            format!("{label} {} has no free space", shown(wanted, existing)),
+        ),
+        (Ok(space), true) if !space.read_only => check(
+            Outcome::Ok,
+            format!(
+                "{label} {} is writable ({} of {} bytes free)",
+                shown(wanted, existing),
+                space.available_bytes,
+                space.total_bytes
+            ),
+        ),
+        (Ok(_), _) => check(
+            Outcome::Fail,
+            format!("{label} {} is not writable", shown(wanted, existing)),
+        ),
+        (Err(err), _) => check(
+            Outcome::Fail,
+            format!("{label} {}: {err}", shown(wanted, existing)),
+        ),
+    }
+}
+
+/// Where `serve` will keep publications (which targets each volume is published at). A run
+/// directory must take writes (every publish and unpublish writes there) and should be one a
+/// reboot empties, as a reboot removes the mounts and loop devices the publications describe.
+fn run_directory(config: &DoctorConfig) -> Vec<Check> {
+    let Some(run_dir) = &config.run_dir else {
+        return vec![check(
+            Outcome::Ok,
+            format!(
+                "no --run-dir: publications are kept beside the records in {}; after a reboot, the next start forgets them",
+                config.data_dir().join("state").display()
+            ),
+        )];
+    };
+    let existing = nearest_existing(run_dir);
+    if !existing.is_dir() {
+        return vec![check(
+            Outcome::Fail,
+            format!(
+                "run directory {}: {} is not a directory",
+                run_dir.display(),
+                existing.display()
+            ),
+        )];
+    }
+    let filesystem = match fsstat::filesystem_kind(&existing) {
+        Ok(FsKind::Tmpfs) => check(
+            Outcome::Ok,
+            "run directory on tmpfs: a reboot empties it, as it removes the mounts its publications describe",
+        ),
+        Ok(FsKind::Overlay) => check(
+            Outcome::Warn,
+            "run directory on overlayfs (a container's own layer?): a restarted container would forget publications whose mounts remain; mount a host directory there (the DaemonSet: the host's /run/stickyvol)",
+        ),
+        Ok(kind) => check(
+            Outcome::Warn,
+            format!(
+                "run directory on {}, which a reboot does not empty: publications outlive their mounts until the next start forgets them; a tmpfs such as the host's /run avoids that",
+                kind.name()
+            ),
+        ),
+        Err(err) => check(
+            Outcome::Warn,
+            format!("cannot tell the filesystem of the run directory: {err}"),
+        ),
+    };
+    vec![writable("run directory", run_dir, &existing), filesystem]
 }
 
 /// Whether the quota the filesystem's enforcement needs is on, asked the way `serve` asks

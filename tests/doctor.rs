@@ -20,6 +20,7 @@ const LOOP_CONTROL: &str = "/dev/loop-control";
 const WRITABLE: &str = "is writable";
 const FILESYSTEM: &str = "data directory filesystem:";
 const COPY_ON_WRITE: &str = "copy-on-write on the data directory:";
+const PUBLICATIONS: &str = "no --run-dir: publications are kept beside the records";
 const PROPAGATION: &str = "kubelet directory";
 
 /// A scratch directory (the harness's test directory, no driver started) that unmounts
@@ -105,7 +106,7 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     let report = run_doctor(&dir.kubelet, &dir.data);
     assert_consistent(&report);
     assert_host_checks_pass(&report);
-    assert_eq!(report.checks.len(), 7, "{}", report.stdout);
+    assert_eq!(report.checks.len(), 8, "{}", report.stdout);
     let position = |needle: &str| {
         let check = report.check(needle);
         report
@@ -121,6 +122,7 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
         WRITABLE,
         FILESYSTEM,
         COPY_ON_WRITE,
+        PUBLICATIONS,
         PROPAGATION,
     ]
     .iter()
@@ -155,6 +157,16 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
             .contains("snapshots, restores and clones use full copies"),
         "{}",
         cow.what
+    );
+    // Without --run-dir, serve keeps publications in the state directory: nothing to check.
+    let publications = report.check(PUBLICATIONS);
+    assert_eq!(publications.outcome, Outcome::Ok);
+    assert!(
+        publications
+            .what
+            .contains(&dir.data.join("state").display().to_string()),
+        "{}",
+        publications.what
     );
     // Whether this machine's kubelet dir propagates is not ours to assume; the outcome must
     // be a verdict either way, naming the directory.
@@ -307,4 +319,99 @@ fn extra_pools_are_checked_and_their_enforcement_reported() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("NAME=VALUE"));
+}
+
+/// `--run-dir`, where serve keeps publications: it must take writes, and should be a tmpfs,
+/// which a reboot empties as it removes the mounts the publications describe.
+#[test]
+fn the_run_directory_is_checked_where_serve_will_keep_publications() {
+    let dir = scratch();
+    let (shared, kubelet) = shared_kubelet(&dir.root);
+    let data = shared.path().join("data");
+    let run_flag = |run: &Path| ["--run-dir".to_string(), run.display().to_string()];
+
+    // On a tmpfs, not created yet (serve creates it): its mount point is judged.
+    let tmpfs = TmpfsMount::new(&dir.root.join("run"), "1m", MsFlags::empty());
+    let run = tmpfs.path().join("stickyvol");
+    let report = run_doctor_with(&kubelet, &data, &run_flag(&run));
+    assert_consistent(&report);
+    assert_eq!(report.failures(), 0, "{}", report.stdout);
+    let writable = report.check(&format!("run directory {}", run.display()));
+    assert_eq!(writable.outcome, Outcome::Ok, "{}", report.stdout);
+    assert!(
+        writable.what.starts_with(&format!(
+            "run directory {} (not created yet; checked {}) is writable",
+            run.display(),
+            tmpfs.path().display()
+        )),
+        "{}",
+        writable.what
+    );
+    assert_eq!(
+        report.check("run directory on tmpfs").outcome,
+        Outcome::Ok,
+        "{}",
+        report.stdout
+    );
+    assert!(!exists_no_follow(&run), "doctor created the run directory");
+
+    // On the scratch directory's disk (ext4): works, but a reboot does not empty it.
+    let report = run_doctor_with(&kubelet, &data, &run_flag(&dir.root.join("run-on-disk")));
+    assert_consistent(&report);
+    assert_eq!(report.failures(), 0, "{}", report.stdout);
+    let filesystem = report.check("run directory on ");
+    assert_eq!(filesystem.outcome, Outcome::Warn, "{}", report.stdout);
+    assert!(
+        filesystem.what.contains("which a reboot does not empty"),
+        "{}",
+        filesystem.what
+    );
+
+    // Beneath a read-only mount (a container's read-only root without the hostPath): fails.
+    let read_only = TmpfsMount::new(&dir.root.join("ro"), "1m", MsFlags::MS_RDONLY);
+    let report = run_doctor_with(
+        &kubelet,
+        &data,
+        &run_flag(&read_only.path().join("stickyvol")),
+    );
+    assert_consistent(&report);
+    assert_eq!(
+        report.check("is not writable").outcome,
+        Outcome::Fail,
+        "{}",
+        report.stdout
+    );
+    assert!(
+        report
+            .check("is not writable")
+            .what
+            .starts_with("run directory "),
+        "{}",
+        report.stdout
+    );
+    assert_eq!(report.failures(), 1, "{}", report.stdout);
+
+    // A file where the directory should be: fails.
+    let file = dir.root.join("a-file");
+    fs::write(&file, b"").unwrap();
+    let report = run_doctor_with(&kubelet, &data, &run_flag(&file));
+    assert_consistent(&report);
+    assert_eq!(
+        report.check("is not a directory").outcome,
+        Outcome::Fail,
+        "{}",
+        report.stdout
+    );
+
+    // A relative path is refused before any check, as serve refuses it.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+        .args(["doctor", "--run-dir", "run"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--run-dir must be an absolute path"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
 }
