@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 use nix::sys::statvfs::{FsFlags, statvfs};
+use serde::{Deserialize, Serialize};
 
 /// The subset of statx we use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +42,30 @@ impl Stat {
     }
     /// Same inode on the same device: a bind mount of a directory shows its source's identity.
     pub fn same_file(&self, other: &Stat) -> bool {
-        self.dev == other.dev && self.ino == other.ino
+        self.id() == other.id()
     }
+    /// Which file this is (see [`FileId`]).
+    pub fn id(&self) -> FileId {
+        FileId {
+            dev: self.dev,
+            ino: self.ino,
+        }
+    }
+}
+
+/// Which file this is, kernel-wide: its filesystem's device number (major, minor) and its inode
+/// number. Unlike a path, it means the same in every mount namespace: two namespaces can each
+/// have a different file at one path (two nodes of a test cluster on one kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct FileId {
+    pub dev: (u32, u32),
+    pub ino: u64,
+}
+
+/// The identity of the file `path` names, symlinks followed (the file an open(2) of `path` gets).
+pub fn file_id(path: &Path) -> io::Result<FileId> {
+    let opened = nix::fcntl::open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
+    Ok(stat_fd(opened.as_fd())?.id())
 }
 
 /// statx of `path` itself (a symlink is not followed).

@@ -1,8 +1,14 @@
 //! Loop block devices, driven directly through the kernel's ioctl interface.
 //!
 //! A volume is a regular file exposed as a block device. Attaching uses one `LOOP_CONFIGURE`
-//! call (atomic, unlike the older `LOOP_SET_FD` + `LOOP_SET_STATUS64` pair), and all read-only
-//! queries go through sysfs so they never need to open (and thereby hold) the device.
+//! call (atomic, unlike the older `LOOP_SET_FD` + `LOOP_SET_STATUS64` pair), and the read-only
+//! queries go through sysfs so they never need to open (and thereby hold) the device — except
+//! [`backing_file_id`], which only LOOP_GET_STATUS64 answers.
+//!
+//! Loop devices are kernel-wide, mount namespaces are not: every process on the kernel sees every
+//! device, and each device's backing path as it reads in the namespace that holds the file. Two
+//! nodes of a test cluster on one kernel (every multi-node kind cluster) keep their files at the
+//! same paths, so a path never proves a device is ours; the backing file's identity does.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -13,6 +19,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
+use super::fsstat::{self, FileId};
 use uapi::{LO_FLAGS_DIRECT_IO, LO_FLAGS_READ_ONLY, LoopConfig, LoopInfo64};
 
 const LOOP_CONTROL: &str = "/dev/loop-control";
@@ -178,16 +185,70 @@ pub fn list_attached() -> io::Result<Vec<(LoopDevice, PathBuf)>> {
     Ok(attached)
 }
 
-/// Devices whose backing file is `file`, compared against the canonicalized `file` because
-/// the kernel prints the absolute path it resolved when the file was attached. Fails if
-/// `file` cannot be canonicalized (e.g. it does not exist).
+/// Devices attached to the very file `file` names (symlinks followed), by identity: see
+/// [`backing_file_id`]. Only devices whose backing path ends in the same file name are asked
+/// (the directories may differ: the kernel prints the path as it reads in the namespace that
+/// holds the file, e.g. a driver container's view before a restart). Fails if `file` does not
+/// exist: a device over a deleted file cannot be told apart from another namespace's.
 pub fn find_by_backing_file(file: &Path) -> io::Result<Vec<LoopDevice>> {
-    let wanted = file.canonicalize()?;
-    Ok(list_attached()?
-        .into_iter()
-        .filter(|(_, backing)| *backing == wanted)
-        .map(|(dev, _)| dev)
-        .collect())
+    let wanted = fsstat::file_id(file)?;
+    let name = fsstat::canonical(file)?.file_name().map(ToOwned::to_owned);
+    let mut found = Vec::new();
+    for (dev, backing) in list_attached()? {
+        if backing.file_name() == name.as_deref() && backing_file_id(&dev)? == Some(wanted) {
+            found.push(dev);
+        }
+    }
+    Ok(found)
+}
+
+/// Whether `dev` is attached to the very file `file` names (symlinks followed), by identity.
+/// False when either is gone.
+pub fn is_attached_to(dev: &LoopDevice, file: &Path) -> io::Result<bool> {
+    let Some(backing) = backing_file_id(dev)? else {
+        return Ok(false);
+    };
+    match fsstat::file_id(file) {
+        Ok(id) => Ok(id == backing),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Which file backs `dev`: LOOP_GET_STATUS64 has the kernel stat the file it holds (`lo_device`,
+/// `lo_inode`); None when `dev` is not attached (or does not exist).
+///
+/// Compare it with [`fsstat::file_id`] of a file of ours, never [`backing_file`] with its path:
+/// another mount namespace on this kernel may hold a different file at the same path (two
+/// nodes of a test cluster on one kernel), and its device must never be taken for ours.
+pub fn backing_file_id(dev: &LoopDevice) -> io::Result<Option<FileId>> {
+    let device = match open_for_control(dev) {
+        Ok(device) => device,
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut info = LoopInfo64::with_flags(0);
+    // SAFETY: `info` is a writable struct loop_info64 that outlives the call; the fd is a valid
+    // open loop device.
+    match unsafe { uapi::loop_get_status64(device.as_raw_fd(), &mut info) } {
+        Ok(_) => Ok(Some(FileId {
+            dev: decode_dev(info.lo_device),
+            ino: info.lo_inode,
+        })),
+        Err(Errno::ENXIO) => Ok(None),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+/// (major, minor) of a device number as LOOP_GET_STATUS64 encodes it: the kernel's
+/// `huge_encode_dev`, which is `new_encode_dev` (minor's low 8 bits, then the 12-bit major, then
+/// the minor's upper 12 bits), the same as stat(2)'s `st_dev` on 64-bit. statx, which
+/// [`fsstat`] uses, gives major and minor apart, so we decode rather than compare encodings.
+fn decode_dev(encoded: u64) -> (u32, u32) {
+    let major = (encoded & 0xf_ff00) >> 8;
+    let minor = (encoded & 0xff) | ((encoded >> 12) & 0xf_ff00);
+    // Both fit: masked to 12 and 20 bits.
+    (major as u32, minor as u32)
 }
 
 /// /sys/block/<name>/ro
@@ -329,13 +390,15 @@ mod uapi {
     const LO_KEY_SIZE: usize = 32;
 
     pub const LOOP_CLR_FD: u32 = 0x4C01;
+    pub const LOOP_GET_STATUS64: u32 = 0x4C05;
     pub const LOOP_SET_CAPACITY: u32 = 0x4C07;
     pub const LOOP_CONFIGURE: u32 = 0x4C0A;
     pub const LOOP_CTL_GET_FREE: u32 = 0x4C82;
 
-    /// struct loop_info64. Only `lo_flags` is set by us; the kernel fills in or ignores the rest.
+    /// struct loop_info64. Only `lo_flags` is set by us; LOOP_GET_STATUS64 fills it in, and we
+    /// read `lo_device` and `lo_inode` of it.
     #[repr(C)]
-    #[allow(dead_code, reason = "fields are read by the kernel, not by Rust")]
+    #[allow(dead_code, reason = "most fields are only read by the kernel")]
     pub struct LoopInfo64 {
         pub lo_device: u64,
         pub lo_inode: u64,
@@ -384,6 +447,7 @@ mod uapi {
 
     nix::ioctl_none_bad!(loop_clr_fd, LOOP_CLR_FD);
     nix::ioctl_none_bad!(loop_set_capacity, LOOP_SET_CAPACITY);
+    nix::ioctl_read_bad!(loop_get_status64, LOOP_GET_STATUS64, LoopInfo64);
     nix::ioctl_write_ptr_bad!(loop_configure, LOOP_CONFIGURE, LoopConfig);
     nix::ioctl_none_bad!(loop_ctl_get_free, LOOP_CTL_GET_FREE);
 }
@@ -407,6 +471,8 @@ mod tests {
         // Expected values: sizeof/offsetof from a C program including <linux/loop.h>. Every
         // field is fixed-size and naturally aligned, so they hold on all architectures.
         assert_eq!(size_of::<LoopInfo64>(), 232);
+        assert_eq!(offset_of!(LoopInfo64, lo_device), 0);
+        assert_eq!(offset_of!(LoopInfo64, lo_inode), 8);
         assert_eq!(offset_of!(LoopInfo64, lo_flags), 52);
         assert_eq!(offset_of!(LoopInfo64, lo_file_name), 56);
         assert_eq!(offset_of!(LoopInfo64, lo_init), 216);
@@ -422,18 +488,36 @@ mod tests {
         use nix::sys::ioctl::ioctl_num_type;
         let io_l = |nr: u32| nix::request_code_none!(b'L', nr);
         assert_eq!(LOOP_CLR_FD as ioctl_num_type, io_l(0x01));
+        assert_eq!(LOOP_GET_STATUS64 as ioctl_num_type, io_l(0x05));
         assert_eq!(LOOP_SET_CAPACITY as ioctl_num_type, io_l(0x07));
         assert_eq!(LOOP_CONFIGURE as ioctl_num_type, io_l(0x0A));
         assert_eq!(LOOP_CTL_GET_FREE as ioctl_num_type, io_l(0x82));
         assert_eq!(
             (
                 LOOP_CLR_FD,
+                LOOP_GET_STATUS64,
                 LOOP_SET_CAPACITY,
                 LOOP_CONFIGURE,
                 LOOP_CTL_GET_FREE
             ),
-            (0x4C01, 0x4C07, 0x4C0A, 0x4C82)
+            (0x4C01, 0x4C05, 0x4C07, 0x4C0A, 0x4C82)
         );
+    }
+
+    #[test]
+    fn device_numbers_decode_as_the_kernel_encodes_them() {
+        // The kernel's new_encode_dev: (minor & 0xff) | (major << 8) | ((minor & ~0xff) << 12).
+        assert_eq!(decode_dev(0xfe00), (254, 0));
+        assert_eq!(decode_dev(0x0803), (8, 3));
+        // tmpfs and btrfs subvolumes get anonymous devices: major 0, minors past 255.
+        assert_eq!(decode_dev(0x1230_0045), (0, 0x12345));
+        assert_eq!(decode_dev(0x0010_3f42), (0x3f, 0x142));
+        // The largest the kernel has: a 12-bit major, a 20-bit minor.
+        assert_eq!(decode_dev(0xffff_ffff), (0xfff, 0xf_ffff));
+        // Every (major, minor) round-trips through glibc's encoding (stat(2)'s st_dev).
+        for (major, minor) in [(0, 0), (7, 3), (259, 0x1_0001), (0xfff, 0xf_ffff)] {
+            assert_eq!(decode_dev(libc::makedev(major, minor)), (major, minor));
+        }
     }
 
     #[test]
@@ -542,21 +626,24 @@ mod tests {
 
     // ---- tests against real loop devices (need root) ----
 
-    /// Detaches on drop so a failing assert does not leak a device.
-    /// A device attached by a test and the (canonical) file it serves.
-    struct Attached(LoopDevice, PathBuf);
+    /// A device attached by a test and the identity of the file it serves. Detaches on drop so a
+    /// failing assert does not leak a device.
+    struct Attached(LoopDevice, FileId);
+
+    impl Attached {
+        fn over(dev: LoopDevice, file: &Path) -> Attached {
+            Attached(
+                dev,
+                fsstat::file_id(file).expect("identity of the backing file"),
+            )
+        }
+    }
 
     impl Drop for Attached {
         fn drop(&mut self) {
             // A test may have detached it already, and a parallel test may own the number now.
-            // A test may also have deleted the file: the kernel then appends " (deleted)".
-            let mut deleted = self.1.clone().into_os_string();
-            deleted.push(" (deleted)");
-            let ours = backing_file(&self.0)
-                .ok()
-                .flatten()
-                .is_some_and(|b| b == self.1 || b.as_os_str() == deleted);
-            if !ours {
+            // The identity holds also when a test deleted the file.
+            if backing_file_id(&self.0).ok().flatten() != Some(self.1) {
                 return;
             }
             if let Err(e) = detach(&self.0) {
@@ -575,7 +662,7 @@ mod tests {
             started.elapsed(),
             uses_direct_io(&dev).ok()
         );
-        Attached(dev, file.canonicalize().expect("canonical backing file"))
+        Attached::over(dev, file)
     }
 
     fn have_root() -> bool {
@@ -658,12 +745,17 @@ mod tests {
         assert_writes_reach_backing_file(dev, &file);
 
         assert_eq!(find_by_backing_file(&file).unwrap(), vec![dev.clone()]);
-        // Lookup goes through canonicalize, so a non-canonical spelling finds it too.
+        assert!(is_attached_to(dev, &file).unwrap());
+        // Any spelling of the path (or a symlink to it) names the same file.
         let roundabout = dir.path().join(".").join("disk.img");
         assert_eq!(
             find_by_backing_file(&roundabout).unwrap(),
             vec![dev.clone()]
         );
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(find_by_backing_file(&link).unwrap(), vec![dev.clone()]);
+        assert!(is_attached_to(dev, &link).unwrap());
         assert!(
             list_attached()
                 .unwrap()
@@ -768,7 +860,7 @@ mod tests {
                     let barrier = Arc::clone(&barrier);
                     scope.spawn(move || {
                         barrier.wait();
-                        attach(&file, false).map(|dev| Attached(dev, file.canonicalize().unwrap()))
+                        attach(&file, false).map(|dev| Attached::over(dev, &file))
                     })
                 })
                 .collect();
@@ -837,6 +929,51 @@ mod tests {
         assert_eq!(backing_file(dev).unwrap(), Some(PathBuf::from(deleted)));
     }
 
+    /// LOOP_GET_STATUS64's lo_device decodes to what statx says of the file, on a disk file
+    /// system and on tmpfs (an anonymous device), and its raw value is stat(2)'s st_dev.
+    #[test]
+    fn backing_file_id_is_what_stat_says_of_the_file() {
+        if !have_root() {
+            return;
+        }
+        let disk = disk_dir();
+        let shm = tempfile::Builder::new()
+            .prefix("stickyvol-loopdev-")
+            .tempdir_in("/dev/shm")
+            .unwrap();
+        for dir in [disk.path(), shm.path()] {
+            let file = sized_file(dir, "id.img", MIB);
+            let attached = attach_guarded(&file, false);
+            let id = backing_file_id(&attached.0).unwrap().expect("attached");
+            let stat = fs::metadata(&file).unwrap();
+            eprintln!("{}: {id:?}, st_dev {:#x}", file.display(), stat.dev());
+            assert_eq!(id, fsstat::file_id(&file).unwrap());
+            assert_eq!(
+                (libc::makedev(id.dev.0, id.dev.1), id.ino),
+                (stat.dev(), stat.ino())
+            );
+            assert!(is_attached_to(&attached.0, &file).unwrap());
+        }
+    }
+
+    /// A new file at the path of a deleted backing file is another file.
+    #[test]
+    fn a_new_file_at_the_path_is_not_the_backing_file() {
+        if !have_root() {
+            return;
+        }
+        let dir = disk_dir();
+        let file = sized_file(dir.path(), "replaced.img", MIB);
+        let attached = attach_guarded(&file, false);
+        let dev = &attached.0;
+        fs::remove_file(&file).unwrap();
+        assert!(!is_attached_to(dev, &file).unwrap(), "the file is gone");
+        sized_file(dir.path(), "replaced.img", MIB);
+        assert!(!is_attached_to(dev, &file).unwrap());
+        assert!(find_by_backing_file(&file).unwrap().is_empty());
+        assert_eq!(backing_file_id(dev).unwrap(), Some(attached.1));
+    }
+
     #[test]
     fn a_device_detached_during_the_read_counts_as_unattached() {
         assert!(detached_meanwhile(&io::Error::from_raw_os_error(
@@ -855,6 +992,7 @@ mod tests {
         // No loop module would ever create this many devices.
         let dev = LoopDevice::from_name("loop4000000000").unwrap();
         assert_eq!(backing_file(&dev).unwrap(), None);
+        assert_eq!(backing_file_id(&dev).unwrap(), None);
         detach(&dev).expect("detaching a nonexistent device is a no-op");
     }
 
