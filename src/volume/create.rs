@@ -301,7 +301,7 @@ impl Volumes {
     ) -> Result<[PathBuf; 2]> {
         if kind == VolumeKind::Block {
             // A device left attached by a crash would keep the file's blocks alive.
-            for device in devices::serving(id).unwrap_or_default() {
+            for device in devices::serving(&pool.data_path(id, kind)).unwrap_or_default() {
                 loopdev::detach(&device).context(|| {
                     format!("detaching {} from volume {id}", device.path().display())
                 })?;

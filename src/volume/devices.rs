@@ -1,36 +1,56 @@
 //! Which loop devices serve which block volume.
 //!
-//! A device is matched by its backing file's *name*, `<volume-id>.img` (ids are unique), not by
-//! its full path: the kernel prints that path as seen from the mount namespace that attached
-//! the device, so after the driver's container restarts, the same device may report
-//! `/volumes/…/sv-….img` instead of `/var/lib/kubelet/volumes/…/sv-….img`. A file deleted while
-//! attached is reported with a " (deleted)" suffix and still matches.
+//! A device serves a volume when it is attached to the volume's data file itself: same device
+//! and inode numbers (see `loopdev::backing_file_id`). Never by path alone: loop devices are
+//! kernel-wide, and two nodes of a test cluster on one kernel (every multi-node kind cluster)
+//! each keep their data dir at the same path in their own mount namespace, so another node's
+//! device shows a backing path inside our pool — with a volume id we may even know.
+//!
+//! The backing path's file name, `<volume-id>.img`, still says cheaply which devices are worth
+//! asking (the directories may differ: the kernel prints the path as it reads in the namespace
+//! holding the file, e.g. a driver container's view before a restart).
+//!
+//! A publication records the identity of the file its device was attached to, so the device is
+//! still recognised after that file was deleted: the device holds the inode, whose number no
+//! other file can take meanwhile.
 
 use std::io;
 use std::path::Path;
 
 use super::id::VolumeId;
+use super::record::Publication;
+use crate::host::fsstat;
 use crate::host::loopdev::{self, LoopDevice};
 
-/// The volume whose data file is `backing_file`, if its name is one of ours.
-pub fn volume_of_backing_file(backing_file: &Path) -> Option<VolumeId> {
+/// The volume whose data file `backing_file` may be, by its name: a candidate for
+/// [`serves`], never proof.
+pub fn volume_named_by_backing_file(backing_file: &Path) -> Option<VolumeId> {
     let name = backing_file.file_name()?.to_str()?;
-    let name = name.strip_suffix(" (deleted)").unwrap_or(name);
     VolumeId::parse(name.strip_suffix(".img")?)
 }
 
-/// Whether `device` is attached to the data file of volume `id`.
-pub fn serves(device: &LoopDevice, id: &VolumeId) -> bool {
-    matches!(loopdev::backing_file(device), Ok(Some(file)) if volume_of_backing_file(&file).as_ref() == Some(id))
+/// Whether `device` is attached to the block volume data file `data` (this node's file).
+pub fn serves(device: &LoopDevice, data: &Path) -> bool {
+    loopdev::is_attached_to(device, data).unwrap_or(false)
 }
 
-/// Every loop device attached to the data file of volume `id`.
-pub fn serving(id: &VolumeId) -> io::Result<Vec<LoopDevice>> {
-    Ok(loopdev::list_attached()?
-        .into_iter()
-        .filter(|(_, file)| volume_of_backing_file(file).as_ref() == Some(id))
-        .map(|(device, _)| device)
-        .collect())
+/// Whether `device` is the one behind `publication` of the volume whose data file is `data`:
+/// attached to the file the publication recorded, or to `data` itself.
+pub fn serves_publication(
+    device: &LoopDevice,
+    publication: Option<&Publication>,
+    data: &Path,
+) -> bool {
+    let Ok(Some(backing)) = loopdev::backing_file_id(device) else {
+        return false;
+    };
+    publication.and_then(|p| p.loop_backing_file) == Some(backing)
+        || fsstat::file_id(data).is_ok_and(|ours| ours == backing)
+}
+
+/// Every loop device attached to the block volume data file `data` (this node's file).
+pub fn serving(data: &Path) -> io::Result<Vec<LoopDevice>> {
+    loopdev::find_by_backing_file(data)
 }
 
 #[cfg(test)]
@@ -38,15 +58,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backing_files_are_matched_by_name_in_any_namespace() {
+    fn backing_file_names_point_at_a_volume_whatever_the_directories() {
         let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
         for path in [
             format!("/var/lib/kubelet/volumes/stickyvol.csi.io/volumes/{id}.img"),
             format!("/volumes/stickyvol.csi.io/volumes/{id}.img"),
-            format!("/x/{id}.img (deleted)"),
         ] {
             assert_eq!(
-                volume_of_backing_file(Path::new(&path)),
+                volume_named_by_backing_file(Path::new(&path)),
                 Some(id.clone()),
                 "{path}"
             );
@@ -54,10 +73,16 @@ mod tests {
         for path in [
             format!("/x/{id}"),
             format!("/x/{id}.img.bak"),
+            // Deleted while attached: no file of ours to compare it with any more.
+            format!("/x/{id}.img (deleted)"),
             "/x/disk.img".to_string(),
             format!("/x/{id}.IMG"),
         ] {
-            assert_eq!(volume_of_backing_file(Path::new(&path)), None, "{path}");
+            assert_eq!(
+                volume_named_by_backing_file(Path::new(&path)),
+                None,
+                "{path}"
+            );
         }
     }
 }

@@ -115,7 +115,7 @@ fn grow_file(id: &VolumeId, path: &Path, allocation: Allocation, bytes: u64) -> 
             .context(|| format!("syncing {}", path.display()))?;
     }
     let devices =
-        devices::serving(id).context(|| format!("looking for loop devices of volume {id}"))?;
+        devices::serving(path).context(|| format!("looking for loop devices of volume {id}"))?;
     for device in devices {
         loopdev::refresh_capacity(&device).context(|| {
             format!(

@@ -55,6 +55,7 @@ impl Volumes {
             access_mode: cap.access_mode,
             mount_flags: cap.mount_flags.clone(),
             loop_device: None,
+            loop_backing_file: None,
         };
         let mut known = None;
         for other in &record.publications {
@@ -120,7 +121,7 @@ impl Volumes {
         };
         match record.kind {
             VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
-            VolumeKind::Block => self.unpublish_device(id, &record, target)?,
+            VolumeKind::Block => self.unpublish_device(id, &record, &data, target)?,
         }
         if record.publication(target).is_some() {
             let mut updated = (*record).clone();
@@ -172,7 +173,7 @@ impl Volumes {
                 };
                 Ok(target.is_symlink()
                     && fs::read_link(&publication.target).ok() == Some(device.path())
-                    && devices::serves(&device, &record.id))
+                    && devices::serves_publication(&device, Some(publication), &data))
             }
         }
     }
@@ -308,13 +309,14 @@ impl Volumes {
                     .as_deref()
                     .and_then(loopdev::LoopDevice::from_name)
             })
-            .find(|device| devices::serves(device, id))
-            .or_else(|| linked_device(&target, id, wanted.readonly));
+            .find(|device| devices::serves(device, data))
+            .or_else(|| linked_device(&target, data, wanted.readonly));
         let device = match shared {
             Some(device) => device,
             None => self.attach_device(id, data, wanted.readonly)?,
         };
         wanted.loop_device = Some(device.name().to_string());
+        wanted.loop_backing_file = Some(source.id());
         // Any failure from here on must not leave the device we may just have attached behind.
         if let Err(err) = link_device(&target, &device) {
             self.release_device_if_unused(record, &device, &target);
@@ -338,7 +340,13 @@ impl Volumes {
         Ok(device)
     }
 
-    fn unpublish_device(&self, id: &VolumeId, record: &VolumeRecord, target: &Path) -> Result<()> {
+    fn unpublish_device(
+        &self,
+        id: &VolumeId,
+        record: &VolumeRecord,
+        data: &Path,
+        target: &Path,
+    ) -> Result<()> {
         let device = match fsstat::lstat_if_exists(target)
             .context(|| format!("inspecting {}", target.display()))?
         {
@@ -366,12 +374,12 @@ impl Volumes {
                 )));
             }
         };
-        let recorded = record
-            .publication(target)
+        let publication = record.publication(target);
+        let recorded = publication
             .and_then(|p| p.loop_device.as_deref())
             .and_then(loopdev::LoopDevice::from_name);
         for device in device.into_iter().chain(recorded) {
-            if devices::serves(&device, id) {
+            if devices::serves_publication(&device, publication, data) {
                 self.release_device_if_unused(record, &device, target);
             }
         }
@@ -430,16 +438,16 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
     Ok(())
 }
 
-/// Makes `target` a symlink to `device`, replacing an empty placeholder or another link; Ok if
-/// it already is one.
-/// The device `target` already links to, if it serves volume `id` with the read-only flag
-/// wanted: what a publish that linked but failed to record leaves for its retry.
-fn linked_device(target: &Path, id: &VolumeId, readonly: bool) -> Option<loopdev::LoopDevice> {
+/// The device `target` already links to, if it serves the volume's `data` with the read-only
+/// flag wanted: what a publish that linked but failed to record leaves for its retry.
+fn linked_device(target: &Path, data: &Path, readonly: bool) -> Option<loopdev::LoopDevice> {
     let device = loopdev::LoopDevice::from_path(&fs::read_link(target).ok()?)?;
-    (devices::serves(&device, id) && loopdev::is_read_only(&device).ok() == Some(readonly))
+    (devices::serves(&device, data) && loopdev::is_read_only(&device).ok() == Some(readonly))
         .then_some(device)
 }
 
+/// Makes `target` a symlink to `device`, replacing an empty placeholder or another link; Ok if
+/// it already is one.
 fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
     match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
         Some(stat) if stat.is_symlink() => {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::id::{SnapshotId, VolumeId};
+use crate::host::fsstat::FileId;
 
 /// Directory volumes are bind-mounted; block volumes are files exposed through a loop device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +117,11 @@ pub struct Publication {
     /// The loop device behind the target symlink (block volumes only), e.g. "loop7".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loop_device: Option<String>,
+    /// The identity of the file that device was attached to: it still tells our device from
+    /// another node's after the file was deleted (see `devices`). None in records of earlier
+    /// versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_backing_file: Option<FileId>,
 }
 
 impl Publication {

@@ -5,7 +5,9 @@
 //! - the empty data of a volume created just before a power loss is remade from its record
 //!   (`remake_recent_data`);
 //! - publications the host no longer shows (a reboot, an interrupted unpublish) are forgotten;
-//! - loop devices over our files that no live publication uses are detached.
+//! - loop devices over our files that no live publication uses are detached — before any data
+//!   moves, since a device is ours only if it is attached to the very file at our path (another
+//!   node on this kernel may have a device over a file at the same path: see `devices`).
 //!
 //! Records that cannot be read are reported loudly and their data is left alone.
 
@@ -14,7 +16,7 @@ use std::fs::{self, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::create::size_file;
 use super::id::VolumeId;
@@ -37,11 +39,14 @@ impl Volumes {
         for torn in &report.torn {
             warn!(what = %torn, "ignored the torn tail of the state journal");
         }
+        // Devices first, while our files are where they were attached: a device over data moved
+        // to lost+found or removed could no longer be proven ours, and would stay attached.
+        self.detach_unused_devices()?;
         self.remove_orphaned_data(&report.removed_recently)?;
+        // Still sees the publications a crash left, which tell a used volume from a new one.
         self.remake_recent_data(&report.created_recently)?;
         self.finish_interrupted_imports()?;
-        let in_use = self.forget_stale_publications()?;
-        self.detach_unused_devices(&in_use);
+        self.forget_stale_publications()?;
         info!(volumes = self.store.len(), data_dir = %self.default_pool().root.display(), "volume state loaded");
         Ok(())
     }
@@ -170,9 +175,8 @@ impl Volumes {
         Ok(())
     }
 
-    /// Drops publications the host no longer shows; returns the loop devices still in use.
-    fn forget_stale_publications(&self) -> Result<HashSet<String>> {
-        let mut in_use = HashSet::new();
+    /// Drops publications the host no longer shows.
+    fn forget_stale_publications(&self) -> Result<()> {
         for record in self.store.all() {
             // A volume of a pool not configured now is left exactly as it is.
             if record.publications.is_empty() || self.pool_of(&record).is_err() {
@@ -181,7 +185,6 @@ impl Volumes {
             let mut live = Vec::new();
             for publication in &record.publications {
                 if self.is_live(&record, publication)? {
-                    in_use.extend(publication.loop_device.clone());
                     live.push(publication.clone());
                 } else {
                     info!(volume = %record.id, target = %publication.target.display(), "publication no longer present on the host; forgetting it");
@@ -195,33 +198,59 @@ impl Volumes {
                     .context(|| format!("updating the record of volume {}", record.id))?;
             }
         }
+        Ok(())
+    }
+
+    /// The loop devices behind publications the host still shows.
+    fn devices_in_use(&self) -> Result<HashSet<String>> {
+        let mut in_use = HashSet::new();
+        for record in self.store.all() {
+            if self.pool_of(&record).is_err() {
+                continue;
+            }
+            for publication in &record.publications {
+                if self.is_live(&record, publication)? {
+                    in_use.extend(publication.loop_device.clone());
+                }
+            }
+        }
         Ok(in_use)
     }
 
-    fn detach_unused_devices(&self, in_use: &HashSet<String>) {
+    fn detach_unused_devices(&self) -> Result<()> {
+        let in_use = self.devices_in_use()?;
         let attached = match loopdev::list_attached() {
             Ok(attached) => attached,
             Err(err) => {
                 warn!(error = %err, "cannot list loop devices; skipping their cleanup");
-                return;
+                return Ok(());
             }
         };
         for (device, file) in attached {
-            let Some(id) = devices::volume_of_backing_file(&file) else {
+            let Some(id) = devices::volume_named_by_backing_file(&file) else {
                 continue;
             };
+            if in_use.contains(device.name()) {
+                continue;
+            }
+            // The name only makes it a candidate: another node on this kernel (kind) may have
+            // attached a file at the very same path, even of a volume id we know.
+            let ours = self
+                .pools()
+                .iter()
+                .any(|pool| devices::serves(&device, &pool.data_path(&id, VolumeKind::Block)));
+            if !ours {
+                debug!(device = %device.path().display(), file = %file.display(), "loop device over a file that is not ours (another node's on this kernel, or deleted); leaving it alone");
+                continue;
+            }
             // Ours to release: a volume we know with no live publication on this device, or
             // data of ours that has no record at all. An unreadable record means hands off.
             let known = self
                 .store
                 .get(&id)
                 .is_some_and(|record| self.pool_of(&record).is_ok());
-            let recordless_here = !self.store.has_record_file(&id)
-                && self
-                    .pools()
-                    .iter()
-                    .any(|pool| file.parent() == Some(pool.volumes.as_path()));
-            if in_use.contains(device.name()) || !(known || recordless_here) {
+            let recordless = !self.store.has_record_file(&id);
+            if !(known || recordless) {
                 continue;
             }
             match loopdev::detach(&device) {
@@ -233,6 +262,7 @@ impl Volumes {
                 }
             }
         }
+        Ok(())
     }
 }
 

@@ -296,6 +296,7 @@ mod tests {
             access_mode: AccessMode::SingleNodeWriter,
             mount_flags: vec![],
             loop_device: None,
+            loop_backing_file: None,
         }
     }
 
