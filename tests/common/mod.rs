@@ -8,7 +8,8 @@
 //!
 //! Submodules: `scrape` (HTTP GET and Prometheus text parsing for the metrics server),
 //! `fidelity` (a tree with every property a copy must keep, and comparing trees), `doctor` (running `stickyvol doctor` and reading its report), `mounts` (scratch tmpfs mounts
-//! with chosen flags and propagation, unmounted on drop).
+//! with chosen flags and propagation, unmounted on drop), `namespace` (another node on this
+//! kernel: a mount namespace where a tmpfs hides a directory we use).
 
 // Each test binary uses a different subset of the helpers.
 #![allow(dead_code)]
@@ -16,6 +17,7 @@
 pub mod doctor;
 pub mod fidelity;
 pub mod mounts;
+pub mod namespace;
 pub mod scrape;
 pub mod scratchfs;
 
@@ -26,6 +28,7 @@ use std::future::Future;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -96,6 +99,10 @@ pub struct Options {
     /// `--node-id`; [`NODE_ID`] when None. Lets a test run a second driver as another node
     /// (ids it issues carry that node's tag).
     pub node_id: Option<&'static str>,
+    /// Runs the driver in a mount namespace of its own where a fresh tmpfs hides its data dir
+    /// (see [`TestDriver::prepare_other_node_at_same_paths`]). Not carried by
+    /// [`TestDriver::shell_command`].
+    pub data_dir_in_own_namespace: bool,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -174,6 +181,24 @@ impl TestDriver {
         }
     }
 
+    /// A driver for another node (`node_id`) on this kernel, as in every multi-node kind
+    /// cluster: its data dir is at the path of `this` driver's, hidden under a tmpfs in its own
+    /// mount namespace, so each sees only its own files there while loop devices are shared.
+    /// Its other directories are its own. Not started (see [`TestDriver::start_again`]).
+    pub fn prepare_other_node_at_same_paths(
+        this: &TestDriver,
+        node_id: &'static str,
+    ) -> TestDriver {
+        let mut other = Self::prepare(Options {
+            node_id: Some(node_id),
+            data_dir_in_own_namespace: true,
+            ..Options::default()
+        });
+        fs::create_dir_all(&this.data).expect("creating the shared data dir path");
+        other.data = this.data.clone();
+        other
+    }
+
     /// The options the next start uses.
     pub fn options_mut(&mut self) -> &mut Options {
         &mut self.options
@@ -209,6 +234,13 @@ impl TestDriver {
             cmd.arg("--metrics-address").arg(address.to_string());
         }
         cmd.args(&self.options.extra_args);
+        if self.options.data_dir_in_own_namespace {
+            let data = namespace::c_path(&self.data);
+            // SAFETY: the hook makes system calls only: no allocation, no lock.
+            unsafe {
+                cmd.pre_exec(move || namespace::enter_with_tmpfs_at(&data));
+            }
+        }
         for var in DRIVER_ENV {
             cmd.env_remove(var);
         }
