@@ -20,3 +20,15 @@ E2E_KUBERNETES_SERVICE_IP=10.96.0.1
 # Each node's stickyvol data directory is an XFS filesystem of its own (reflinks; and sizes that
 # differ, so capacity-aware scheduling has something to choose): node i gets E2E_POOL_SIZES[i-1].
 E2E_POOL_SIZES=(8G 4G)
+# The sandbox image: containerd's sandbox_image must name it. Built from Kubernetes'
+# build/pause/linux/pause.c; the tag is its build/pause/Makefile's (kubeadm's default too).
+PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
+# The test pods' image: Debian bookworm's busybox-static (sh, dd, stat, id, df, sync, ...). Not
+# :latest, whose default imagePullPolicy is Always (no registry here).
+TEST_IMAGE=stickyvol-e2e/busybox:bookworm
+# Images of deploy/ that the cluster replaces (kustomize `images:`, OLD=NEW): our stand-ins for
+# the sidecars whose modules the Go module proxy does not serve (lib/build-images.sh, STANDINS).
+E2E_STANDIN_IMAGES=(
+    registry.k8s.io/sig-storage/csi-node-driver-registrar=stickyvol-e2e/csi-node-driver-registrar:standin
+    registry.k8s.io/sig-storage/livenessprobe=stickyvol-e2e/livenessprobe:standin
+)
