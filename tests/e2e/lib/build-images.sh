@@ -157,6 +157,7 @@ build_standins() {
     done
     (cd "$E2E_DIR/standins" && GOFLAGS="-buildvcs=false -mod=readonly" \
         go_build_into "$out" "-X main.version=standin-$hash" "${pkgs[@]}")
+    prune_except "$out" "$E2E_CACHE"/sidecars-standins-*
 }
 
 # The image the cluster runs in place of deploy/'s $SIDECAR_REGISTRY/$1 (E2E_STANDIN_IMAGES).
@@ -281,6 +282,7 @@ standin_images() {
         [[ -x $bin ]] || die "no $bin: run build sidecars"
         SIDECAR_BIN=$bin scratch_image "images-standin-$name-$hash" fill_sidecar "$(standin_image "$name")" \
             "{\"Entrypoint\":[\"/${bin##*/}\"],\"Env\":[\"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"]}"
+        prune_except "$E2E_CACHE/images-standin-$name-$hash" "$E2E_CACHE/images-standin-$name"-*
     done
 }
 fill_sidecar() {
@@ -494,6 +496,16 @@ stickyvol_image() {
     bh rmi "$name" >/dev/null
     echo "$name" >"$out.partial/name"
     mv -T "$out.partial" "$out"
+    prune_except "$out" "$E2E_CACHE"/images-stickyvol-*
+}
+
+# Removes the directories "${@:2}" other than $1: archives of older sources (130 MB each).
+prune_except() {
+    local keep=$1 d
+    shift
+    for d in "$@"; do
+        [[ $d == "$keep" || ! -d $d ]] || rm -rf "$d"
+    done
 }
 
 build_images() {
