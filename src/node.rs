@@ -126,7 +126,7 @@ impl Node for NodeService {
         // An unknown volume is NOT_FOUND whatever the path (csi-sanity sends "some/path"); the
         // path is then checked like any kubelet path, though growing never touches it.
         volumes.get(&id)?;
-        request::path_beneath(self.kubelet_dir(), "volume_path", &req.volume_path)?;
+        request::expand_volume_path(self.kubelet_dir(), &req.volume_path)?;
         // No capacity_range: nothing asked beyond the current size (0 is always satisfied).
         let capacity_bytes =
             blocking(move || volumes.expand(&id, kind, range.required_bytes, range.limit_bytes))

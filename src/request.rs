@@ -346,6 +346,28 @@ pub fn path_beneath(root: &Path, field: &str, value: &str) -> Result<PathBuf> {
     Ok(normalized)
 }
 
+/// NodeExpandVolume's `volume_path`: a path beneath the kubelet dir, or, for a block volume, a
+/// device node `/dev/NAME`: kubelet sends a block volume's device there, not a path in its own
+/// directory (pkg/volume/csi/expander.go passes the DevicePath, e.g. `/dev/loop2`). The path is
+/// only validated: growing works on the volume's own file and devices.
+pub fn expand_volume_path(kubelet_dir: &Path, value: &str) -> Result<PathBuf> {
+    let beneath = path_beneath(kubelet_dir, "volume_path", value);
+    if beneath.is_ok() {
+        return beneath;
+    }
+    let is_device_node = value.strip_prefix("/dev/").is_some_and(|name| {
+        !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+    });
+    if is_device_node {
+        return Ok(PathBuf::from(value));
+    }
+    Err(Error::InvalidArgument(format!(
+        "volume_path {value:?} must be a normalized absolute path beneath the kubelet directory \
+         {} or a device node /dev/NAME",
+        kubelet_dir.display()
+    )))
+}
+
 /// Whether `requisite` topologies allow a volume on this node (empty means anywhere).
 pub fn topology_allows(requisite: &[csi::Topology], key: &str, node_id: &str) -> bool {
     requisite.is_empty()
@@ -358,6 +380,43 @@ pub fn topology_allows(requisite: &[csi::Topology], key: &str, node_id: &str) ->
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_expand_path_is_beneath_the_kubelet_dir_or_a_device_node() {
+        let kubelet = Path::new("/var/lib/kubelet");
+        for ok in [
+            "/var/lib/kubelet/pods/x/volumes/y/mount",
+            "/dev/loop2",
+            "/dev/sdb",
+        ] {
+            assert_eq!(
+                expand_volume_path(kubelet, ok).unwrap(),
+                PathBuf::from(ok),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "",
+            "/dev/",
+            "/dev/..",
+            "/dev/.",
+            "/dev/../etc/passwd",
+            "/dev/mapper/x",
+            "/dev/loop2\0",
+            "dev/loop2",
+            "/etc/passwd",
+            "/var/lib/kubelet",
+            "/var/lib/kubelet/../x",
+        ] {
+            assert!(
+                matches!(
+                    expand_volume_path(kubelet, bad),
+                    Err(Error::InvalidArgument(_))
+                ),
+                "{bad:?} was accepted"
+            );
+        }
+    }
 
     fn mount_cap(mode: CsiMode, flags: &[&str], fs_type: &str) -> csi::VolumeCapability {
         csi::VolumeCapability {

@@ -167,6 +167,43 @@ async fn growing_a_published_block_volume_resizes_file_and_device_online() {
     assert_eq!(file_size(&block.file), new_size as u64);
 }
 
+/// kubelet sends a block volume's device node as `volume_path` (its DevicePath), not the publish
+/// path in its directory: seen in a real cluster, where this was refused as INVALID_ARGUMENT.
+#[tokio::test]
+async fn a_block_volume_grows_when_kubelet_names_its_device() {
+    let driver = TestDriver::start().await;
+    let block = published_block(&driver).await;
+    let device = linked_device(&block.target);
+    let new_size = 2 * SIZE;
+    let grown = driver
+        .expand(expand_request(
+            &block.volume.volume_id,
+            &device.path(),
+            new_size,
+            0,
+        ))
+        .await
+        .expect("NodeExpandVolume with the device as volume_path");
+    assert_eq!(grown, new_size);
+    assert_eq!(sysfs_size_bytes(&device), new_size as u64);
+    assert_eq!(file_size(&block.file), new_size as u64);
+    // Anything else outside the kubelet dir is still refused.
+    for path in ["/dev/../etc/passwd", "/dev/mapper/x", "/etc/passwd"] {
+        expect_code(
+            driver
+                .expand(expand_request(
+                    &block.volume.volume_id,
+                    Path::new(path),
+                    3 * SIZE,
+                    0,
+                ))
+                .await,
+            Code::InvalidArgument,
+        );
+    }
+    driver.unpublish_ok(&block.volume, &block.target).await;
+}
+
 #[tokio::test]
 async fn every_device_over_the_file_grows() {
     // A read-write and a read-only target: two loop devices over one file.
