@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs stickyvol the way README tells a user to: `kubectl apply -k deploy/kubernetes`, then
-# the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a CSI driver does
-# not ship) and deploy/kubernetes/snapshots. The images were imported into each node under the
-# names deploy/ uses, so nothing in deploy/ is changed. Waits until the driver runs on every node.
+# Installs stickyvol the way README tells a user to: `kubectl apply -k` of deploy/kubernetes,
+# then the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a CSI driver
+# does not ship) and deploy/kubernetes/snapshots. The images were imported into each node under
+# the names deploy/ uses, except the sidecars the Go module proxy does not serve, whose stand-ins
+# (versions.sh, E2E_STANDIN_IMAGES) are put in with an overlay's `images:`, the way README tells
+# users to change an image. Waits until the driver runs on every node.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$E2E_DIR/lib/pki.sh"
@@ -10,7 +12,19 @@ source "$E2E_DIR/lib/controlplane.sh"
 export KUBECONFIG=$PKI/admin.kubeconfig
 k() { "$K8S_BIN/kubectl" "$@"; }
 
-k apply -k "$REPO_DIR/deploy/kubernetes" >/dev/null
+overlay=$E2E_STATE/deploy-overlay
+mkdir -p "$overlay"
+{
+    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+    echo "kind: Kustomization"
+    echo "resources: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/kubernetes")]"
+    echo "images:"
+    for mapping in "${E2E_STANDIN_IMAGES[@]}"; do
+        new=${mapping#*=}
+        echo "- {name: ${mapping%%=*}, newName: ${new%:*}, newTag: ${new##*:}}"
+    done
+} >"$overlay/kustomization.yaml"
+k apply -k "$overlay" >/dev/null
 k apply -f "$E2E_CACHE/snapshot-crds-$SNAPSHOT_CLIENT_VERSION/" >/dev/null
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 k apply -f "$E2E_DIR/manifests/snapshot-controller.yaml" >/dev/null

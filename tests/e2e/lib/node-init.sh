@@ -8,7 +8,15 @@ hostname "$node"
 # kubelet and containerd need shared propagation for Bidirectional mounts (the CSI driver's).
 mount --make-rshared /
 
-bind() { mkdir -p "$2" && mount --bind "$1" "$2"; }
+# A bind mount of its own peer group: mounts made under it must not show up a second time at the
+# source's path.
+bind() {
+    # Directories the host lacked for a mount point: `cluster down` removes them again.
+    local dir=$2
+    while [[ ! -d $dir ]]; do echo "$dir" >>"$root/../../created-mountpoints"; dir=$(dirname "$dir"); done
+    mkdir -p "$2"
+    mount --bind "$1" "$2" && mount --make-private "$2" && mount --make-shared "$2"
+}
 bind "$root/var-lib-kubelet" /var/lib/kubelet
 bind "$root/var-lib-containerd" /var/lib/containerd
 bind "$root/etc-cni" /etc/cni/net.d

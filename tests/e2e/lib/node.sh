@@ -16,12 +16,17 @@ node_index() {
 node_ip() { echo "$E2E_NODE_IP_PREFIX.$(($(node_index "$1") + 1))"; }
 node_netns() { echo "sve2e-$(node_index "$1")"; }
 node_pid() { cat "$(node_root "$1")/supervisor.pid" 2>/dev/null; }
+# The node's PID 1 (the child unshare forked into the new PID namespace), as the host sees it.
+node_init_pid() {
+    local pid
+    pid=$(node_pid "$1") && pgrep -P "$pid" | head -1
+}
 # What the host reaches of a running node's mount namespace.
-node_fs() { echo "/proc/$(node_pid "$1")/root"; }
+node_fs() { echo "/proc/$(node_init_pid "$1")/root"; }
 # node_exec NODE CMD...: runs CMD inside the node (its mount, network, PID and UTS namespaces).
 node_exec() {
     local pid
-    pid=$(node_pid "$1") || die "node $1 is not running"
+    pid=$(node_init_pid "$1") && [[ -n $pid ]] || die "node $1 is not running"
     shift
     nsenter -t "$pid" -m -n -p -u -- "$@"
 }
@@ -79,6 +84,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   address = "/run/containerd/containerd.sock"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
+  # These machines withhold CAP_SYS_RESOURCE even from root, so a container's oom_score_adj
+  # cannot go below containerd's own (kubelet asks -998 for sandboxes, runc then fails with
+  # "failed to update /proc/self/oom_score_adj: Permission denied").
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -176,7 +185,7 @@ detach_node_loop_devices() {
     while read -r dev ino; do ours["$dev:$ino"]=1; done < <(
         find "$root" -xdev -type f -printf '%D %i\n' 2>/dev/null)
     local pid
-    pid=$(node_pid "$node") || true
+    pid=$(node_init_pid "$node") || true
     if [[ -n $pid && -d /proc/$pid/root/var/lib/kubelet ]]; then
         while read -r dev ino; do ours["$dev:$ino"]=1; done < <(
             find "/proc/$pid/root/var/lib/kubelet" -type f -printf '%D %i\n' 2>/dev/null)

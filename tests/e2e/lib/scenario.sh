@@ -55,6 +55,12 @@ until_true() {
         sleep 1
     done
 }
+# until_ok TIMEOUT WHAT 'SHELL CODE': the same for code evaluated anew at every try (write
+# it in single quotes, so that its $(...) and variables are expanded then, not once).
+until_ok() {
+    local timeout=$1 what=$2 code=$3
+    until_true "$timeout" "$what" eval "$code"
+}
 
 wait_pod_running() {
     kn wait --for=condition=Ready "pod/$1" --timeout="${2:-120}s" >/dev/null ||

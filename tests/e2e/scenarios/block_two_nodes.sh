@@ -21,7 +21,7 @@ for restarted in "${E2E_NODES[@]}"; do
     step "restart the driver on $restarted"
     victim=$(driver_pod "$restarted")
     k -n "$DRIVER_NS" delete pod "$victim" --wait=true >/dev/null
-    until_true 120 "a new driver pod on $restarted" test -n "$(driver_pod "$restarted")"
+    until_ok 120 "a new driver pod on $restarted" '[[ -n $(driver_pod "$restarted") ]]'
     k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$(driver_pod "$restarted")" --timeout=180s >/dev/null ||
         fail "the driver on $restarted did not come back"
     # The device is read around the page cache: a detached loop device fails here.

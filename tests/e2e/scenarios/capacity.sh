@@ -28,7 +28,7 @@ else:
 step "one CSIStorageCapacity per node for the class"
 declare -A bytes
 for node in "${E2E_NODES[@]}"; do
-    until_true 120 "a CSIStorageCapacity for $node" test -n "$(capacity_of "$node")"
+    until_ok 120 "a CSIStorageCapacity for $node" '[[ -n $(capacity_of "$node") ]]'
     bytes[$node]=$(to_bytes "$(capacity_of "$node")")
     log "$node: ${bytes[$node]} bytes"
     # What the node's pool reports (its filesystem, less what its volumes may still write).

@@ -16,7 +16,7 @@ step "delete the driver's pod on $node"
 victim=$(driver_pod)
 k -n "$DRIVER_NS" delete pod "$victim" --wait=false >/dev/null
 pexec old-user sh -c 'echo during >> /data/f' || fail "writing while the driver restarts failed"
-until_true 120 "a new driver pod on $node" test "$(driver_pod)" != "$victim"
+until_ok 120 "a new driver pod on $node" 'new=$(driver_pod) && [[ -n $new && $new != "$victim" ]]'
 k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$(driver_pod)" --timeout=180s >/dev/null ||
     fail "the new driver pod did not become Ready"
 expect_eq "$(pexec old-user cat /data/f | tr '\n' ' ')" "before during " "the old pod's data"

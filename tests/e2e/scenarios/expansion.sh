@@ -12,12 +12,12 @@ wait_pod_running raw-user
 step "grow both claims while their pods run"
 kn patch pvc fs --type=merge -p '{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}' >/dev/null
 kn patch pvc raw --type=merge -p '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}' >/dev/null
-until_true 180 "the filesystem claim's capacity becomes 2Gi" \
-    test "$(kn get pvc fs -o jsonpath='{.status.capacity.storage}')" = 2Gi
-until_true 180 "the block claim's capacity becomes 128Mi" \
-    test "$(kn get pvc raw -o jsonpath='{.status.capacity.storage}')" = 128Mi
-until_true 60 "the pod sees a 128 MiB device" \
-    test "$(pexec raw-user blockdev --getsize64 /dev/xvda)" = $((128 << 20))
+capacity() { kn get pvc "$1" -o jsonpath='{.status.capacity.storage}'; }
+# kubelet grows a mounted volume at its next look at the pod (up to a minute and a half).
+until_ok 180 "the filesystem claim's capacity becomes 2Gi" '[[ $(capacity fs) == 2Gi ]]'
+until_ok 180 "the block claim's capacity becomes 128Mi" '[[ $(capacity raw) == 128Mi ]]'
+until_ok 60 "the pod sees a 128 MiB device" \
+    '[[ $(pexec raw-user blockdev --getsize64 /dev/xvda) == $((128 << 20)) ]]'
 expect_eq "$(k get pv "$(pv_of fs)" -o jsonpath='{.spec.capacity.storage}')" 2Gi "the filesystem PV's capacity"
 
 step "the pod writes past the old end of the device"

@@ -13,13 +13,15 @@ wait_pod_running raw-user
 pexec fs-user sh -c 'echo survives > /data/f && sync'
 pexec raw-user sh -c 'echo survives-too | dd of=/dev/xvda conv=fsync 2>/dev/null'
 
+restarts() { kn get pod "$1" -o jsonpath='{.status.containerStatuses[0].restartCount}'; }
+
 step "reboot $node"
 cluster reboot "$node"
 k wait --for=condition=Ready "node/$node" --timeout=180s >/dev/null || fail "$node not Ready after the reboot"
 # The pods stay bound to the node: its kubelet starts their containers again.
-until_true 240 "fs-user runs again" test "$(kn get pod fs-user -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1
+until_ok 240 "fs-user runs again" '(( $(restarts fs-user) >= 1 ))'
 wait_pod_running fs-user 240
-until_true 240 "raw-user runs again" test "$(kn get pod raw-user -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1
+until_ok 240 "raw-user runs again" '(( $(restarts raw-user) >= 1 ))'
 wait_pod_running raw-user 240
 expect_eq "$(pexec fs-user cat /data/f)" survives "the filesystem volume's data"
 expect_eq "$(pexec raw-user sh -c 'dd if=/dev/xvda bs=12 count=1 2>/dev/null')" survives-too "the block volume's data"

@@ -43,6 +43,6 @@ kn delete pvc gone kept --wait=true >/dev/null
 k wait --for=delete "pv/$gone_pv" --timeout=120s >/dev/null || fail "the Delete PV stayed"
 until_true 60 "the deleted volume's data leaves $gone_node" not_on_node "$gone_node" "$gone_id"
 retained_pv=$kept_pv
-until_true 60 "the Retain PV becomes Released" \
-    test "$(k get pv "$kept_pv" -o jsonpath='{.status.phase}')" = Released
+until_ok 60 "the Retain PV becomes Released" \
+    '[[ $(k get pv "$kept_pv" -o jsonpath="{.status.phase}") == Released ]]'
 on_node "$kept_node" "$kept_id" || fail "the retained volume's data is gone"
