@@ -30,12 +30,19 @@ impl Driver {
                 &config.node_id,
                 config.run_dir.as_deref(),
             )?);
-            volumes.resume_snapshot_copies();
             Some(volumes)
         } else {
             None
         };
         Ok(Driver { config, volumes })
+    }
+
+    /// Starts the work a restart interrupted (snapshot copies), in the background. Called once
+    /// the socket serves, so Probe, unpublish and delete never wait for it, nor die with it.
+    pub fn resume_interrupted_work(&self) {
+        if let Some(volumes) = &self.volumes {
+            volumes.resume_snapshot_copies();
+        }
     }
 
     /// The node's volumes, or UNIMPLEMENTED when this instance does no host work.

@@ -131,9 +131,11 @@ async fn serve_on(
         ));
     }
 
-    router
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await?;
+    let serving = router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown);
+    // The socket is bound and its calls are taken from here on; interrupted copies start
+    // beside them (each on a thread of its own), not before.
+    driver.resume_interrupted_work();
+    serving.await?;
     Ok(())
 }
 

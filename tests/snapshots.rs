@@ -22,6 +22,7 @@ use common::fidelity::*;
 use common::scratchfs::ScratchFs;
 use common::*;
 use csi::controller_service_capability::rpc::Type as ControllerRpc;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use stickyvol::host::btrfs;
 use stickyvol::volume::id::{NodeTag, SnapshotId, VolumeId};
@@ -1348,6 +1349,181 @@ async fn start_removes_staged_snapshot_copies_without_a_record() {
         Vec::<String>::new()
     );
     assert!(driver.list_all_snapshots().await.is_empty());
+}
+
+/// Edits the record file of snapshot `id` of a stopped driver (a clean stop wrote every record
+/// back, so the file is the whole record).
+fn edit_snapshot_record(driver: &mut TestDriver, id: &str, edit: impl FnOnce(&mut Value)) {
+    assert!(
+        !driver.is_running(),
+        "stop the driver before editing its records"
+    );
+    let path = driver
+        .data
+        .join("state/snapshots")
+        .join(format!("{id}.json"));
+    let mut record: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(&mut record);
+    fs::write(&path, serde_json::to_vec_pretty(&record).unwrap()).unwrap();
+}
+
+/// `stickyvol volume show ID --json` against `driver`.
+fn volume_shown(driver: &TestDriver, volume_id: &str) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+        .args(["volume", "show", volume_id, "--json"])
+        .env(
+            "CSI_ENDPOINT",
+            format!("unix://{}", driver.socket.display()),
+        )
+        .env_remove("KUBELET_DIR")
+        .env_remove("DRIVER_NAME")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "stickyvol volume show: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What a snapshot whose copies ran out of attempts says (see `MAX_COPY_ATTEMPTS`).
+const STOPPED: &str = "was tried 3 times and stopped";
+
+/// A copy out of attempts (as three starts that each died copying leave it: say, killed out of
+/// memory on a tree a pod shaped) is not run again, neither at start nor by CreateSnapshot:
+/// csi-snapshotter gets FAILED_PRECONDITION saying why, ListSnapshots keeps it not ready,
+/// `stickyvol volume show` says why, and DeleteSnapshot removes it with what the copies left.
+#[tokio::test]
+async fn a_copy_out_of_attempts_stops_with_an_error_and_can_be_deleted() {
+    let mut driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let request = snapshot_request(&new_snapshot_name(), &volume.volume_id);
+    let id = driver.create_snapshot_ready(&request).await.snapshot_id;
+    driver.stop().await;
+    edit_snapshot_record(&mut driver, &id, |record| {
+        record["ready"] = false.into();
+        record["copy_attempts"] = 3.into();
+    });
+    let data = snapshot_dir(&driver.data, &id);
+    fs::remove_dir_all(&data).unwrap();
+    fs::create_dir(&data).unwrap();
+    fs::write(data.join("half"), b"half a copy").unwrap();
+    driver.start_again().await;
+
+    for _ in 0..2 {
+        let err = driver.create_snapshot(request.clone()).await.unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().contains(STOPPED), "{err:?}");
+        assert!(err.message().contains("killed out of memory?"), "{err:?}");
+    }
+    let listed = driver.list_all_snapshots().await;
+    assert_eq!(listed.len(), 1);
+    assert!(!listed[0].ready_to_use);
+    // No copy ran: each starts by removing what an earlier one left.
+    assert_eq!(dir_names(&data), vec!["half".to_string()]);
+    let shown = volume_shown(&driver, &volume.volume_id);
+    let error = shown["snapshots"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains(STOPPED), "{shown}");
+
+    driver.delete_snapshot(&id).await.unwrap();
+    assert!(driver.list_all_snapshots().await.is_empty());
+    assert!(!exists_no_follow(&data));
+    assert!(!exists_no_follow(&snapshot_record(&mut driver, &id).await));
+    assert!(
+        volume_shown(&driver, &volume.volume_id)["snapshots"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A copy that fails is started over by the next CreateSnapshot (as csi-snapshotter retries),
+/// but only until its attempts run out: three, the one resumed at start included. Then every
+/// call answers the error that stopped it, with the last failure's reason, also after a
+/// restart; and the snapshot can still be deleted.
+#[tokio::test]
+async fn failing_copies_stop_after_three_attempts() {
+    let mut driver = TestDriver::start().await;
+    let (volume, _) = volume_with_file(&driver).await;
+    let name = new_snapshot_name();
+    let id = driver
+        .create_snapshot_ready(&snapshot_request(&name, &volume.volume_id))
+        .await
+        .snapshot_id;
+    driver.stop().await;
+    // Its copy to redo, from a source that is gone: every attempt fails.
+    let gone = volume_id_of(NODE_ID);
+    edit_snapshot_record(&mut driver, &id, |record| {
+        record["ready"] = false.into();
+        record["source_volume"] = gone.clone().into();
+    });
+    driver.start_again().await;
+
+    let request = snapshot_request(&name, &gone);
+    let mut stopped = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while stopped.len() < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "answers so far: {stopped:?}"
+        );
+        // An attempt slower than CreateSnapshot waits answers not ready: call again.
+        let Err(err) = driver.create_snapshot(request.clone()).await else {
+            continue;
+        };
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(
+            err.message().contains("was deleted before its snapshot"),
+            "{err:?}"
+        );
+        stopped.push(err.message().contains(STOPPED));
+    }
+    assert_eq!(stopped, [false, false, true, true, true]);
+
+    driver.restart().await;
+    let err = driver.create_snapshot(request.clone()).await.unwrap_err();
+    assert!(err.message().contains(STOPPED), "{err:?}");
+    assert!(!driver.list_all_snapshots().await[0].ready_to_use);
+    driver.delete_snapshot(&id).await.unwrap();
+    assert!(driver.list_all_snapshots().await.is_empty());
+    assert_eq!(
+        dir_names(&driver.data.join("snapshots")),
+        Vec::<String>::new()
+    );
+}
+
+/// A restart with a copy to redo (kill -9 during it) serves at once: Probe, NodeUnpublish and
+/// DeleteVolume answer while the resumed copy still runs (ListSnapshots says not ready after
+/// them), and the copy then finishes under the same id.
+#[tokio::test]
+async fn a_restart_serves_while_an_interrupted_copy_is_redone() {
+    let mut driver = start_on_tmpfs("3g").await;
+    let other = driver.create_fs_volume().await;
+    let (published, target) = driver.published_fs_volume().await;
+    let (_, request, first) = snapshot_answered_not_ready(&driver).await;
+    driver.kill9();
+    driver.start_again().await;
+
+    driver.identity().probe(csi::ProbeRequest {}).await.unwrap();
+    driver
+        .unpublish(&published.volume_id, &target)
+        .await
+        .unwrap();
+    driver.delete(&published.volume_id).await.unwrap();
+    driver.delete(&other.volume_id).await.unwrap();
+    let listed = driver
+        .list_snapshots(list_request(|r| r.snapshot_id = first.snapshot_id.clone()))
+        .await
+        .unwrap();
+    let snapshot = listed.entries[0].snapshot.as_ref().unwrap();
+    assert!(
+        !snapshot.ready_to_use,
+        "the copy was redone before the calls were answered: this test needs a slower copy"
+    );
+
+    let ready = driver.create_snapshot_ready(&request).await;
+    assert_eq!(ready.snapshot_id, first.snapshot_id);
 }
 
 // =============================================================================================

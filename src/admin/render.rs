@@ -256,16 +256,17 @@ pub fn details(v: &api::Volume) -> String {
     }
     key_value_line(&mut out, "", snapshots.0, &snapshots.1, width);
     for s in &v.snapshots {
-        list_item(
-            &mut out,
-            &[
-                ("id", s.snapshot_id.clone()),
-                ("name", or_dash(&s.name).into()),
-                ("size", size_line(u64::try_from(s.size_bytes).unwrap_or(0))),
-                ("ready", yes_no(s.ready).into()),
-                ("created", created(s.created_unix_ms)),
-            ],
-        );
+        let mut fields = vec![
+            ("id", s.snapshot_id.clone()),
+            ("name", or_dash(&s.name).into()),
+            ("size", size_line(u64::try_from(s.size_bytes).unwrap_or(0))),
+            ("ready", yes_no(s.ready).into()),
+            ("created", created(s.created_unix_ms)),
+        ];
+        if !s.error.is_empty() {
+            fields.push(("error", s.error.clone()));
+        }
+        list_item(&mut out, &fields);
     }
     out
 }
@@ -333,6 +334,9 @@ pub struct SnapshotJson {
     pub size_bytes: i64,
     pub ready: bool,
     pub created_unix_ms: u64,
+    /// Why its copy stopped (see `SnapshotRecord::copy_stopped`); absent otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 impl From<&api::Volume> for VolumeJson {
@@ -369,6 +373,7 @@ impl From<&api::Volume> for VolumeJson {
                     size_bytes: s.size_bytes,
                     ready: s.ready,
                     created_unix_ms: s.created_unix_ms,
+                    error: s.error.clone(),
                 })
                 .collect(),
             host_path: v.host_path.clone(),
@@ -495,6 +500,7 @@ mod tests {
                     size_bytes: (512 * MIB) as i64,
                     ready: true,
                     created_unix_ms: 951_782_400_000,
+                    error: String::new(),
                 },
                 api::Snapshot {
                     snapshot_id: "ss-2".into(),
@@ -502,6 +508,7 @@ mod tests {
                     size_bytes: (512 * MIB) as i64,
                     ready: false,
                     created_unix_ms: 0,
+                    error: "the copy stopped".into(),
                 },
             ],
             host_path: format!("/mnt/fast/volumes/{id}.img"),
@@ -611,6 +618,7 @@ sv-bb   -                   fast     block  512Mi     -  file          abnormal 
                 "created_unix_ms": 951_782_400_000u64,
             })
         );
+        assert_eq!(volumes[1]["snapshots"][1]["error"], "the copy stopped");
         // `volume show --json` is one element of `volumes --json`.
         let one: serde_json::Value =
             serde_json::from_str(&volume_json(&bare_block_volume("sv-b"))).unwrap();
@@ -657,7 +665,7 @@ snapshots:      none
             "snapshots:      2\n  - id:      ss-1\n    name:    snap-1\n    \
              size:    512Mi (536870912 bytes)\n    ready:   yes\n    \
              created: 2000-02-29T00:00:00.000Z\n  - id:      ss-2\n    name:    -\n",
-            "    ready:   no\n    created: -\n",
+            "    ready:   no\n    created: -\n    error:   the copy stopped\n",
         ] {
             assert!(text.contains(line), "{line:?} missing from\n{text}");
         }

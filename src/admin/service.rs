@@ -227,6 +227,7 @@ fn to_api(volumes: &Volumes, report: &VolumeReport) -> api::Volume {
                 size_bytes: s.size_bytes,
                 ready: s.ready,
                 created_unix_ms: s.created_unix_ms,
+                error: s.copy_stopped().unwrap_or_default(),
             })
             .collect(),
         host_path: report.host_path.display().to_string(),

@@ -176,7 +176,7 @@ pub struct Volumes {
 impl Volumes {
     /// Opens (creating if needed) every pool, loads every record from `<data-dir>/state` and
     /// reconciles the host with them: see `recover`. `pools[0]` is the data dir. Snapshot
-    /// copies a crash interrupted are restarted by `resume_snapshot_copies`.
+    /// copies a crash interrupted are restarted by `resume_snapshot_copies`, once the socket serves.
     pub fn open(
         pools: &[PoolConfig],
         kubelet_dir: &Path,

@@ -42,10 +42,21 @@ pub struct SnapshotRecord {
     pub exclusive_bytes: u64,
     /// The data is complete and durable.
     pub ready: bool,
+    /// Copies of the data started so far, counted durably before each starts: a copy that
+    /// takes the driver down (out of memory) counts too, so it cannot crash-loop the node.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub copy_attempts: u32,
+    /// Why the last copy failed (none if it died with the driver, or has not failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_error: Option<String>,
     /// VolumeSnapshotClass parameters as given.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
     pub created_unix_ms: u64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Record for SnapshotRecord {
@@ -122,6 +133,8 @@ impl Volumes {
             data_bytes,
             exclusive_bytes: 0,
             ready: false,
+            copy_attempts: 0,
+            copy_error: None,
             parameters: req.parameters,
             created_unix_ms: now_ms(),
         };

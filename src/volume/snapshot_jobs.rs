@@ -7,6 +7,13 @@
 //! CreateSnapshot call, and the call after that starts it over with the same id: the id the CO
 //! holds never changes. DeleteSnapshot cancels a running copy.
 //!
+//! Attempts are limited: each is counted in the snapshot's record (one journal commit, flushed)
+//! before it starts, so one that takes the driver down with it (out of memory on a tree a pod
+//! shaped) counts too. After [`MAX_COPY_ATTEMPTS`] the snapshot stays not ready and every
+//! CreateSnapshot answers FAILED_PRECONDITION saying why, instead of another run; deleting it
+//! still works. Copies a restart interrupted are resumed after the socket serves
+//! (`resume_snapshot_copies`), never on the way to it.
+//!
 //! Each copy holds its snapshot's operation slot and the source volume's "being read" slot, so
 //! neither can be deleted under it.
 
@@ -31,6 +38,8 @@ use crate::host::copy::Progress;
 
 /// How long CreateSnapshot waits for a copy before answering "not ready".
 const READY_WAIT: Duration = Duration::from_secs(1);
+/// Copies of one snapshot started before it stops with an error (see the module comment).
+pub const MAX_COPY_ATTEMPTS: u32 = 3;
 /// How long DeleteSnapshot waits for a cancelled copy to stop (it checks between files and
 /// every few MiB).
 const CANCEL_WAIT: Duration = Duration::from_secs(20);
@@ -119,6 +128,14 @@ impl Volumes {
             return Ok(job.clone());
         }
         let slot = self.claim_snapshot(&record.id)?;
+        // The index's record, not the caller's: an attempt may have ended since it was read.
+        let record = &self
+            .snapshots
+            .get(&record.id)
+            .ok_or_else(|| Error::NotFound(format!("snapshot {} was deleted", record.id)))?;
+        if let Some(why) = record.copy_stopped() {
+            return Err(Error::FailedPrecondition(why));
+        }
         let reading = self.claim_reading(&record.source_volume)?;
         let job = Arc::new(Job::default());
         jobs.insert(record.id.clone(), job.clone());
@@ -144,7 +161,10 @@ impl Volumes {
         slots: (OperationGuard, OperationGuard),
     ) {
         let started = Instant::now();
-        let result = self.copy_snapshot(record, &job.cancel);
+        let result = self.count_attempt(record).and_then(|counted| {
+            self.copy_snapshot(&counted, &job.cancel)
+                .map_err(|err| self.note_failed_attempt(&counted, err, &job.cancel))
+        });
         drop(slots);
         match &result {
             Ok(()) => {
@@ -152,10 +172,49 @@ impl Volumes {
                 self.jobs.lock().remove(&record.id);
             }
             Err(err) => {
-                error!(snapshot = %record.id, error = %err, "copying the snapshot's data failed; the next CreateSnapshot call reports it and the one after starts over")
+                error!(snapshot = %record.id, error = %err, "copying the snapshot's data failed; the next CreateSnapshot call reports it and the one after starts over, unless its attempts ran out")
             }
         }
         job.finish(result);
+    }
+
+    /// Durably counts one more attempt at copying `record` before it starts.
+    fn count_attempt(&self, record: &SnapshotRecord) -> Result<SnapshotRecord> {
+        let counted = SnapshotRecord {
+            copy_attempts: record.copy_attempts.saturating_add(1),
+            // An earlier attempt's reason, unless this one fails too.
+            copy_error: None,
+            ..record.clone()
+        };
+        self.snapshots
+            .put(Arc::new(counted.clone()))
+            .context(|| format!("writing the record of snapshot {}", record.id))?;
+        Ok(counted)
+    }
+
+    /// Records why an attempt failed (for `stickyvol volume show` and later calls) and turns
+    /// the last allowed attempt's error into the one the snapshot stops with.
+    fn note_failed_attempt(
+        &self,
+        counted: &SnapshotRecord,
+        err: Error,
+        cancel: &AtomicBool,
+    ) -> Error {
+        if cancel.load(Ordering::Relaxed) {
+            // DeleteSnapshot is removing it: nothing to remember.
+            return err;
+        }
+        let failed = SnapshotRecord {
+            copy_error: Some(err.to_string()),
+            ..counted.clone()
+        };
+        if let Err(write) = self.snapshots.put(Arc::new(failed.clone())) {
+            warn!(snapshot = %counted.id, error = %write, "could not record why the snapshot copy failed");
+        }
+        match failed.copy_stopped() {
+            Some(why) => Error::FailedPrecondition(why),
+            None => err,
+        }
     }
 
     /// Copies the source's data to the snapshot's staging path, flushes it, moves it into
@@ -199,6 +258,9 @@ impl Volumes {
             data_bytes,
             exclusive_bytes: copied.copied_bytes,
             ready: true,
+            // Only a pending copy's attempts matter.
+            copy_attempts: 0,
+            copy_error: None,
             ..record.clone()
         };
         let ready = Arc::new(ready);
@@ -240,9 +302,10 @@ impl Volumes {
         )
     }
 
-    /// At start: removes half-made copies, moves snapshot data without a record aside, and
-    /// puts every snapshot's promise in its pool's books. Copies to redo are started by
-    /// `resume_snapshot_copies` once the volumes are shared.
+    /// At start: removes staging copies without a record (those of unfinished snapshots are
+    /// their next attempt's to remove), moves snapshot data without a record aside, and puts
+    /// every snapshot's promise in its pool's books. Copies to redo are started by
+    /// `resume_snapshot_copies` once the socket serves.
     pub(super) fn recover_snapshots(
         &self,
         unreadable: &[(SnapshotId, String)],
@@ -275,7 +338,12 @@ impl Volumes {
                     continue;
                 };
                 let unfinished = self.snapshots.get(&id).is_some_and(|r| !r.ready);
-                if staged.is_some() || unfinished {
+                if unfinished {
+                    // Its next attempt (or its deletion) removes what an earlier one left, off
+                    // the way to serving: a walk of a pod's tree can be long, or fail.
+                    continue;
+                }
+                if staged.is_some() {
                     match remove_snapshot_data(&path) {
                         Ok(()) => {
                             info!(snapshot = %id, path = %path.display(), "removed a half-made snapshot copy")
@@ -303,10 +371,15 @@ impl Volumes {
         Ok(())
     }
 
-    /// Starts over the copies a crash interrupted.
+    /// Starts over the copies a crash interrupted, unless they ran out of attempts. Called
+    /// once the socket serves: a copy that kills the driver must not keep it from serving.
     pub fn resume_snapshot_copies(self: &Arc<Self>) {
         for record in self.snapshots.all() {
             if record.ready || self.pool(&record.pool).is_err() {
+                continue;
+            }
+            if let Some(why) = record.copy_stopped() {
+                error!(snapshot = %record.id, reason = %why, "not restarting the snapshot copy");
                 continue;
             }
             info!(snapshot = %record.id, "restarting a snapshot copy interrupted by a restart");
@@ -314,6 +387,23 @@ impl Volumes {
                 warn!(snapshot = %record.id, error = %err, "cannot restart the snapshot copy; the next CreateSnapshot call retries");
             }
         }
+    }
+}
+
+impl SnapshotRecord {
+    /// Why no more copies of this snapshot are made, once its attempts ran out.
+    pub fn copy_stopped(&self) -> Option<String> {
+        if self.ready || self.copy_attempts < MAX_COPY_ATTEMPTS {
+            return None;
+        }
+        let last = match &self.copy_error {
+            Some(err) => format!("the last one failed: {err}"),
+            None => "the driver stopped during the last one (killed out of memory?)".to_string(),
+        };
+        Some(format!(
+            "copying the data of snapshot {} was tried {} times and stopped; {last}. Delete the snapshot",
+            self.id, self.copy_attempts
+        ))
     }
 }
 
