@@ -1,8 +1,9 @@
 //! Command-line flags for `stickyvol serve` and `stickyvol doctor`, and the validated
 //! configuration derived from them.
 
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
@@ -56,9 +57,23 @@ pub struct ServeArgs {
     #[arg(long, env = "MAX_VOLUMES_PER_NODE", default_value_t = 0)]
     pub max_volumes_per_node: i64,
 
-    /// Serve Prometheus metrics on http://HOST:PORT/metrics (off unless given).
-    #[arg(long, env = "METRICS_ADDRESS", value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics on http://HOST:PORT/metrics (off unless given). An IPv6 HOST
+    /// may be given bare, as `$(POD_IP):8080` expands to: the last `:PORT` is the port.
+    #[arg(
+        long,
+        env = "METRICS_ADDRESS",
+        value_name = "HOST:PORT",
+        value_parser = parse_metrics_address
+    )]
     pub metrics_address: Option<SocketAddr>,
+
+    /// The metrics server's limits (see `metrics::Limits`), hidden: tests shorten them.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub metrics_header_timeout_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "MS")]
+    pub metrics_idle_timeout_ms: Option<u64>,
+    #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub metrics_max_connections: Option<u32>,
 
     /// Where to keep which targets each volume is published at: a directory a reboot empties
     /// (e.g. /run/stickyvol, a tmpfs), since a reboot also removes the mounts and loop devices
@@ -163,6 +178,7 @@ pub struct Config {
     pub mode: Mode,
     pub max_volumes_per_node: i64,
     pub metrics_address: Option<SocketAddr>,
+    pub metrics_limits: crate::metrics::Limits,
     /// Where publications are kept (None: beside the records).
     pub run_dir: Option<PathBuf>,
     /// The default pool (the data dir) first, then the extra pools in flag order.
@@ -217,6 +233,18 @@ impl Config {
             .unwrap_or_else(|| default_endpoint(&args.kubelet_dir, &args.driver_name));
         let socket_path = parse_unix_endpoint(&endpoint)?;
         let pools = pools(&data_dir, &args.pools, &args.enforcement, &args.overcommit)?;
+        let defaults = crate::metrics::Limits::default();
+        let metrics_limits = crate::metrics::Limits {
+            header_timeout: args
+                .metrics_header_timeout_ms
+                .map_or(defaults.header_timeout, Duration::from_millis),
+            idle_timeout: args
+                .metrics_idle_timeout_ms
+                .map_or(defaults.idle_timeout, Duration::from_millis),
+            max_connections: args
+                .metrics_max_connections
+                .map_or(defaults.max_connections, |n| n as usize),
+        };
         Ok(Config {
             socket_path,
             node_id: args.node_id,
@@ -226,6 +254,7 @@ impl Config {
             mode: args.mode,
             max_volumes_per_node: args.max_volumes_per_node,
             metrics_address: args.metrics_address,
+            metrics_limits,
             run_dir: args.run_dir,
             pools,
         })
@@ -466,6 +495,21 @@ fn is_bounded_name(value: &str, allowed: impl Fn(u8) -> bool) -> bool {
         && bytes.iter().all(|b| allowed(*b))
 }
 
+/// `HOST:PORT` as a socket address; an IPv6 host may lack its brackets (kubelet expands
+/// `$(POD_IP):8080` to `fd00::7:8080` on an IPv6 pod), the port being what follows the last `:`.
+pub fn parse_metrics_address(value: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = value.parse() {
+        return Ok(address);
+    }
+    value
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.parse::<Ipv6Addr>().ok()?, port.parse().ok()?)))
+        .map(|(host, port)| SocketAddr::V6(SocketAddrV6::new(host, port, 0, 0)))
+        .ok_or_else(|| {
+            "expected IP:PORT, e.g. 10.0.0.7:8080, [fd00::7]:8080 or fd00::7:8080".to_string()
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,6 +524,9 @@ mod tests {
             mode: Mode::All,
             max_volumes_per_node: 0,
             metrics_address: None,
+            metrics_header_timeout_ms: None,
+            metrics_idle_timeout_ms: None,
+            metrics_max_connections: None,
             run_dir: None,
             pools: Vec::new(),
             enforcement: Vec::new(),
@@ -494,6 +541,27 @@ mod tests {
             driver_name: "stickyvol.csi.io".into(),
             pools: Vec::new(),
             run_dir: None,
+        }
+    }
+
+    #[test]
+    fn metrics_address_takes_ipv4_bracketed_and_bare_ipv6() {
+        let parse = |v: &str| parse_metrics_address(v).map(|a| a.to_string());
+        assert_eq!(parse("10.0.0.7:8080").unwrap(), "10.0.0.7:8080");
+        assert_eq!(parse("0.0.0.0:8080").unwrap(), "0.0.0.0:8080");
+        assert_eq!(parse("[fd00::7]:8080").unwrap(), "[fd00::7]:8080");
+        // What `$(POD_IP):8080` becomes on an IPv6 pod.
+        assert_eq!(parse("fd00::7:8080").unwrap(), "[fd00::7]:8080");
+        assert_eq!(parse("fd00:::8080").unwrap(), "[fd00::]:8080");
+        for bad in [
+            "10.0.0.7",
+            "fd00::7",
+            "10.0.0.7:http",
+            "host:8080",
+            ":8080",
+            "$(POD_IP):8080",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
         }
     }
 

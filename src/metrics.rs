@@ -1,20 +1,14 @@
 //! Prometheus metrics (`--metrics-address`): per-RPC counts and latencies, observed in the gRPC
 //! layer, and volume/data-dir figures computed at scrape time from the in-memory index and one
-//! statvfs, so a scrape costs no per-volume system call.
+//! statvfs, so a scrape costs no per-volume system call. The HTTP server is in `http`.
+
+mod http;
 
 use std::collections::HashSet;
-use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use prost::Message;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -24,11 +18,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tracing::{debug, info, warn};
+use tracing::warn;
 
 use crate::driver::Driver;
 use crate::volume::journal;
+
+pub use http::{Limits, serve};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
@@ -189,6 +184,8 @@ pub struct Metrics {
     snapshots: Family<PoolLabels, Gauge>,
     pool_snapshot_bytes: Family<PoolLabels, Gauge>,
     journals: Arc<JournalCollector>,
+    connections_refused: Counter,
+    connections_timed_out: Counter,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -270,7 +267,22 @@ impl Metrics {
         );
         let journals = Arc::new(JournalCollector::default());
         registry.register_collector(Box::new(journals.clone()));
+        let connections_refused = Counter::default();
+        registry.register(
+            "metrics_connections_refused",
+            "Connections to this metrics server closed unserved because it had its maximum open",
+            connections_refused.clone(),
+        );
+        let connections_timed_out = Counter::default();
+        registry.register(
+            "metrics_connections_timed_out",
+            "Metrics connections closed for sending no whole request head in time, or moving no \
+             byte for too long",
+            connections_timed_out.clone(),
+        );
         Metrics {
+            connections_refused,
+            connections_timed_out,
             registry,
             journals,
             pool_available,
@@ -307,6 +319,14 @@ impl Metrics {
                 method: method.to_string(),
             })
             .observe(seconds);
+    }
+
+    fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    fn connection_timed_out(&self) {
+        self.connections_timed_out.inc();
     }
 
     /// The Prometheus text exposition, with volume figures refreshed from `driver`.
@@ -393,72 +413,6 @@ fn known_methods() -> &'static HashSet<String> {
             .chain(["ServerReflectionInfo".to_string()])
             .collect()
     })
-}
-
-/// Serves GET /metrics on `address` until the process ends.
-pub async fn serve(
-    address: SocketAddr,
-    metrics: Arc<Metrics>,
-    driver: Arc<Driver>,
-) -> std::io::Result<()> {
-    let listener = TcpListener::bind(address).await?;
-    info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    warn!(error = %err, "metrics: accept failed");
-                    // E.g. out of descriptors: do not spin while it lasts.
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let metrics = metrics.clone();
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request| {
-                    let metrics = metrics.clone();
-                    let driver = driver.clone();
-                    async move { Ok::<_, Infallible>(respond(request, &metrics, driver).await) }
-                });
-                if let Err(err) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    debug!(%peer, error = %err, "metrics connection ended");
-                }
-            });
-        }
-    });
-    Ok(())
-}
-
-async fn respond(
-    request: Request<Incoming>,
-    metrics: &Arc<Metrics>,
-    driver: Arc<Driver>,
-) -> Response<Full<Bytes>> {
-    if request.method() != Method::GET || request.uri().path() != "/metrics" {
-        return Response::builder()
-            .status(StatusCode::NOT_FOUND)
-            .body(Full::new(Bytes::from_static(
-                b"only GET /metrics is served\n",
-            )))
-            .expect("static response");
-    }
-    let metrics = metrics.clone();
-    // statvfs and the index walk are blocking work.
-    let text = tokio::task::spawn_blocking(move || metrics.render(&driver))
-        .await
-        .unwrap_or_else(|err| format!("# metrics rendering failed: {err}\n"));
-    Response::builder()
-        .header(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )
-        .body(Full::new(Bytes::from(text)))
-        .expect("valid response")
 }
 
 #[cfg(test)]

@@ -101,7 +101,8 @@ async fn serve_on(
     let reflection = reflection.build_v1()?;
     let metrics = Arc::new(Metrics::new());
     if let Some(address) = driver.config.metrics_address {
-        metrics::serve(address, metrics.clone(), driver.clone())
+        let limits = driver.config.metrics_limits;
+        metrics::serve(address, limits, metrics.clone(), driver.clone())
             .await
             .map_err(|source| ServeError::Metrics { address, source })?;
     }

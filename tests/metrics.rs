@@ -330,3 +330,257 @@ async fn journal_figures_count_commits_flushes_and_health() {
     assert_eq!(failed, 0.0);
     driver.delete(&kept.volume_id).await.unwrap();
 }
+
+// The metrics server against hostile clients. Each test shortens the limits with the hidden
+// `--metrics-*` flags so it takes a second or two, and drives raw sockets as such a client would.
+
+/// A driver serving metrics with these limits (`None`: the driver's default).
+async fn driver_with_limits(
+    header_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    max_connections: Option<u32>,
+) -> TestDriver {
+    let mut extra_args = Vec::new();
+    if let Some(ms) = header_timeout_ms {
+        extra_args.push(format!("--metrics-header-timeout-ms={ms}"));
+    }
+    if let Some(ms) = idle_timeout_ms {
+        extra_args.push(format!("--metrics-idle-timeout-ms={ms}"));
+    }
+    if let Some(n) = max_connections {
+        extra_args.push(format!("--metrics-max-connections={n}"));
+    }
+    TestDriver::start_with_metrics(Options {
+        extra_args,
+        ..Default::default()
+    })
+    .await
+}
+
+/// What a slow client sends: a request head without its final empty line.
+const HALF_REQUEST: &[u8] = b"GET /metrics HTTP/1.1\r\nHost: stickyvol\r\nAccept: */*\r\n";
+
+fn connect_and_send(address: std::net::SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(address)
+        .unwrap_or_else(|e| panic!("connecting to {address}: {e}"));
+    stream.write_all(bytes).expect("sending");
+    stream
+}
+
+/// Reads until the server closes `stream` (end of stream or reset), for at most `within`:
+/// what the server sent before closing, or `Err` if the connection is still open.
+fn closed_within(
+    stream: &mut std::net::TcpStream,
+    within: std::time::Duration,
+) -> Result<Vec<u8>, String> {
+    use std::io::{ErrorKind, Read};
+    let deadline = std::time::Instant::now() + within;
+    let mut received = Vec::new();
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!("still open after {within:?}"));
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return Ok(received),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(received),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(format!("still open after {within:?}"));
+            }
+            Err(e) => return Err(format!("reading: {e}")),
+        }
+    }
+}
+
+/// One GET /metrics that may fail (refused, closed unanswered).
+fn try_scrape(address: std::net::SocketAddr) -> Result<Exposition, String> {
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    let mut stream = std::net::TcpStream::connect(address).map_err(|e| e.to_string())?;
+    std::io::Write::write_all(&mut stream, request.as_bytes()).map_err(|e| e.to_string())?;
+    let raw = closed_within(&mut stream, std::time::Duration::from_secs(5))?;
+    let response = parse_http_response(&raw)?;
+    if response.status != 200 {
+        return Err(format!("status {}", response.status));
+    }
+    Ok(Exposition::parse(&response.body))
+}
+
+const REFUSED: &str = "stickyvol_metrics_connections_refused_total";
+const TIMED_OUT: &str = "stickyvol_metrics_connections_timed_out_total";
+
+#[tokio::test]
+async fn half_requests_are_dropped_after_the_header_timeout_while_scrapes_go_on() {
+    let header_timeout = std::time::Duration::from_millis(500);
+    let driver = driver_with_limits(Some(500), None, Some(64)).await;
+    let address = driver.metrics_address();
+    let slow: Vec<_> = (0..40)
+        .map(|_| {
+            (
+                std::time::Instant::now(),
+                connect_and_send(address, HALF_REQUEST),
+            )
+        })
+        .collect();
+    // Served beside them, well before they time out.
+    let scraped = std::time::Instant::now();
+    let metrics = driver.scrape();
+    assert!(
+        scraped.elapsed() < header_timeout,
+        "{:?}",
+        scraped.elapsed()
+    );
+    assert_eq!(metrics.value(TIMED_OUT, &[]), 0.0);
+    for (opened, mut stream) in slow {
+        closed_within(&mut stream, std::time::Duration::from_secs(3))
+            .unwrap_or_else(|why| panic!("a half request: {why}"));
+        assert!(
+            opened.elapsed() >= header_timeout,
+            "closed after {:?}, before the header timeout",
+            opened.elapsed()
+        );
+    }
+    let metrics = driver.scrape();
+    assert_eq!(metrics.value(TIMED_OUT, &[]), 40.0);
+    assert_eq!(metrics.value(REFUSED, &[]), 0.0);
+}
+
+#[tokio::test]
+async fn connections_over_the_cap_are_closed_at_once() {
+    // Held connections do not time out during the test.
+    let driver = driver_with_limits(Some(30_000), Some(30_000), Some(4)).await;
+    let address = driver.metrics_address();
+    let mut held: Vec<_> = (0..3).map(|_| connect_and_send(address, b"")).collect();
+    // The fourth slot serves a scrape.
+    try_scrape(address).expect("a scrape within the cap");
+    held.push(connect_and_send(address, HALF_REQUEST));
+    let mut over = connect_and_send(address, HALF_REQUEST);
+    let answer = closed_within(&mut over, std::time::Duration::from_secs(2))
+        .unwrap_or_else(|why| panic!("a connection over the cap: {why}"));
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    try_scrape(address).expect_err("a scrape over the cap is refused");
+    for stream in &mut held {
+        assert_eq!(
+            closed_within(stream, std::time::Duration::from_millis(200)),
+            Err("still open after 200ms".to_string()),
+            "connections within the cap stay open"
+        );
+    }
+    drop(held);
+    // Their slots come free as the server sees them close.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let metrics = loop {
+        match try_scrape(address) {
+            Ok(metrics) => break metrics,
+            Err(why) if std::time::Instant::now() < deadline => {
+                eprintln!("not yet: {why}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(why) => panic!("no scrape after the held connections closed: {why}"),
+        }
+    };
+    assert!(
+        metrics.value(REFUSED, &[]) >= 2.0,
+        "{}",
+        metrics.value(REFUSED, &[])
+    );
+    assert_eq!(metrics.value(TIMED_OUT, &[]), 0.0);
+}
+
+#[tokio::test]
+async fn an_oversized_request_head_is_refused() {
+    let driver = driver_with_limits(None, None, None).await;
+    let head = format!(
+        "GET /metrics HTTP/1.1\r\nHost: stickyvol\r\nX-Padding: {}\r\n\r\n",
+        "a".repeat(16 << 10)
+    );
+    let mut stream = connect_and_send(driver.metrics_address(), head.as_bytes());
+    let answer = closed_within(&mut stream, std::time::Duration::from_secs(3))
+        .unwrap_or_else(|why| panic!("an oversized head: {why}"));
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431 "),
+        "answer to a 16 KiB head: {answer}"
+    );
+    driver.scrape();
+}
+
+/// A client that sends requests and never reads the answers: once the socket buffers are full
+/// nothing moves, and the idle timeout closes the connection before it is answered in full.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_after_the_idle_timeout() {
+    const REQUESTS: usize = 3000;
+    let driver = driver_with_limits(Some(30_000), Some(500), None).await;
+    let address = driver.metrics_address();
+    let request = "GET /metrics HTTP/1.1\r\nHost: stickyvol\r\n\r\n".repeat(REQUESTS);
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    // Blocks once the server stops reading; ends with an error when it closes.
+    let sender = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut writer, request.as_bytes());
+    });
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let received = closed_within(&mut stream, std::time::Duration::from_secs(3))
+        .unwrap_or_else(|why| panic!("a client that does not read: {why}"));
+    let answered = String::from_utf8_lossy(&received)
+        .matches("HTTP/1.1 200 OK")
+        .count();
+    assert!(answered < REQUESTS, "all {REQUESTS} requests were answered");
+    sender.join().unwrap();
+    let metrics = driver.scrape();
+    assert_eq!(metrics.value(TIMED_OUT, &[]), 1.0);
+}
+
+/// Probe (the liveness probe's call) answers promptly while the metrics port is flooded with
+/// clients that send half a request and with clients that request without reading.
+#[tokio::test]
+async fn probe_answers_promptly_while_the_metrics_port_is_flooded() {
+    let driver = driver_with_limits(None, None, None).await;
+    let address = driver.metrics_address();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let full = "GET /metrics HTTP/1.1\r\nHost: stickyvol\r\n\r\n".repeat(50);
+            let mut open = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && open.len() < 2000 {
+                let bytes = if open.len() % 2 == 0 {
+                    HALF_REQUEST
+                } else {
+                    full.as_bytes()
+                };
+                if let Ok(mut stream) = std::net::TcpStream::connect(address) {
+                    let _ = stream.set_write_timeout(Some(std::time::Duration::from_millis(10)));
+                    let _ = std::io::Write::write_all(&mut stream, bytes);
+                    open.push(stream);
+                }
+            }
+            open.len()
+        })
+    };
+    let mut slowest = std::time::Duration::ZERO;
+    for _ in 0..20 {
+        let started = std::time::Instant::now();
+        let ready = driver
+            .identity()
+            .probe(csi::ProbeRequest {})
+            .await
+            .expect("Probe")
+            .into_inner()
+            .ready;
+        assert_eq!(ready, Some(true));
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = flood.join().unwrap();
+    eprintln!("{opened} flooding connections; slowest Probe {slowest:?}");
+    assert!(opened > 100, "the flood opened only {opened} connections");
+    assert!(
+        slowest < std::time::Duration::from_secs(1),
+        "Probe took {slowest:?} under the flood"
+    );
+}
