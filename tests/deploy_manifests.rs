@@ -12,6 +12,7 @@
 //!   valid filter;
 //! - every path the command will use lies under one of the container's volumeMounts, or it
 //!   would land in the container's own (here read-only) layer;
+//! - metrics are served on one address (the pod's IP), not on every interface;
 //! - a `doctor` init container checks the paths the `serve` container of its pod will use.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,6 +111,12 @@ fn the_checker_catches_what_would_keep_a_container_from_starting() {
             pod("", "- --run-dir=/run/stickyvol", ""),
             "init container doctor",
             "doctor checks run dir None; serve uses Some(\"/run/stickyvol\")",
+        ),
+        (
+            "metrics on every interface",
+            pod("", "- --metrics-address=0.0.0.0:8080", ""),
+            "container stickyvol",
+            "serves metrics on every interface (0.0.0.0:8080)",
         ),
         (
             "an invalid RUST_LOG",
@@ -341,6 +348,14 @@ fn start(
     Ok(match cli.command {
         Command::Serve(args) => {
             let config = Config::from_args(args).map_err(|err| format!("serve: {err}"))?;
+            // Anyone who reaches the metrics port can connect: the pod's IP, not every interface.
+            if let Some(address) = config.metrics_address
+                && address.ip().is_unspecified()
+            {
+                return Err(format!(
+                    "serves metrics on every interface ({address}); use $(POD_IP)"
+                ));
+            }
             let mut paths = vec![config.socket_path.parent().unwrap().to_path_buf()];
             if config.mode.works_on_host() {
                 paths.push(config.kubelet_dir.clone());
