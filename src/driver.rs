@@ -37,10 +37,12 @@ impl Driver {
         Ok(Driver { config, volumes })
     }
 
-    /// Starts the work a restart interrupted (snapshot copies), in the background. Called once
-    /// the socket serves, so Probe, unpublish and delete never wait for it, nor die with it.
+    /// Starts the work a restart interrupted (snapshot copies, emptying interrupted imports),
+    /// in the background. Called once the socket serves, so Probe, unpublish and delete never
+    /// wait for it, nor die with it.
     pub fn resume_interrupted_work(&self) {
         if let Some(volumes) = &self.volumes {
+            volumes.finish_interrupted_imports();
             volumes.resume_snapshot_copies();
         }
     }

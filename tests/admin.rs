@@ -592,19 +592,20 @@ async fn a_published_btrfs_volume_exports_from_a_temporary_snapshot() {
     );
 }
 
-/// A driver killed in the middle of an import empties the volume at its next start.
-#[tokio::test]
-async fn an_import_cut_by_a_crash_is_emptied_at_the_next_start() {
-    let node_a = TestDriver::start().await;
-    let mut node_b = other_node().await;
-    let (_, stream) = exported_volume(&node_a, 8 * MIB as usize).await;
+/// Kills `node_b` in the middle of an import of a volume exported from `node_a` (half the
+/// stream written and on disk); the volume imported into and the whole stream.
+async fn import_cut_by_a_crash(
+    node_a: &TestDriver,
+    node_b: &mut TestDriver,
+) -> (csi::Volume, PathBuf) {
+    let (_, stream) = exported_volume(node_a, 8 * MIB as usize).await;
     let bytes = fs::read(&stream).unwrap();
     let target = node_b
         .create(create_request(&new_name(), fs_cap(), 64 * MIB))
         .await;
 
     // Half the stream, then the pipe stays open: the import waits for more.
-    let mut import = stickyvol(&node_b, &["volume", "import", &target.volume_id])
+    let mut import = stickyvol(node_b, &["volume", "import", &target.volume_id])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -613,25 +614,84 @@ async fn an_import_cut_by_a_crash_is_emptied_at_the_next_start() {
     let mut pipe = import.stdin.take().unwrap();
     pipe.write_all(&bytes[..bytes.len() / 2]).unwrap();
     pipe.flush().unwrap();
+    // The import marks the record (one journal commit) before it writes any data.
+    wait_for(|| host_path(&target).join("payload").exists()).await;
+
+    node_b.kill9();
+    drop(pipe);
+    let _ = import.wait();
+    (target, stream)
+}
+
+/// A driver killed in the middle of an import empties the volume once it serves again.
+#[tokio::test]
+async fn an_import_cut_by_a_crash_is_emptied_at_the_next_start() {
+    let node_a = TestDriver::start().await;
+    let mut node_b = other_node().await;
+    let (target, stream) = import_cut_by_a_crash(&node_a, &mut node_b).await;
+    node_b.start_again().await;
+    // Emptied in the background once the driver serves.
+    wait_for(|| {
+        node_b
+            .log_text()
+            .contains("import into this volume was interrupted")
+    })
+    .await;
+    assert!(entries_of(&host_path(&target)).is_empty());
+    // A clean stop writes the records back: the mark is gone.
+    node_b.restart().await;
     let record = node_b
         .data
         .join("state")
         .join(format!("{}.json", target.volume_id));
-    // The import marks the record (one journal commit) before it writes any data.
-    wait_for(|| host_path(&target).join("payload").exists()).await;
+    assert!(!fs::read_to_string(&record).unwrap().contains("importing"));
+    import_ok(&node_b, &target.volume_id, &stream);
+}
 
-    node_b.kill9_and_restart().await;
-    drop(pipe);
-    let _ = import.wait();
-    assert!(entries_of(&host_path(&target)).is_empty());
-    assert!(
+/// An interrupted import whose partial content cannot be removed (here a mount point inside
+/// it, which removal never crosses) no longer stops the driver from starting: it serves, says
+/// why in its log, and refuses to publish the half-written volume (ABORTED) until a later start
+/// empties it.
+#[tokio::test]
+async fn an_interrupted_import_that_cannot_be_emptied_leaves_the_driver_serving() {
+    let node_a = TestDriver::start().await;
+    let mut node_b = other_node().await;
+    let (target, stream) = import_cut_by_a_crash(&node_a, &mut node_b).await;
+    let planted = host_path(&target).join("mounted");
+    fs::create_dir(&planted).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &planted,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .unwrap();
+
+    node_b.start_again().await;
+    wait_for(|| {
+        node_b
+            .log_text()
+            .contains("cannot remove the partial content of an interrupted import")
+    })
+    .await;
+    let mount_target = node_b.mount_target();
+    let err = node_b
+        .publish(&target, &mount_target, fs_cap(), false)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    assert!(err.message().contains("interrupted import"), "{err:?}");
+
+    nix::mount::umount(&planted).unwrap();
+    node_b.restart().await;
+    wait_for(|| {
         node_b
             .log_text()
             .contains("import into this volume was interrupted")
-    );
-    // A clean stop writes the records back: the mark is gone.
-    node_b.restart().await;
-    assert!(!fs::read_to_string(&record).unwrap().contains("importing"));
+    })
+    .await;
+    assert!(entries_of(&host_path(&target)).is_empty());
     import_ok(&node_b, &target.volume_id, &stream);
 }
 

@@ -37,6 +37,12 @@ impl Volumes {
     pub fn publish(&self, id: &VolumeId, req: PublishRequest) -> Result<()> {
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
+        if record.importing {
+            // Partial content: emptied in the background after a restart (`transfer`).
+            return Err(Error::Pending(format!(
+                "volume {id} (an interrupted import's partial content is being removed; if this lasts, see the driver's log)"
+            )));
+        }
         let cap = &req.capability;
         if cap.kind != record.kind {
             return Err(Error::InvalidArgument(format!(

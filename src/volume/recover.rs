@@ -45,7 +45,6 @@ impl Volumes {
         self.remove_orphaned_data(&report.removed_recently)?;
         // Still sees the publications a crash left, which tell a used volume from a new one.
         self.remake_recent_data(&report.created_recently)?;
-        self.finish_interrupted_imports()?;
         self.forget_stale_publications()?;
         info!(volumes = self.store.len(), data_dir = %self.default_pool().root.display(), "volume state loaded");
         Ok(())

@@ -7,7 +7,8 @@
 //! unpublished volume it holds, after emptying it; it succeeds only once the stream's checksum
 //! matched and the data is on disk. Any failure empties the volume again, and a crash midway is
 //! caught at the next start by the record's `importing` mark: the volume is never left
-//! half-written without saying so.
+//! half-written without saying so (it is emptied in the background once the driver serves, and
+//! publish refuses it until then).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use nix::fcntl::{FallocateFlags, fallocate};
 use nix::unistd::{Whence, lseek};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::cow::{self, Mechanism};
 use super::create::size_file;
@@ -191,18 +192,52 @@ impl Volumes {
         Ok(summary)
     }
 
-    /// At start: empties the volumes an import was writing when the driver stopped.
-    pub(super) fn finish_interrupted_imports(&self) -> Result<()> {
-        for record in self.store.all().iter().filter(|r| r.importing) {
-            let Ok(pool) = self.pool_of(record) else {
-                continue;
-            };
-            let data = pool.data_path(&record.id, record.kind);
-            self.empty(record, &data)?;
-            copy::sync_filesystem(&data).context(|| format!("syncing {}", data.display()))?;
-            self.mark_importing(record, false)?;
-            warn!(volume = %record.id, "an import into this volume was interrupted; its partial content was removed and the volume is empty");
+    /// After a start: empties the volumes an import was writing when the driver stopped, on a
+    /// thread of its own once the socket serves (a walk of a big tree must not hold the node's
+    /// storage down, nor its failure stop the driver). Until then publish refuses them.
+    pub fn finish_interrupted_imports(self: &Arc<Self>) {
+        let marked: Vec<VolumeId> = self
+            .store
+            .all()
+            .iter()
+            .filter(|r| r.importing)
+            .map(|r| r.id.clone())
+            .collect();
+        if marked.is_empty() {
+            return;
         }
+        let volumes = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("import-cleanup".into())
+            .spawn(move || {
+                for id in &marked {
+                    match volumes.finish_interrupted_import(id) {
+                        Ok(()) => {
+                            warn!(volume = %id, "an import into this volume was interrupted; its partial content was removed and the volume is empty")
+                        }
+                        Err(err) => {
+                            error!(volume = %id, error = %err, "cannot remove the partial content of an interrupted import; the volume stays unpublishable until `stickyvol volume import --replace` fills it or it is deleted")
+                        }
+                    }
+                }
+            });
+        if let Err(err) = spawned {
+            error!(error = %err, "cannot start removing the content of interrupted imports");
+        }
+    }
+
+    fn finish_interrupted_import(&self, id: &VolumeId) -> Result<()> {
+        let _slot = self.claim(id)?;
+        let _unread = self.claim_unread(id)?;
+        // Deleted, or filled by `import --replace`, since start.
+        let Some(record) = self.store.get(id).filter(|r| r.importing) else {
+            return Ok(());
+        };
+        let pool = self.pool_of(&record)?;
+        let data = pool.data_path(&record.id, record.kind);
+        self.empty(&record, &data)?;
+        copy::sync_filesystem(&data).context(|| format!("syncing {}", data.display()))?;
+        self.mark_importing(&record, false)?;
         Ok(())
     }
 
