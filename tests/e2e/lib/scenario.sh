@@ -81,6 +81,11 @@ pexec() {
     shift
     kn exec "$pod" -- "$@"
 }
+# The driver's DaemonSet pod on NODE (empty while there is none).
+driver_pod() {
+    k -n "$DRIVER_NS" get pods -l app.kubernetes.io/component=node \
+        --field-selector "spec.nodeName=$1" -o jsonpath='{.items[*].metadata.name}'
+}
 other_node() {
     local n
     for n in "${E2E_NODES[@]}"; do [[ $n == "$1" ]] || { echo "$n"; return; }; done

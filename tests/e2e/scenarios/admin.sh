@@ -8,8 +8,7 @@ pod lister listed
 wait_pod_running lister
 node=$(pod_node lister)
 handle=$(k get pv "$(pv_of listed)" -o jsonpath='{.spec.csi.volumeHandle}')
-driver=$(k -n "$DRIVER_NS" get pods -l app.kubernetes.io/component=node \
-    --field-selector "spec.nodeName=$node" -o jsonpath='{.items[0].metadata.name}')
+driver=$(driver_pod "$node")
 
 step "stickyvol volumes in the driver's pod on $node"
 table=$(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes)

@@ -13,10 +13,6 @@ wait_pod_running user-2
 pexec user-1 sh -c 'echo node-one | dd of=/dev/xvda conv=fsync 2>/dev/null'
 pexec user-2 sh -c 'echo node-two | dd of=/dev/xvda conv=fsync 2>/dev/null'
 
-driver_pod() {
-    k -n "$DRIVER_NS" get pods -l app.kubernetes.io/component=node \
-        --field-selector "spec.nodeName=$1" -o jsonpath='{.items[0].metadata.name}'
-}
 for restarted in "${E2E_NODES[@]}"; do
     step "restart the driver on $restarted"
     victim=$(driver_pod "$restarted")

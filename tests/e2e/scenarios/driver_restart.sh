@@ -8,16 +8,12 @@ wait_pod_running old-user
 node=$(pod_node old-user)
 pexec old-user sh -c 'echo before > /data/f'
 
-driver_pod() {
-    k -n "$DRIVER_NS" get pods -l app.kubernetes.io/component=node \
-        --field-selector "spec.nodeName=$node" -o jsonpath='{.items[0].metadata.name}'
-}
 step "delete the driver's pod on $node"
-victim=$(driver_pod)
+victim=$(driver_pod "$node")
 k -n "$DRIVER_NS" delete pod "$victim" --wait=false >/dev/null
 pexec old-user sh -c 'echo during >> /data/f' || fail "writing while the driver restarts failed"
-until_ok 120 "a new driver pod on $node" 'new=$(driver_pod) && [[ -n $new && $new != "$victim" ]]'
-k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$(driver_pod)" --timeout=180s >/dev/null ||
+until_ok 120 "a new driver pod on $node" 'new=$(driver_pod "$node") && [[ -n $new && $new != "$victim" ]]'
+k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$(driver_pod "$node")" --timeout=180s >/dev/null ||
     fail "the new driver pod did not become Ready"
 expect_eq "$(pexec old-user cat /data/f | tr '\n' ' ')" "before during " "the old pod's data"
 
