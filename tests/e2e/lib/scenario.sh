@@ -81,10 +81,13 @@ pexec() {
     shift
     kn exec "$pod" -- "$@"
 }
-# The driver's DaemonSet pod on NODE (empty while there is none).
+# The driver's DaemonSet pod on NODE, not one being deleted: the DaemonSet makes the replacement
+# while the old pod still terminates. Empty while there is none.
 driver_pod() {
     k -n "$DRIVER_NS" get pods -l app.kubernetes.io/component=node \
-        --field-selector "spec.nodeName=$1" -o jsonpath='{.items[*].metadata.name}'
+        --field-selector "spec.nodeName=$1" \
+        -o go-template='{{range .items}}{{if not .metadata.deletionTimestamp}}{{.metadata.name}}{{"\n"}}{{end}}{{end}}' |
+        head -1
 }
 other_node() {
     local n

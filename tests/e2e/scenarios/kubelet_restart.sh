@@ -12,6 +12,8 @@ step "restart kubelet on $node"
 cluster restart-kubelet "$node"
 sleep 5
 k wait --for=condition=Ready "node/$node" --timeout=120s >/dev/null || fail "$node not Ready again"
+# The new kubelet knows the pod once it has synced ("pod does not exist" until then).
+until_ok 60 "kubectl exec reaches a-user through the new kubelet" 'pexec a-user true'
 expect_eq "$(pexec a-user cat /data/f)" a "the running pod's data"
 expect_eq "$(kn get pod a-user -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')" \
     "$started" "the pod's container was not restarted"
