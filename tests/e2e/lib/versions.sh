@@ -9,7 +9,7 @@ SNAPSHOT_CLIENT_VERSION=v8.6.0   # github.com/kubernetes-csi/external-snapshotte
 # The cluster's addresses: a host bridge with the control plane on it, one veth per node.
 E2E_NODES=(stickyvol-e2e-1 stickyvol-e2e-2)
 E2E_BRIDGE=sve2e0
-E2E_BRIDGE_IP=10.200.0.1          # the host end: apiserver, etcd stay on loopback
+E2E_BRIDGE_IP=10.200.0.1          # the host end; the apiserver listens on 443 (all addresses), etcd on loopback
 E2E_NODE_IP_PREFIX=10.200.0       # node i (1-based) is .(i+1)
 E2E_POD_CIDR_PREFIX=10.244        # node i's pods: 10.244.i.0/24
 E2E_SERVICE_CIDR=10.96.0.0/16
