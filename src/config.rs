@@ -37,17 +37,8 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_ID")]
     pub node_id: String,
 
-    /// Kubelet's root directory; every target and staging path must lie beneath it.
-    #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
-    pub kubelet_dir: PathBuf,
-
-    /// Where volumes and their records live [default: <kubelet-dir>/volumes/<driver-name>]
-    #[arg(long, env = "DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-
-    /// CSI driver name reported by GetPluginInfo.
-    #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
-    pub driver_name: String,
+    #[command(flatten)]
+    pub paths: PathArgs,
 
     /// Which services this instance serves.
     #[arg(long, env = "STICKYVOL_MODE", value_enum, default_value_t = Mode::All)]
@@ -75,23 +66,6 @@ pub struct ServeArgs {
     #[arg(long, hide = true, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub metrics_max_connections: Option<u32>,
 
-    /// Where to keep which targets each volume is published at: a directory a reboot empties
-    /// (e.g. /run/stickyvol, a tmpfs), since a reboot also removes the mounts and loop devices
-    /// [default: the state directory, which keeps them across reboots until the next start
-    /// finds them gone]
-    #[arg(long, env = "RUN_DIR")]
-    pub run_dir: Option<PathBuf>,
-
-    /// An extra storage pool (repeatable): a directory, usually on its own disk, that
-    /// StorageClasses choose with `pool: NAME`. The data dir is the pool named "default".
-    #[arg(
-        long = "pool",
-        env = "POOLS",
-        value_name = "NAME=PATH",
-        value_delimiter = ','
-    )]
-    pub pools: Vec<String>,
-
     /// How a pool enforces filesystem volume sizes (repeatable): auto (btrfs qgroups if quota is
     /// on, XFS/ext4 project quotas if mounted with them, else none), btrfs (enables quota if
     /// off), project, or none.
@@ -118,16 +92,37 @@ pub struct ServeArgs {
 /// variables and defaults, so the init container can be given the same values.
 #[derive(Debug, Clone, Args)]
 pub struct DoctorArgs {
-    /// Kubelet's root directory (its mount must propagate to kubelet).
+    #[command(flatten)]
+    pub paths: PathArgs,
+}
+
+/// The flags naming the host paths, shared by `serve` and `doctor` so both read a DaemonSet's
+/// container arguments alike.
+#[derive(Debug, Clone, Args)]
+pub struct PathArgs {
+    /// Kubelet's root directory; every target and staging path must lie beneath it, and its
+    /// mount must propagate to kubelet.
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
-    /// The data directory to check [default: <kubelet-dir>/volumes/<driver-name>]
+
+    /// Where volumes and their records live [default: <kubelet-dir>/volumes/<driver-name>]
     #[arg(long, env = "DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// CSI driver name (only used to derive the default data directory).
+
+    /// CSI driver name, reported by GetPluginInfo.
     #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
     pub driver_name: String,
-    /// An extra pool to check, as `serve` takes it (repeatable).
+
+    /// Where to keep which targets each volume is published at: a directory a reboot empties
+    /// (e.g. /run/stickyvol, a tmpfs), since a reboot also removes the mounts and loop devices
+    /// [default: the state directory, which keeps them across reboots until the next start
+    /// finds them gone]
+    #[arg(long, env = "RUN_DIR")]
+    pub run_dir: Option<PathBuf>,
+
+    /// An extra storage pool (repeatable): a directory, usually on its own disk, that
+    /// StorageClasses choose with `pool: NAME`; created if missing. The data dir is the pool
+    /// named "default".
     #[arg(
         long = "pool",
         env = "POOLS",
@@ -135,10 +130,18 @@ pub struct DoctorArgs {
         value_delimiter = ','
     )]
     pub pools: Vec<String>,
-    /// The run directory `serve` will keep publications in, to check [default: none, as for
-    /// `serve`: publications stay beside the records]
-    #[arg(long, env = "RUN_DIR")]
-    pub run_dir: Option<PathBuf>,
+
+    /// A pool only some nodes have (repeatable): this node has it if PATH is a directory when
+    /// the driver starts, and nothing is created where it is missing. Make PATH on the pool's
+    /// disk, so a node whose disk is not mounted lacks the pool instead of filling the disk
+    /// underneath.
+    #[arg(
+        long = "optional-pool",
+        env = "OPTIONAL_POOLS",
+        value_name = "NAME=PATH",
+        value_delimiter = ','
+    )]
+    pub optional_pools: Vec<String>,
 }
 
 /// Name of the pool that lives in the data directory.
@@ -162,9 +165,19 @@ pub enum EnforcementChoice {
 pub struct PoolConfig {
     pub name: String,
     pub path: PathBuf,
+    /// From `--optional-pool`: the node has the pool only where `path` exists (see `present`).
+    pub optional: bool,
     pub enforcement: EnforcementChoice,
     /// ≥ 1: unused promises count 1/ratio against free space.
     pub overcommit: f64,
+}
+
+impl PoolConfig {
+    /// Whether this node has the pool: always for `--pool` (its directory is created), for
+    /// `--optional-pool` only if its directory exists now.
+    pub fn present(&self) -> bool {
+        !self.optional || self.path.is_dir()
+    }
 }
 
 /// Validated configuration shared by all services.
@@ -214,25 +227,14 @@ impl Config {
         if !is_label_value(&args.node_id) {
             return Err(ConfigError::NodeId(args.node_id));
         }
-        if !is_driver_name(&args.driver_name) {
-            return Err(ConfigError::DriverName(args.driver_name));
-        }
         if args.max_volumes_per_node < 0 {
             return Err(ConfigError::MaxVolumes);
         }
-        require_absolute("--kubelet-dir", &args.kubelet_dir)?;
-        let data_dir = args
-            .data_dir
-            .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
-        require_absolute("--data-dir", &data_dir)?;
-        if let Some(run_dir) = &args.run_dir {
-            require_absolute("--run-dir", run_dir)?;
-        }
+        let paths = args.paths.validate(&args.enforcement, &args.overcommit)?;
         let endpoint = args
             .endpoint
-            .unwrap_or_else(|| default_endpoint(&args.kubelet_dir, &args.driver_name));
+            .unwrap_or_else(|| default_endpoint(&paths.kubelet_dir, &paths.driver_name));
         let socket_path = parse_unix_endpoint(&endpoint)?;
-        let pools = pools(&data_dir, &args.pools, &args.enforcement, &args.overcommit)?;
         let defaults = crate::metrics::Limits::default();
         let metrics_limits = crate::metrics::Limits {
             header_timeout: args
@@ -248,15 +250,15 @@ impl Config {
         Ok(Config {
             socket_path,
             node_id: args.node_id,
-            kubelet_dir: args.kubelet_dir,
-            data_dir,
-            driver_name: args.driver_name,
+            data_dir: paths.pools[0].path.clone(),
+            kubelet_dir: paths.kubelet_dir,
+            driver_name: paths.driver_name,
             mode: args.mode,
             max_volumes_per_node: args.max_volumes_per_node,
             metrics_address: args.metrics_address,
             metrics_limits,
-            run_dir: args.run_dir,
-            pools,
+            run_dir: paths.run_dir,
+            pools: paths.pools,
         })
     }
 
@@ -284,27 +286,58 @@ pub struct DoctorConfig {
 
 impl DoctorConfig {
     pub fn from_args(args: DoctorArgs) -> Result<DoctorConfig, ConfigError> {
-        if !is_driver_name(&args.driver_name) {
-            return Err(ConfigError::DriverName(args.driver_name));
-        }
-        require_absolute("--kubelet-dir", &args.kubelet_dir)?;
-        let data_dir = args
-            .data_dir
-            .unwrap_or_else(|| default_data_dir(&args.kubelet_dir, &args.driver_name));
-        require_absolute("--data-dir", &data_dir)?;
-        if let Some(run_dir) = &args.run_dir {
-            require_absolute("--run-dir", run_dir)?;
-        }
+        let paths = args.paths.validate(&[], &[])?;
         Ok(DoctorConfig {
-            pools: pools(&data_dir, &args.pools, &[], &[])?,
-            kubelet_dir: args.kubelet_dir,
-            run_dir: args.run_dir,
+            kubelet_dir: paths.kubelet_dir,
+            pools: paths.pools,
+            run_dir: paths.run_dir,
         })
     }
 
     /// The data directory: the default pool's path.
     pub fn data_dir(&self) -> &Path {
         &self.pools[0].path
+    }
+}
+
+/// `PathArgs` checked by the rules both `serve` and `doctor` apply.
+struct Paths {
+    kubelet_dir: PathBuf,
+    driver_name: String,
+    run_dir: Option<PathBuf>,
+    /// The default pool (the data dir) first.
+    pools: Vec<PoolConfig>,
+}
+
+impl PathArgs {
+    fn validate(
+        self,
+        enforcement_flags: &[String],
+        overcommit_flags: &[String],
+    ) -> Result<Paths, ConfigError> {
+        if !is_driver_name(&self.driver_name) {
+            return Err(ConfigError::DriverName(self.driver_name));
+        }
+        require_absolute("--kubelet-dir", &self.kubelet_dir)?;
+        let data_dir = self
+            .data_dir
+            .unwrap_or_else(|| default_data_dir(&self.kubelet_dir, &self.driver_name));
+        require_absolute("--data-dir", &data_dir)?;
+        if let Some(run_dir) = &self.run_dir {
+            require_absolute("--run-dir", run_dir)?;
+        }
+        let pool_flags = PoolFlags {
+            pools: &self.pools,
+            optional_pools: &self.optional_pools,
+            enforcement: enforcement_flags,
+            overcommit: overcommit_flags,
+        };
+        Ok(Paths {
+            pools: pools(&data_dir, pool_flags)?,
+            kubelet_dir: self.kubelet_dir,
+            driver_name: self.driver_name,
+            run_dir: self.run_dir,
+        })
     }
 }
 
@@ -337,22 +370,33 @@ fn require_absolute(flag: &'static str, path: &Path) -> Result<(), ConfigError> 
     }
 }
 
-/// The pools from `--pool`, `--enforcement` and `--overcommit`, the data dir first as "default".
-fn pools(
-    data_dir: &Path,
-    pool_flags: &[String],
-    enforcement_flags: &[String],
-    overcommit_flags: &[String],
-) -> Result<Vec<PoolConfig>, ConfigError> {
+/// The flags that describe pools.
+struct PoolFlags<'a> {
+    pools: &'a [String],
+    optional_pools: &'a [String],
+    enforcement: &'a [String],
+    overcommit: &'a [String],
+}
+
+/// The pools from `--pool`, `--optional-pool`, `--enforcement` and `--overcommit`, the data dir
+/// first as "default".
+fn pools(data_dir: &Path, flags: PoolFlags) -> Result<Vec<PoolConfig>, ConfigError> {
     let mut pools = vec![PoolConfig {
         name: DEFAULT_POOL.into(),
         path: data_dir.to_path_buf(),
+        optional: false,
         enforcement: EnforcementChoice::Auto,
         overcommit: 1.0,
     }];
-    for flag in pool_flags {
-        let (name, path) = pool_flag(flag)?;
-        let invalid = |why: String| pool_error("--pool", flag, why);
+    let given = (flags.pools.iter().map(|f| ("--pool", f, false))).chain(
+        flags
+            .optional_pools
+            .iter()
+            .map(|f| ("--optional-pool", f, true)),
+    );
+    for (flag_name, flag, optional) in given {
+        let (name, path) = pool_flag(flag_name, flag)?;
+        let invalid = |why: String| pool_error(flag_name, flag, why);
         if name == DEFAULT_POOL {
             return Err(invalid(format!(
                 "{DEFAULT_POOL:?} is the data dir's pool; use --data-dir"
@@ -374,11 +418,12 @@ fn pools(
         pools.push(PoolConfig {
             name: name.to_string(),
             path,
+            optional,
             enforcement: EnforcementChoice::Auto,
             overcommit: 1.0,
         });
     }
-    for flag in enforcement_flags {
+    for flag in flags.enforcement {
         let (name, value) = named_value("--enforcement", flag)?;
         let choice = EnforcementChoice::from_str(value, true).map_err(|_| {
             pool_error(
@@ -389,7 +434,7 @@ fn pools(
         })?;
         pool_named(&mut pools, "--enforcement", flag, name)?.enforcement = choice;
     }
-    for flag in overcommit_flags {
+    for flag in flags.overcommit {
         let (name, value) = named_value("--overcommit", flag)?;
         let ratio: f64 = value
             .parse()
@@ -407,11 +452,11 @@ fn pools(
     Ok(pools)
 }
 
-/// One `--pool NAME=PATH`: a pool name and an absolute path.
-fn pool_flag(value: &str) -> Result<(&str, PathBuf), ConfigError> {
-    let (name, path) = named_value("--pool", value)?;
+/// One `--pool NAME=PATH` (or `--optional-pool`): a pool name and an absolute path.
+fn pool_flag<'a>(flag: &'static str, value: &'a str) -> Result<(&'a str, PathBuf), ConfigError> {
+    let (name, path) = named_value(flag, value)?;
     let path = PathBuf::from(path);
-    require_absolute("--pool", &path)?;
+    require_absolute(flag, &path)?;
     Ok((name, path))
 }
 
@@ -518,30 +563,31 @@ mod tests {
         ServeArgs {
             endpoint: None,
             node_id: node_id.into(),
-            kubelet_dir: "/var/lib/kubelet".into(),
-            data_dir: None,
-            driver_name: "stickyvol.csi.io".into(),
+            paths: path_args(),
             mode: Mode::All,
             max_volumes_per_node: 0,
             metrics_address: None,
             metrics_header_timeout_ms: None,
             metrics_idle_timeout_ms: None,
             metrics_max_connections: None,
-            run_dir: None,
-            pools: Vec::new(),
             enforcement: Vec::new(),
             overcommit: Vec::new(),
         }
     }
 
-    fn doctor_args() -> DoctorArgs {
-        DoctorArgs {
+    fn path_args() -> PathArgs {
+        PathArgs {
             kubelet_dir: "/var/lib/kubelet".into(),
             data_dir: None,
             driver_name: "stickyvol.csi.io".into(),
-            pools: Vec::new(),
             run_dir: None,
+            pools: Vec::new(),
+            optional_pools: Vec::new(),
         }
+    }
+
+    fn doctor_args() -> DoctorArgs {
+        DoctorArgs { paths: path_args() }
     }
 
     #[test]
@@ -575,7 +621,7 @@ mod tests {
         assert_eq!(doctor.run_dir, serve.run_dir);
 
         let mut a = doctor_args();
-        a.pools = vec!["fast=/mnt/nvme".into()];
+        a.paths.pools = vec!["fast=/mnt/nvme".into()];
         let doctor = DoctorConfig::from_args(a).unwrap();
         assert_eq!(doctor.pools[1].name, "fast");
         assert_eq!(doctor.pools[1].path, PathBuf::from("/mnt/nvme"));
@@ -589,20 +635,31 @@ mod tests {
             a
         };
         let cases = [
-            ("relative kubelet dir", with(|a| a.kubelet_dir = "k".into())),
-            ("relative data dir", with(|a| a.data_dir = Some("d".into()))),
-            ("relative run dir", with(|a| a.run_dir = Some("r".into()))),
+            (
+                "relative kubelet dir",
+                with(|a| a.paths.kubelet_dir = "k".into()),
+            ),
+            (
+                "relative data dir",
+                with(|a| a.paths.data_dir = Some("d".into())),
+            ),
+            (
+                "relative run dir",
+                with(|a| a.paths.run_dir = Some("r".into())),
+            ),
             (
                 "bad driver name",
-                with(|a| a.driver_name = "Not_A_Name".into()),
+                with(|a| a.paths.driver_name = "Not_A_Name".into()),
             ),
             (
                 "pool without a path",
-                with(|a| a.pools = vec!["fast".into()]),
+                with(|a| a.paths.pools = vec!["fast".into()]),
             ),
             (
                 "pool inside the data dir",
-                with(|a| a.pools = vec!["fast=/var/lib/kubelet/volumes/stickyvol.csi.io/x".into()]),
+                with(|a| {
+                    a.paths.pools = vec!["fast=/var/lib/kubelet/volumes/stickyvol.csi.io/x".into()]
+                }),
             ),
         ];
         for (what, a) in cases {
@@ -613,8 +670,8 @@ mod tests {
     #[test]
     fn pools_come_from_flags_with_the_data_dir_first() {
         let mut a = args("n");
-        a.data_dir = Some("/data".into());
-        a.pools = vec!["fast=/mnt/nvme".into(), "slow=/mnt/hdd".into()];
+        a.paths.data_dir = Some("/data".into());
+        a.paths.pools = vec!["fast=/mnt/nvme".into(), "slow=/mnt/hdd".into()];
         a.enforcement = vec!["fast=btrfs".into(), "default=none".into()];
         a.overcommit = vec!["slow=2.5".into()];
         let config = Config::from_args(a).unwrap();
@@ -655,20 +712,69 @@ mod tests {
         ];
         for (flag, value) in cases {
             let mut a = args("n");
-            a.data_dir = Some("/data".into());
+            a.paths.data_dir = Some("/data".into());
             match flag {
-                "pool" => a.pools = vec![value.into()],
+                "pool" => a.paths.pools = vec![value.into()],
                 "enforcement" => a.enforcement = vec![value.into()],
                 _ => a.overcommit = vec![value.into()],
             }
             assert!(Config::from_args(a).is_err(), "--{flag} {value} accepted");
         }
         let mut a = args("n");
-        a.pools = vec!["a=/mnt/a".into(), "a=/mnt/b".into()];
+        a.paths.pools = vec!["a=/mnt/a".into(), "a=/mnt/b".into()];
         assert!(
             Config::from_args(a).is_err(),
             "a pool name given twice was accepted"
         );
+    }
+
+    #[test]
+    fn optional_pools_are_pools_that_need_their_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let here = dir.path().join("here");
+        std::fs::create_dir(&here).unwrap();
+        let mut a = args("n");
+        a.paths.pools = vec!["fast=/mnt/nvme".into()];
+        a.paths.optional_pools = vec![
+            format!("here={}", here.display()),
+            format!("gone={}", dir.path().join("gone").display()),
+        ];
+        a.enforcement = vec!["gone=none".into()];
+        let config = Config::from_args(a).unwrap();
+        let summary: Vec<_> = config
+            .pools
+            .iter()
+            .map(|p| (p.name.as_str(), p.optional, p.present()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("default", false, true),
+                // A --pool is created at start, so it counts as present wherever it is.
+                ("fast", false, true),
+                ("here", true, true),
+                ("gone", true, false),
+            ]
+        );
+        assert_eq!(
+            config.pool("gone").unwrap().enforcement,
+            EnforcementChoice::None
+        );
+
+        for (pools, optional) in [
+            (vec!["a=/mnt/a"], vec!["a=/mnt/b"]),
+            (vec!["a=/mnt/a"], vec!["b=/mnt/a/b"]),
+            (vec![], vec!["default=/mnt/a"]),
+            (vec![], vec!["b=relative"]),
+        ] {
+            let mut a = args("n");
+            a.paths.pools = pools.iter().map(|p| p.to_string()).collect();
+            a.paths.optional_pools = optional.iter().map(|p| p.to_string()).collect();
+            assert!(
+                Config::from_args(a).is_err(),
+                "--pool {pools:?} --optional-pool {optional:?} accepted"
+            );
+        }
     }
 
     #[test]

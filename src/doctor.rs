@@ -45,13 +45,25 @@ fn check(outcome: Outcome, what: impl Into<String>) -> Check {
 }
 
 /// Runs every check; nothing is created or changed except two scratch files for the reflink probe.
-/// The extra pools (`--pool NAME=PATH`) are checked like the data directory.
+/// The extra pools (`--pool NAME=PATH`, and `--optional-pool`s whose directory exists) are
+/// checked like the data directory.
 pub fn run(config: &DoctorConfig) -> Vec<Check> {
     let mounts = mountinfo::read_self();
     let mut checks = vec![privileges(), mount_roots(), loop_control()];
     checks.extend(data_directory("data directory", config.data_dir()));
     for pool in &config.pools[1..] {
-        checks.extend(data_directory(&format!("pool {}", pool.name), &pool.path));
+        let label = format!("pool {}", pool.name);
+        if pool.present() {
+            checks.extend(data_directory(&label, &pool.path));
+        } else {
+            checks.push(check(
+                Outcome::Ok,
+                format!(
+                    "{label} (optional) is absent: {} does not exist, so this node gets no volumes of it",
+                    pool.path.display()
+                ),
+            ));
+        }
     }
     checks.extend(run_directory(config));
     checks.push(match &mounts {
@@ -402,6 +414,49 @@ mod tests {
         assert!(size_enforcement(FsKind::Btrfs, Some(true)).contains("qgroups"));
         assert!(size_enforcement(FsKind::Btrfs, Some(false)).contains("--enforcement"));
         assert!(size_enforcement(FsKind::Tmpfs, None).starts_with("none"));
+    }
+
+    #[test]
+    fn an_absent_optional_pool_is_reported_and_left_uncreated() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        let config = crate::config::DoctorConfig {
+            kubelet_dir: dir.path().to_path_buf(),
+            pools: vec![
+                pool("default", dir.path().join("data"), false),
+                pool("gone", gone.clone(), true),
+            ],
+            run_dir: None,
+        };
+        let checks = run(&config);
+        let about_gone: Vec<_> = checks
+            .iter()
+            .filter(|c| c.what.contains("pool gone"))
+            .collect();
+        assert_eq!(about_gone.len(), 1, "{checks:?}");
+        assert_eq!(about_gone[0].outcome, Outcome::Ok);
+        assert!(about_gone[0].what.contains("absent"), "{}", about_gone[0]);
+        assert!(!gone.exists());
+
+        // Once its directory exists, it is checked like any pool.
+        std::fs::create_dir(&gone).unwrap();
+        let checks = run(&config);
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.what.contains("pool gone filesystem")),
+            "{checks:?}"
+        );
+    }
+
+    fn pool(name: &str, path: PathBuf, optional: bool) -> crate::config::PoolConfig {
+        crate::config::PoolConfig {
+            name: name.into(),
+            path,
+            optional,
+            enforcement: crate::config::EnforcementChoice::Auto,
+            overcommit: 1.0,
+        }
     }
 
     #[test]

@@ -317,6 +317,69 @@ async fn volumes_live_in_the_pool_their_class_names() {
 }
 
 #[tokio::test]
+async fn an_optional_pool_exists_only_where_its_directory_does() {
+    let mut driver = TestDriver::prepare(Options::default());
+    // The pool's directory on a disk not mounted here: the driver must not make it.
+    let disk = driver.root.join("disk");
+    let fast = disk.join("stickyvol");
+    driver.add_args([
+        "--optional-pool".to_string(),
+        format!("fast={}", fast.display()),
+    ]);
+    driver.start_again().await;
+    let in_fast = [("pool", "fast")];
+    assert_eq!(driver.available_capacity(&in_fast, snw_mount()).await, 0);
+    let status = expect_code(
+        driver
+            .controller()
+            .create_volume(request_in(&in_fast, snw_mount(), SIZE))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        status.message().contains("no pool \"fast\""),
+        "{}",
+        status.message()
+    );
+    assert!(!disk.exists(), "the absent pool's directory was created");
+    assert!(
+        driver.log_text().contains("optional pool absent"),
+        "the log does not say the pool is absent"
+    );
+
+    // The disk mounted and the directory made on it: the pool is there after a restart.
+    fs::create_dir_all(&fast).unwrap();
+    driver.restart().await;
+    assert!(driver.available_capacity(&in_fast, snw_mount()).await > 0);
+    let volume = driver.create(request_in(&in_fast, snw_mount(), SIZE)).await;
+    assert_eq!(
+        host_path(&volume),
+        fast.join("volumes").join(&volume.volume_id)
+    );
+
+    // The disk gone at a later start: its volume is kept, unusable, until it is back.
+    driver.stop().await;
+    let unmounted = driver.root.join("disk-unmounted");
+    fs::rename(&disk, &unmounted).unwrap();
+    driver.start_again().await;
+    let condition = driver.condition_of(&volume.volume_id).await;
+    assert!(
+        condition.abnormal && condition.message.contains("fast"),
+        "{condition:?}"
+    );
+    expect_code(
+        driver.delete(&volume.volume_id).await,
+        Code::FailedPrecondition,
+    );
+    assert!(!disk.exists());
+    driver.stop().await;
+    fs::rename(&unmounted, &disk).unwrap();
+    driver.start_again().await;
+    driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!fast.join("volumes").join(&volume.volume_id).exists());
+}
+
+#[tokio::test]
 async fn bad_pool_flags_stop_the_driver_with_a_reason() {
     let mut driver = TestDriver::prepare(Options::default());
     let inside = driver.data.join("sub");

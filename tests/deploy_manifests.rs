@@ -325,7 +325,10 @@ fn check_pod(label: &str, spec: &Value, object: &Object, image: &Image, outcome:
 fn pool_paths(pools: &[PoolConfig]) -> String {
     let pairs: Vec<String> = pools
         .iter()
-        .map(|p| format!("{}={}", p.name, p.path.display()))
+        .map(|p| {
+            let optional = if p.optional { " (optional)" } else { "" };
+            format!("{}={}{optional}", p.name, p.path.display())
+        })
         .collect();
     pairs.join(",")
 }

@@ -173,6 +173,20 @@ pub struct Volumes {
     node: NodeTag,
 }
 
+/// The pools this node has: every `--pool`, and the `--optional-pool`s whose directory exists.
+fn present_pools(pools: &[PoolConfig]) -> Vec<&PoolConfig> {
+    pools
+        .iter()
+        .filter(|config| {
+            let present = config.present();
+            if !present {
+                tracing::info!(pool = %config.name, path = %config.path.display(), "optional pool absent: its directory does not exist on this node, so classes naming it get no capacity here");
+            }
+            present
+        })
+        .collect()
+}
+
 impl Volumes {
     /// Opens (creating if needed) every pool, loads every record from `<data-dir>/state` and
     /// reconciles the host with them: see `recover`. `pools[0]` is the data dir. Snapshot
@@ -188,9 +202,11 @@ impl Volumes {
         let kubelet_dir = kubelet_dir
             .canonicalize()
             .context(|| format!("resolving {}", kubelet_dir.display()))?;
+        let pools = present_pools(pools);
         // Every pool is locked before records are read (loading removes temp files).
         let locked = pools
             .iter()
+            .copied()
             .map(LockedRoot::lock)
             .collect::<Result<Vec<_>>>()?;
         for (i, a) in locked.iter().enumerate() {
@@ -242,7 +258,7 @@ impl Volumes {
             .iter()
             .filter(|r| !pools.iter().any(|p| p.name == r.pool))
         {
-            tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this driver was not started with; it stays unusable until the pool is configured again");
+            tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this node does not have (not configured, or an optional pool whose directory is missing); it stays unusable until the pool is back");
         }
         drop(all);
         let volumes = Volumes {
@@ -291,14 +307,14 @@ impl Volumes {
         })
     }
 
-    /// The pool holding an existing volume (FAILED_PRECONDITION if it is not configured).
+    /// The pool holding an existing volume (FAILED_PRECONDITION if this node lacks it).
     pub fn pool_of(&self, record: &VolumeRecord) -> Result<&Pool> {
         self.pools
             .iter()
             .find(|p| p.name == record.pool)
             .ok_or_else(|| {
                 Error::FailedPrecondition(format!(
-                    "volume {} is in pool {:?}, which this driver was not started with",
+                    "volume {} is in pool {:?}, which this node does not have (not configured, or an optional pool whose directory is missing)",
                     record.id, record.pool
                 ))
             })

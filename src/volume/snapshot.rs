@@ -160,7 +160,7 @@ impl Volumes {
         };
         let pool = self.pool(&record.pool).map_err(|_| {
             Error::FailedPrecondition(format!(
-                "snapshot {id} is in pool {:?}, which this driver was not started with",
+                "snapshot {id} is in pool {:?}, which this node does not have (not configured, or an optional pool whose directory is missing)",
                 record.pool
             ))
         })?;

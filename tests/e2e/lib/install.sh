@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs stickyvol the way README tells a user to: `kubectl apply -k` of deploy/kubernetes,
-# then the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a CSI driver
+# through deploy/examples/pool-on-some-nodes (deploy/kubernetes as it is, plus the pool "nvme"
+# that only node 1 has, see node-init.sh), then the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a CSI driver
 # does not ship) and deploy/kubernetes/snapshots. The images were imported into each node under
 # the names deploy/ uses, except the sidecars the Go module proxy does not serve, whose stand-ins
 # (versions.sh, E2E_STANDIN_IMAGES) are put in with an overlay's `images:`, the way README tells
@@ -17,7 +18,7 @@ mkdir -p "$overlay"
 {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
     echo "kind: Kustomization"
-    echo "resources: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/kubernetes")]"
+    echo "resources: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/examples/pool-on-some-nodes")]"
     echo "images:"
     for mapping in "${E2E_STANDIN_IMAGES[@]}"; do
         new=${mapping#*=}

@@ -1,5 +1,5 @@
 # node-init.sh NODE ROOT: PID 1 of a node. Makes the node's filesystem view (its own
-# /var/lib/kubelet, /var/lib/containerd, /etc/cni/net.d and /var/log, a fresh /run), then
+# /var/lib/kubelet, /var/lib/containerd, /etc/cni/net.d, /var/log and /mnt/disks, a fresh /run), then
 # supervises containerd and kubelet. Runs in the node's new mount, PID and UTS namespaces.
 set -euo pipefail
 node=$1 root=$2
@@ -21,9 +21,17 @@ bind "$root/var-lib-kubelet" /var/lib/kubelet
 bind "$root/var-lib-containerd" /var/lib/containerd
 bind "$root/etc-cni" /etc/cni/net.d
 bind "$root/var-log" /var/log
+bind "$root/mnt-disks" /mnt/disks
 # The pool: the driver's data directory on a disk of the node's own.
 mkdir -p /var/lib/kubelet/volumes/stickyvol.csi.io
 mount -o loop "$root/pool.img" /var/lib/kubelet/volumes/stickyvol.csi.io
+# The optional pool "nvme", on the nodes with that disk (versions.sh, E2E_NVME_SIZES), made the
+# way deploy/examples/pool-on-some-nodes tells an operator to.
+if [[ -f $root/nvme.img ]]; then
+    mkdir -p /mnt/disks/nvme
+    mount -o loop "$root/nvme.img" /mnt/disks/nvme
+    mkdir -p /mnt/disks/nvme/stickyvol
+fi
 # A reboot empties /run (publication records, sockets, CNI leases): a new tmpfs per boot.
 mount -t tmpfs -o mode=755 tmpfs /run
 mkdir -p /run/containerd

@@ -74,7 +74,7 @@ write_node_config() {
     local node=$1 root idx
     root=$(node_root "$node")
     idx=$(node_index "$node")
-    mkdir -p "$root"/{var-lib-kubelet,var-lib-containerd,etc-cni,var-log,logs}
+    mkdir -p "$root"/{var-lib-kubelet,var-lib-containerd,etc-cni,var-log,mnt-disks,logs}
     cat >"$root/containerd.toml" <<TOML
 version = 2
 root = "/var/lib/containerd"
@@ -143,17 +143,23 @@ kubelet $K8S_BIN/kubelet --config=$root/kubelet.yaml --kubeconfig=$PKI/kubelet-$
 CMDS
 }
 
+# make_disk FILE SIZE: an XFS filesystem image, once.
+make_disk() {
+    [[ -f $1 ]] && return 0
+    truncate -s "$2" "$1.new"
+    mkfs.xfs -q "$1.new"
+    mv "$1.new" "$1"
+}
+
 # start_node NODE: boots the node (its supervisor runs node-init.sh, see there).
 start_node() {
     local node=$1 root
     root=$(node_root "$node")
     [[ -n $(node_pid "$node") ]] && kill -0 "$(node_pid "$node")" 2>/dev/null && return 0
     write_node_config "$node"
-    if [[ ! -f $root/pool.img ]]; then
-        truncate -s "${E2E_POOL_SIZES[$(($(node_index "$node") - 1))]}" "$root/pool.img.new"
-        mkfs.xfs -q "$root/pool.img.new"
-        mv "$root/pool.img.new" "$root/pool.img"
-    fi
+    local i=$(($(node_index "$node") - 1))
+    make_disk "$root/pool.img" "${E2E_POOL_SIZES[$i]}"
+    [[ -z ${E2E_NVME_SIZES[$i]} ]] || make_disk "$root/nvme.img" "${E2E_NVME_SIZES[$i]}"
     local cg
     for cg in /sys/fs/cgroup/*/; do
         [[ $cg == */unified/ ]] || mkdir -p "$cg$node"

@@ -89,6 +89,29 @@ driver_pod() {
         -o go-template='{{range .items}}{{if not .metadata.deletionTimestamp}}{{.metadata.name}}{{"\n"}}{{end}}{{end}}' |
         head -1
 }
+# capacity_of CLASS NODE: the capacity NODE's CSIStorageCapacity for CLASS says (as written,
+# e.g. 3978Mi), empty while there is none.
+capacity_of() {
+    k -n "$DRIVER_NS" get csistoragecapacities -o json | python3 -c '
+import json, sys
+cls, node = sys.argv[1], sys.argv[2]
+for c in json.load(sys.stdin)["items"]:
+    terms = c.get("nodeTopology", {}).get("matchLabels", {})
+    if c["storageClassName"] == cls and node in terms.values():
+        print(c.get("capacity", "0"))
+' "$1" "$2"
+}
+# to_bytes QUANTITY: a Kubernetes quantity (4Gi, 3978Mi, 12k, 1000) in bytes.
+to_bytes() { python3 -c '
+import sys
+units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
+v = sys.argv[1]
+for u, m in units.items():
+    if v.endswith(u):
+        print(int(float(v[: -len(u)]) * m)); break
+else:
+    print(int(v))
+' "$1"; }
 other_node() {
     local n
     for n in "${E2E_NODES[@]}"; do [[ $n == "$1" ]] || { echo "$n"; return; }; done

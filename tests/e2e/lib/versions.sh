@@ -20,6 +20,9 @@ E2E_KUBERNETES_SERVICE_IP=10.96.0.1
 # Each node's stickyvol data directory is an XFS filesystem of its own (reflinks; and sizes that
 # differ, so capacity-aware scheduling has something to choose): node i gets E2E_POOL_SIZES[i-1].
 E2E_POOL_SIZES=(8G 4G)
+# A pool only node 1 has (deploy/examples/pool-on-some-nodes, the pool "nvme"): a disk of its
+# own mounted at /mnt/disks/nvme on node 1 alone; "" means no such disk.
+E2E_NVME_SIZES=(2G "")
 # The sandbox image: containerd's sandbox_image must name it. Built from Kubernetes'
 # build/pause/linux/pause.c; the tag is its build/pause/Makefile's (kubeadm's default too).
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2

@@ -4,32 +4,11 @@
 # sizes (tests/e2e/lib/node-init.sh).
 source "$(dirname "$0")/../lib/scenario.sh"
 
-capacity_of() {
-    k -n "$DRIVER_NS" get csistoragecapacities -o json | python3 -c '
-import json, sys
-node, cls = sys.argv[1], sys.argv[2]
-for c in json.load(sys.stdin)["items"]:
-    terms = c.get("nodeTopology", {}).get("matchLabels", {})
-    if c["storageClassName"] == cls and node in terms.values():
-        print(c.get("capacity", "0"))
-' "$1" stickyvol
-}
-to_bytes() { python3 -c '
-import sys
-units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
-v = sys.argv[1]
-for u, m in units.items():
-    if v.endswith(u):
-        print(int(float(v[: -len(u)]) * m)); break
-else:
-    print(int(v))
-' "$1"; }
-
 step "one CSIStorageCapacity per node for the class"
 declare -A bytes
 for node in "${E2E_NODES[@]}"; do
-    until_ok 120 "a CSIStorageCapacity for $node" '[[ -n $(capacity_of "$node") ]]'
-    bytes[$node]=$(to_bytes "$(capacity_of "$node")")
+    until_ok 120 "a CSIStorageCapacity for $node" '[[ -n $(capacity_of stickyvol "$node") ]]'
+    bytes[$node]=$(to_bytes "$(capacity_of stickyvol "$node")")
     log "$node: ${bytes[$node]} bytes"
     # What the node's pool reports (its filesystem, less what its volumes may still write).
     pool_free=$(cluster exec "$node" df -B1 --output=avail /var/lib/kubelet/volumes/stickyvol.csi.io | tail -1)
