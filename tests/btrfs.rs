@@ -198,6 +198,24 @@ async fn a_volume_with_nested_subvolumes_and_links_is_deleted_whole() {
 }
 
 #[tokio::test]
+async fn read_only_subvolumes_a_pod_made_are_deleted_too() {
+    let setup = start_on_btrfs(Some("btrfs")).await;
+    let (volume, target) = setup.published(16 * MIB).await;
+    // A pod may make a subvolume read-only (its owner may); nothing in it can be unlinked then.
+    btrfs::create_subvolume(&target, "frozen").unwrap();
+    fs::write(target.join("frozen/inner"), b"data").unwrap();
+    btrfs::create_subvolume(&target.join("frozen"), "deeper").unwrap();
+    fs::write(target.join("frozen/deeper/inner"), b"data").unwrap();
+    btrfs::set_read_only(&target.join("frozen/deeper"), true).unwrap();
+    btrfs::set_read_only(&target.join("frozen"), true).unwrap();
+    let refused = fs::remove_file(target.join("frozen/inner")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS));
+    setup.driver.unpublish_ok(&volume, &target).await;
+    setup.driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!host_path(&volume).exists());
+}
+
+#[tokio::test]
 async fn a_volume_whose_limit_was_removed_is_reported_abnormal() {
     let setup = start_on_btrfs(Some("btrfs")).await;
     let (volume, target) = setup.published(16 * MIB).await;

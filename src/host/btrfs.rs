@@ -19,7 +19,7 @@
 use std::ffi::{CStr, CString};
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{OFlag, open, openat};
@@ -30,7 +30,7 @@ use super::fsstat::{self, Stat};
 use uapi::*;
 
 /// The inode number of every subvolume's root directory (BTRFS_FIRST_FREE_OBJECTID).
-const SUBVOLUME_ROOT_INODE: u64 = 256;
+pub const SUBVOLUME_ROOT_INODE: u64 = 256;
 
 /// Longest name a directory entry can have; the kernel's lookup refuses anything longer, so
 /// the ioctls' own bound (BTRFS_PATH_NAME_MAX, 4087) is never the one that matters.
@@ -116,6 +116,45 @@ pub fn delete_subvolume(parent: &Path, name: &str) -> io::Result<()> {
     // that outlives the call and that the kernel only reads.
     unsafe { btrfs_ioc_snap_destroy(parent_fd.as_raw_fd(), &args) }?;
     Ok(())
+}
+
+/// Sets or clears the read-only flag of the subvolume whose root is `path`
+/// (BTRFS_IOC_SUBVOL_SETFLAGS). A pod may make a subvolume it created inside its volume
+/// read-only: its files could then never be deleted.
+pub fn set_read_only(path: &Path, read_only: bool) -> io::Result<()> {
+    let fd = open_dir(path)?;
+    if !is_subvolume_root(&fsstat::stat_fd(fd.as_fd())?) || !is_btrfs(&fd)? {
+        return Err(not_a_subvolume(path));
+    }
+    set_read_only_flag(&fd, read_only).map(|_| ())
+}
+
+/// Makes the entry `name` of `parent` writable if it is a read-only btrfs subvolume; true if
+/// it was. Anything else is left alone (false).
+pub fn make_writable_at(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+    let fd = openat(parent, name, DIR_FLAGS, Mode::empty())?;
+    if !is_subvolume_root(&fsstat::stat_fd(fd.as_fd())?) || !is_btrfs(&fd)? {
+        return Ok(false);
+    }
+    set_read_only_flag(&fd, false)
+}
+
+/// Sets the flag; true if that changed it.
+fn set_read_only_flag(fd: &OwnedFd, read_only: bool) -> io::Result<bool> {
+    let mut flags = 0u64;
+    // SAFETY: fd is an open subvolume root; the kernel writes one u64 into `flags`.
+    unsafe { btrfs_ioc_subvol_getflags(fd.as_raw_fd(), &mut flags) }?;
+    let wanted = if read_only {
+        flags | BTRFS_SUBVOL_RDONLY
+    } else {
+        flags & !BTRFS_SUBVOL_RDONLY
+    };
+    if wanted == flags {
+        return Ok(false);
+    }
+    // SAFETY: as above; the kernel reads one u64.
+    unsafe { btrfs_ioc_subvol_setflags(fd.as_raw_fd(), &wanted) }?;
+    Ok(true)
 }
 
 /// The id of the subvolume whose root is `path` (BTRFS_IOC_INO_LOOKUP of inode 256 in the
@@ -631,6 +670,13 @@ mod uapi {
     pub const BTRFS_IOC_QUOTA_RESCAN_WAIT: ioctl_num_type =
         nix::request_code_none!(BTRFS_IOCTL_MAGIC, 46);
 
+    pub const BTRFS_IOC_SUBVOL_GETFLAGS: ioctl_num_type =
+        nix::request_code_read!(BTRFS_IOCTL_MAGIC, 25, size_of::<u64>());
+    pub const BTRFS_IOC_SUBVOL_SETFLAGS: ioctl_num_type =
+        nix::request_code_write!(BTRFS_IOCTL_MAGIC, 26, size_of::<u64>());
+    nix::ioctl_read_bad!(btrfs_ioc_subvol_getflags, BTRFS_IOC_SUBVOL_GETFLAGS, u64);
+    nix::ioctl_write_ptr_bad!(btrfs_ioc_subvol_setflags, BTRFS_IOC_SUBVOL_SETFLAGS, u64);
+
     pub const BTRFS_IOC_SNAP_CREATE_V2: ioctl_num_type =
         nix::request_code_write!(BTRFS_IOCTL_MAGIC, 23, size_of::<VolArgsV2>());
     nix::ioctl_write_ptr_bad!(
@@ -695,7 +741,9 @@ mod tests {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn ioctl_numbers_match_linux_btrfs_h() {
         // Printed by a C program including <linux/btrfs.h> on x86_64 (aarch64 encodes alike).
-        let expected: [(ioctl_num_type, ioctl_num_type); 11] = [
+        let expected: [(ioctl_num_type, ioctl_num_type); 13] = [
+            (BTRFS_IOC_SUBVOL_GETFLAGS, 0x8008_9419),
+            (BTRFS_IOC_SUBVOL_SETFLAGS, 0x4008_941A),
             (BTRFS_IOC_GET_SUBVOL_ROOTREF, 0xD000_943D),
             (BTRFS_IOC_INO_LOOKUP_USER, 0xD000_943E),
             (BTRFS_IOC_SUBVOL_CREATE, 0x5000_940E),
@@ -729,6 +777,7 @@ mod tests {
         assert_eq!(BTRFS_PATH_NAME_MAX, 4087);
         assert_eq!(BTRFS_INO_LOOKUP_PATH_MAX, 4080);
         assert_eq!(BTRFS_FIRST_FREE_OBJECTID, SUBVOLUME_ROOT_INODE);
+        assert_eq!(BTRFS_SUBVOL_RDONLY, 2);
         assert_eq!(
             (BTRFS_QUOTA_CTL_ENABLE, BTRFS_QGROUP_LIMIT_MAX_RFER),
             (1, 1)

@@ -12,23 +12,22 @@
 //! Not copied: inode flags (chattr), the project id and other fsxattr fields (the caller sets
 //! those on `dest` for its quota), and ctime/btime, which no call can set.
 
-use std::collections::HashMap;
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::{File, OpenOptions};
-use std::hash::Hash;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, openat, readlinkat};
+use nix::fcntl::{OFlag, openat, readlinkat};
 use nix::sys::stat::{Mode, SFlag, mkdirat, mknodat};
-use nix::unistd::{UnlinkatFlags, Whence, linkat, lseek, symlinkat, unlinkat};
+use nix::unistd::{UnlinkatFlags, Whence, lseek, symlinkat, unlinkat};
 
 use super::fsstat::{self, Stat};
-use super::meta::{Meta, Node, apply_meta, read_meta};
+use super::links::{LinkBook, LinkStash};
+use super::meta::{HeldMeta, Meta, Node, apply_meta, read_meta};
 use super::tree::{self, AtMountPoint, Visitor, WalkError};
 
 /// How file data is carried over.
@@ -178,68 +177,6 @@ pub(super) fn failed_at(path: &Path) -> impl FnOnce(io::Error) -> WalkError + '_
     }
 }
 
-/// Makes `name` in `dir` (an open directory and its path below `root`) another name of the
-/// file at `first`, a path below `root` of our own making, whose directories are opened one
-/// by one from `root` (a deep tree's path may exceed PATH_MAX) without following symlinks.
-pub(super) fn link_below(
-    root: &OwnedFd,
-    first: &Path,
-    (dir, dir_path): (BorrowedFd<'_>, &Path),
-    name: &CStr,
-) -> io::Result<()> {
-    let (Some(first_dir), Some(first_name)) = (first.parent(), first.file_name()) else {
-        unreachable!("recorded paths end in a name");
-    };
-    let opened = if first_dir == dir_path {
-        None
-    } else {
-        let mut opened = root.try_clone()?;
-        for part in first_dir.components() {
-            opened = open_dir(Some(opened.as_fd()), part.as_os_str())?;
-        }
-        Some(opened)
-    };
-    let from = opened.as_ref().map_or(dir, |opened| opened.as_fd());
-    linkat(from, first_name, dir, name, AtFlags::empty())?;
-    Ok(())
-}
-
-/// Inodes with several names, from their first name until all the others were met: the only
-/// bookkeeping of a copy, an export or an import that grows with the tree's width.
-pub(super) struct LinkBook<K, T> {
-    waiting: HashMap<K, (T, u64)>,
-}
-
-impl<K: Hash + Eq, T: Clone> LinkBook<K, T> {
-    pub(super) fn new() -> Self {
-        LinkBook {
-            waiting: HashMap::new(),
-        }
-    }
-
-    /// Records the first name of an inode with `later` names to come.
-    pub(super) fn first(&mut self, key: K, value: T, later: u64) {
-        if later > 0 {
-            self.waiting.insert(key, (value, later));
-        }
-    }
-
-    /// What was recorded at the inode's first name, if this is one of its later names.
-    pub(super) fn again(&mut self, key: &K) -> Option<T> {
-        let (value, left) = self.waiting.get_mut(key)?;
-        let value = value.clone();
-        *left -= 1;
-        if *left == 0 {
-            self.waiting.remove(key);
-        }
-        Some(value)
-    }
-
-    pub(super) fn knows(&self, key: &K) -> bool {
-        self.waiting.contains_key(key)
-    }
-}
-
 /// Opens `path` with `options` and `flags` (not following a symlink) and checks that it is a
 /// regular file.
 pub(super) fn open_regular(
@@ -269,14 +206,25 @@ pub(super) fn check_empty(dir: &OwnedFd) -> io::Result<()> {
     }
 }
 
-fn check_apart(source: &Stat, dest: &Stat) -> io::Result<()> {
-    if source.same_file(dest) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the destination is the source",
-        ));
+/// Refuses a destination that is the source or lies inside it (the copy would copy itself),
+/// checked up front by climbing from the destination to `/`, before anything is written.
+fn check_apart(source: &Stat, dest: &OwnedFd) -> io::Result<()> {
+    let mut dir = dest.try_clone()?;
+    let mut stat = fsstat::stat_fd(dir.as_fd())?;
+    loop {
+        if source.same_file(&stat) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the destination is the source or inside it",
+            ));
+        }
+        let up = open_dir(Some(dir.as_fd()), OsStr::new(".."))?;
+        let up_stat = fsstat::stat_fd(up.as_fd())?;
+        if up_stat.same_file(&stat) {
+            return Ok(()); // `/` is its own parent
+        }
+        (dir, stat) = (up, up_stat);
     }
-    Ok(())
 }
 
 /// Opens a directory without following a symlink in its last component.
@@ -527,10 +475,8 @@ struct Level {
     source: Stat,
     /// Its copy, to check each climb back up.
     dest: Stat,
-    /// Its name in its parent (empty for the root).
-    name: CString,
-    /// Applied once its entries are all copied.
-    meta: Meta,
+    /// Applied once its entries are all copied (the root's: `Copier::root_meta`).
+    meta: Option<HeldMeta>,
 }
 
 /// A directory just reported and copied empty: the walk enters it next, unless it vanished or
@@ -544,14 +490,15 @@ struct Pending {
 struct Copier<'p> {
     mover: Mover<'p>,
     dest_root: OwnedFd,
-    /// The copy of the directory whose entries the walk is visiting, and its path below
-    /// `dest_root`.
+    /// The copy of the directory whose entries the walk is visiting.
     dest_dir: OwnedFd,
-    dest_path: PathBuf,
     levels: Vec<Level>,
+    /// The source root's metadata, applied last.
+    root_meta: Meta,
     pending: Option<Pending>,
-    /// Inodes with more names to come: the copy's path below `dest_root`.
-    linked: LinkBook<((u32, u32), u64), PathBuf>,
+    /// Inodes with more names to come: the number of the copy's spare name in `stash`.
+    linked: LinkBook<((u32, u32), u64), u64>,
+    stash: LinkStash,
 }
 
 impl Visitor for Copier<'_> {
@@ -559,8 +506,8 @@ impl Visitor for Copier<'_> {
         self.visit(parent, name, stat)
     }
 
-    fn leave_dir(&mut self, parent: BorrowedFd<'_>, _name: &CStr) -> io::Result<()> {
-        self.leave(parent)
+    fn leave_dir(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+        self.leave(parent, name)
     }
 }
 
@@ -624,21 +571,21 @@ impl<'p> Copier<'p> {
         let dest_root = open_dir(None, dest.as_os_str()).map_err(failed_at(dest))?;
         let dest_stat = fsstat::stat_fd(dest_root.as_fd()).map_err(failed_at(dest))?;
         check_empty(&dest_root)
-            .and_then(|()| check_apart(&source_stat, &dest_stat))
+            .and_then(|()| check_apart(&source_stat, &dest_root))
             .map_err(failed_at(dest))?;
         Ok(Copier {
             mover: Mover::new(mode, progress),
             dest_dir: dest_root.try_clone().map_err(failed_at(dest))?,
             dest_root,
-            dest_path: PathBuf::new(),
             levels: vec![Level {
                 source: source_stat,
                 dest: dest_stat,
-                name: CString::default(),
-                meta: root_meta,
+                meta: None,
             }],
+            root_meta,
             pending: None,
             linked: LinkBook::new(),
+            stash: LinkStash::new(),
         })
     }
 
@@ -648,7 +595,8 @@ impl<'p> Copier<'p> {
         if let Some(pending) = self.pending.take() {
             self.abandon(&pending.name)?;
         }
-        apply_meta(Node::Open(self.dest_root.as_fd()), &self.levels[0].meta)
+        self.stash.remove(self.dest_root.as_fd())?;
+        apply_meta(Node::Open(self.dest_root.as_fd()), &self.root_meta)
     }
 
     fn visit(&mut self, parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<()> {
@@ -673,15 +621,17 @@ impl<'p> Copier<'p> {
         if copied {
             self.mover.report.files += 1;
             if hard_linked {
-                let first = self.dest_path.join(OsStr::from_bytes(name.to_bytes()));
+                let number = self.mover.report.files;
                 self.linked
-                    .first((stat.dev, stat.ino), first, u64::from(stat.links - 1));
+                    .first((stat.dev, stat.ino), number, u64::from(stat.links - 1))?;
+                let dest = (self.dest_dir.as_fd(), name);
+                self.stash.keep(self.dest_root.as_fd(), number, dest)?;
             }
         }
         Ok(())
     }
 
-    fn leave(&mut self, parent: BorrowedFd<'_>) -> io::Result<()> {
+    fn leave(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
         if let Some(pending) = self.pending.take() {
             let top = &self.levels.last().expect("the root level stays").source;
             if fsstat::stat_fd(parent)?.same_file(top) {
@@ -703,21 +653,22 @@ impl<'p> Copier<'p> {
             return Err(io::Error::other("the copy was moved while being written"));
         }
         self.dest_dir = up;
-        self.dest_path.pop();
-        apply_meta(Node::At(self.dest_dir.as_fd(), &done.name), &done.meta)
+        let held = done
+            .meta
+            .expect("only the root has none, and it is never left");
+        let meta = held.complete(parent, name)?;
+        apply_meta(Node::At(self.dest_dir.as_fd(), name), &meta)
     }
 
     fn descend(&mut self, pending: Pending) -> io::Result<()> {
         let name = OsStr::from_bytes(pending.name.to_bytes());
         let child = open_dir(Some(self.dest_dir.as_fd()), name)?;
         let dest = fsstat::stat_fd(child.as_fd())?;
-        self.dest_path.push(name);
         self.dest_dir = child;
         self.levels.push(Level {
             source: pending.source,
             dest,
-            name: pending.name,
-            meta: pending.meta,
+            meta: Some(HeldMeta::hold(pending.meta)),
         });
         Ok(())
     }
@@ -731,15 +682,11 @@ impl<'p> Copier<'p> {
 
     /// Gives the copy of an inode met before another name; false if this is its first name.
     fn link_again(&mut self, stat: &Stat, name: &CStr) -> io::Result<bool> {
-        let Some(first) = self.linked.again(&(stat.dev, stat.ino)) else {
+        let Some((number, last)) = self.linked.again(&(stat.dev, stat.ino)) else {
             return Ok(false);
         };
-        link_below(
-            &self.dest_root,
-            &first,
-            (self.dest_dir.as_fd(), &self.dest_path),
-            name,
-        )?;
+        self.stash
+            .link(number, (self.dest_dir.as_fd(), name), last)?;
         Ok(true)
     }
 
@@ -853,8 +800,11 @@ pub(super) fn open_source_file(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<F
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::fcntl::AtFlags;
+    use nix::unistd::linkat;
     use std::fs;
     use std::io::Write;
+    use std::path::PathBuf;
 
     const MIB: u64 = 1 << 20;
 

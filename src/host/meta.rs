@@ -47,6 +47,43 @@ impl Meta {
     }
 }
 
+/// The most xattr bytes (names and values) read from one inode. Linux lets one inode carry
+/// far more on some filesystems (XFS: thousands of 64 KiB values); a copy or an export holds
+/// one inode's at a time, so this bounds what a pod's xattrs can make us hold.
+pub const MAX_XATTR_BYTES: usize = 1 << 20;
+
+/// A directory's metadata while its entries are copied or exported, without its xattrs: held
+/// for every level from the root down, they could cost `MAX_XATTR_BYTES` each. Its times are
+/// the ones read before the listing (which moves atime); the rest is read again when the
+/// directory is done.
+pub(super) struct HeldMeta(Meta);
+
+impl HeldMeta {
+    pub(super) fn hold(mut meta: Meta) -> HeldMeta {
+        meta.xattrs = Vec::new();
+        HeldMeta(meta)
+    }
+
+    /// The directory's metadata once its entries are done: read again from `name` in
+    /// `parent` if that is still the same directory, with the held times; else what is held.
+    pub(super) fn complete(self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<Meta> {
+        let held = self.0;
+        match read_meta(Node::At(parent, name)) {
+            Ok(mut now)
+                if now.ino == held.ino && now.mode & libc::S_IFMT == held.mode & libc::S_IFMT =>
+            {
+                (now.atime, now.mtime) = (held.atime, held.mtime);
+                Ok(now)
+            }
+            Ok(_) => Ok(held),
+            Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                Ok(held)
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
+
 pub(super) fn read_meta(node: Node<'_>) -> io::Result<Meta> {
     let st = match node {
         Node::Open(fd) => fstat(fd),
@@ -125,13 +162,22 @@ fn read_xattrs(node: Node<'_>) -> io::Result<Vec<(CString, Vec<u8>)>> {
         names => names?,
     };
     let mut xattrs = Vec::new();
+    let mut held = names.len();
     for name in names.split(|&byte| byte == 0) {
         if name.is_empty() || !copied_xattr(name) {
             continue;
         }
         let name = CString::new(name).expect("split at every NUL");
         match target.get(&name) {
-            Ok(value) => xattrs.push((name, value)),
+            Ok(value) => {
+                held += value.len();
+                if held > MAX_XATTR_BYTES {
+                    return Err(io::Error::other(format!(
+                        "its xattrs hold more than {MAX_XATTR_BYTES} bytes, more than stickyvol copies"
+                    )));
+                }
+                xattrs.push((name, value))
+            }
             Err(err) if err.raw_os_error() == Some(libc::ENODATA) => {} // removed meanwhile
             Err(err) => return Err(err),
         }

@@ -4,6 +4,7 @@ pub mod archive;
 pub mod btrfs;
 pub mod copy;
 pub mod fsstat;
+pub mod links;
 pub mod loopdev;
 mod meta;
 pub mod mount;

@@ -2,24 +2,38 @@
 //!
 //! A pod can plant anything inside its volume, e.g. a symlink to /etc or a bind mount of a host
 //! directory. Deletion unlinks symlinks themselves and refuses (removing nothing further below)
-//! when it meets a mount point, so data outside the volume is never touched.
+//! when it meets a mount point, so data outside the volume is never touched. A chain of
+//! directories deeper than a walk enters (`tree::MAX_DEPTH`) is cut: its part below the limit is
+//! moved up to the top of the tree being removed, and removed by the next pass.
 
 use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, RenameFlags, open, renameat2};
+use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
+use super::btrfs;
 use super::fsstat::{self, Stat};
 use super::tree::{self, AtMountPoint, Visitor, WalkError};
 
-struct Remover;
+/// Removes what it is shown; moves directories below the depth limit to `top`.
+struct Remover {
+    top: OwnedFd,
+    moved: usize,
+}
 
 impl Visitor for Remover {
     fn entry(&mut self, parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<()> {
         if stat.is_dir() {
+            // A subvolume a pod made read-only inside its volume: nothing in it could go.
+            if stat.ino == btrfs::SUBVOLUME_ROOT_INODE {
+                btrfs::make_writable_at(parent, name)?;
+            }
             return Ok(()); // removed in leave_dir, once empty
         }
         ignore_missing(unlinkat(parent, name, UnlinkatFlags::NoRemoveDir).map_err(io::Error::from))
@@ -27,6 +41,45 @@ impl Visitor for Remover {
 
     fn leave_dir(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
         ignore_missing(unlinkat(parent, name, UnlinkatFlags::RemoveDir).map_err(io::Error::from))
+    }
+
+    fn too_deep(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+        // Same filesystem (the walk crosses no mount), so a rename; never over an existing name.
+        loop {
+            self.moved += 1;
+            let aside = format!(".stickyvol-deep-{}", self.moved);
+            match renameat2(
+                parent,
+                name,
+                self.top.as_fd(),
+                aside.as_str(),
+                RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Err(Errno::EEXIST) => continue,
+                other => return other.map(|()| true).map_err(io::Error::from),
+            }
+        }
+    }
+}
+
+/// Walks `dir` removing what is below it, pass after pass while a pass cut a deep chain.
+fn remove_below(dir: &Path) -> Result<(), WalkError> {
+    let top = open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|err| WalkError::Io {
+        path: dir.to_path_buf(),
+        source: err.into(),
+    })?;
+    let mut remover = Remover { top, moved: 0 };
+    loop {
+        let moved_before = remover.moved;
+        tree::walk(dir, AtMountPoint::Refuse, &mut remover)?;
+        if remover.moved == moved_before {
+            return Ok(());
+        }
     }
 }
 
@@ -50,14 +103,14 @@ pub fn remove_all(path: &Path) -> Result<(), WalkError> {
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(_) => {}
     }
-    tree::walk(path, AtMountPoint::Refuse, &mut Remover)?;
+    remove_below(path)?;
     ignore_missing(fs::remove_dir(path)).map_err(io_err)
 }
 
 /// Removes everything below the directory `dir`, keeping `dir` itself (its owner, mode, quota
 /// and subvolume stay): emptying a volume in place.
 pub fn remove_contents(dir: &Path) -> Result<(), WalkError> {
-    tree::walk(dir, AtMountPoint::Refuse, &mut Remover)
+    remove_below(dir)
 }
 
 fn ignore_missing(result: io::Result<()>) -> io::Result<()> {
@@ -116,6 +169,33 @@ mod tests {
         symlink(outside.path(), &link).unwrap();
         remove_all(&link).unwrap();
         assert!(outside.path().join("precious").exists());
+    }
+
+    /// A chain of `depth` directories named "d" below `root`, a file at the bottom.
+    fn chain(root: &Path, depth: usize) {
+        use std::os::fd::AsRawFd;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let mut dir = open(root, flags, Mode::empty()).unwrap();
+        for _ in 0..depth {
+            nix::sys::stat::mkdirat(dir.as_fd(), "d", Mode::from_bits_truncate(0o755)).unwrap();
+            dir = nix::fcntl::openat(dir.as_fd(), "d", flags, Mode::empty()).unwrap();
+        }
+        fs::write(format!("/proc/self/fd/{}/leaf", dir.as_raw_fd()), b"x").unwrap();
+    }
+
+    #[test]
+    fn chains_deeper_than_a_walk_enters_are_cut_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("v");
+        fs::create_dir(&root).unwrap();
+        fs::write(root.join("beside"), b"x").unwrap();
+        chain(&root, 2 * tree::MAX_DEPTH + 10);
+        remove_contents(&root).unwrap();
+        assert!(tree::is_empty_dir(&root).unwrap());
+
+        chain(&root, tree::MAX_DEPTH + 1);
+        remove_all(&root).unwrap();
+        assert!(!root.exists());
     }
 
     #[test]

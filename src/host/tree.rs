@@ -1,14 +1,20 @@
-//! A directory-tree walk that never follows a symlink and never crosses a mount point.
+//! A directory-tree walk that never follows a symlink and never crosses a mount point, in
+//! memory bounded by constants of ours whatever shape a pod gave the tree.
 //!
 //! Works on directory file descriptors (openat with O_NOFOLLOW, statx without following), so a
-//! symlink swapped in mid-walk cannot redirect it. Its cost does not grow with depth beyond one
-//! name list per level: it holds a single directory open at a time (climbing back through
-//! "..", checked against the inode it left), so a pod's 100,000-level chain of directories
-//! can exhaust neither our file descriptors nor our memory.
+//! symlink swapped in mid-walk cannot redirect it. It holds a single directory open at a time
+//! (climbing back through "..", checked against the inode it left), so a pod's deep chain of
+//! directories cannot exhaust our file descriptors. A directory's names are read in batches of
+//! `BATCH_BYTES` (getdents64), and only the batch of the directory being visited is kept: a
+//! level we descend from keeps just the position to resume its listing at (the kernel's
+//! cookie), so a directory of millions of names costs no more than one of ten. The walk enters
+//! at most `MAX_DEPTH` levels; below that a visitor may deal with the directory itself (see
+//! `Visitor::too_deep`), or the walk fails with `WalkError::TooDeep`.
 
+use std::collections::VecDeque;
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -18,6 +24,15 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 
 use super::fsstat::{self, Stat};
+
+/// How many directory levels below its root a walk enters. Each level held costs a few
+/// hundred bytes (its stat and name), so this bounds a walk's memory whatever the depth a pod
+/// made; real trees stay far above it (PATH_MAX alone stops paths at ~2,000 levels).
+pub const MAX_DEPTH: usize = 4096;
+
+/// Bytes of directory entries read per getdents64 call: at most ~1,300 names (of 1 byte) or
+/// ~120 (of 255) held at once.
+const BATCH_BYTES: usize = 32 * 1024;
 
 /// What to do at a directory that is another mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +47,8 @@ pub enum AtMountPoint {
 pub enum WalkError {
     #[error("{0} is a mount point")]
     MountPoint(PathBuf),
+    #[error("{path} lies more than {limit} directory levels deep, more than stickyvol walks")]
+    TooDeep { path: PathBuf, limit: usize },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -48,13 +65,23 @@ pub trait Visitor {
     fn leave_dir(&mut self, _parent: BorrowedFd<'_>, _name: &CStr) -> io::Result<()> {
         Ok(())
     }
+    /// Called instead of descending into the directory `name` (already reported by `entry`)
+    /// when it lies `MAX_DEPTH` levels down. True: the visitor dealt with it (e.g. moved it
+    /// where a later walk reaches it) and the walk goes on; false: the walk fails with
+    /// `WalkError::TooDeep`.
+    fn too_deep(&mut self, _parent: BorrowedFd<'_>, _name: &CStr) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
-/// One directory level: who it is, what is left to visit, its name in its parent.
+/// One directory level: who it is, its name in its parent, where its listing resumes.
 struct Level {
     stat: Stat,
-    pending: Vec<CString>,
     name: Option<CString>,
+    /// The cookie after the last entry taken from its listing (None: from the start).
+    resume: Option<i64>,
+    /// Whether its listing has been read to the end.
+    listed: bool,
 }
 
 /// Walks everything below `root` (a directory, not followed if it is a symlink). Entries that
@@ -71,15 +98,24 @@ pub fn walk(
     let mut current = open_dir(None, root.as_os_str().as_bytes()).map_err(io_error(root, &[]))?;
     let mut levels = vec![Level {
         stat: root_stat,
-        pending: list(&current).map_err(io_error(root, &[]))?,
         name: None,
+        resume: None,
+        listed: false,
     }];
+    // The unvisited names of the deepest level's current batch, with their cookies.
+    let mut batch = Batch::new();
 
     loop {
         let top = levels
             .last_mut()
             .expect("the root level is never popped early");
-        let Some(name) = top.pending.pop() else {
+        if batch.names.is_empty() && !top.listed {
+            let read = batch.read(&current, top.resume);
+            let more = read.map_err(io_error(root, &levels))?;
+            levels.last_mut().expect("just seen").listed = !more;
+            continue;
+        }
+        let Some((name, cookie)) = batch.names.pop_front() else {
             let done = levels.pop().expect("just seen");
             let (Some(parent), Some(name)) = (levels.last(), done.name) else {
                 return Ok(()); // the root is done
@@ -90,6 +126,10 @@ pub fn walk(
                 .map_err(io_error(root, &levels))?;
             continue;
         };
+        top.resume = Some(cookie);
+        if is_self_or_parent(&name) {
+            continue;
+        }
         let stat = match fsstat::lstat_at(current.as_fd(), &name) {
             Ok(stat) => stat,
             Err(err) if changed_meanwhile(&err) => continue,
@@ -109,6 +149,18 @@ pub fn walk(
         if !stat.is_dir() || is_mount {
             continue;
         }
+        if levels.len() > MAX_DEPTH {
+            if visitor
+                .too_deep(current.as_fd(), &name)
+                .map_err(io_error(root, &levels))?
+            {
+                continue;
+            }
+            return Err(WalkError::TooDeep {
+                path: shown_path(root, &levels, Some(&name)),
+                limit: MAX_DEPTH,
+            });
+        }
         let child = match open_dir(Some(current.as_fd()), name.to_bytes()) {
             Ok(child) => child,
             Err(err) if changed_meanwhile(&err) => continue,
@@ -119,13 +171,68 @@ pub fn walk(
         if !opened.same_file(&stat) {
             continue;
         }
-        let pending = list(&child).map_err(io_error(root, &levels))?;
+        // The rest of this level's batch is read again from its cookie when we are back.
+        batch.names.clear();
         levels.push(Level {
             stat,
-            pending,
             name: Some(name),
+            resume: None,
+            listed: false,
         });
         current = child;
+    }
+}
+
+/// Names read from a directory, in the order the kernel lists them.
+struct Batch {
+    names: VecDeque<(CString, i64)>,
+    buffer: Vec<u8>,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            names: VecDeque::new(),
+            buffer: vec![0; BATCH_BYTES],
+        }
+    }
+
+    /// Reads the next names of `dir` from `resume` (a cookie of an earlier read of the same
+    /// directory, through any descriptor; None: the start). False once the end is reached.
+    fn read(&mut self, dir: &OwnedFd, resume: Option<i64>) -> io::Result<bool> {
+        // SAFETY: lseek on a descriptor we own; a directory takes the cookies it handed out.
+        if unsafe { libc::lseek(dir.as_raw_fd(), resume.unwrap_or(0), libc::SEEK_SET) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the buffer is writable for its length, the descriptor open for the call.
+        let read = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir.as_raw_fd(),
+                self.buffer.as_mut_ptr(),
+                self.buffer.len(),
+            )
+        };
+        if read < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut entries = &self.buffer[..read as usize];
+        // struct linux_dirent64: u64 d_ino, i64 d_off, u16 d_reclen, u8 d_type, name NUL-ended.
+        while entries.len() >= 19 {
+            let cookie = i64::from_ne_bytes(entries[8..16].try_into().expect("8 bytes"));
+            let length = usize::from(u16::from_ne_bytes([entries[16], entries[17]]));
+            if length < 19 || length > entries.len() {
+                return Err(io::Error::other(
+                    "malformed directory entry from getdents64",
+                ));
+            }
+            let name = CStr::from_bytes_until_nul(&entries[19..length])
+                .map_err(|_| io::Error::other("unterminated name from getdents64"))?;
+            // "." and ".." too: skipping them here would leave no cookie to resume after them.
+            self.names.push_back((name.to_owned(), cookie));
+            entries = &entries[length..];
+        }
+        Ok(read > 0)
     }
 }
 
@@ -179,18 +286,6 @@ fn open_dir(parent: Option<BorrowedFd<'_>>, name: &[u8]) -> io::Result<OwnedFd> 
         None => nix::fcntl::open(name, flags, Mode::empty()),
     };
     fd.map_err(io::Error::from)
-}
-
-fn list(fd: &OwnedFd) -> io::Result<Vec<CString>> {
-    let mut dir = Dir::from_fd(fd.try_clone()?)?;
-    let mut names = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry?;
-        if !is_self_or_parent(entry.file_name()) {
-            names.push(entry.file_name().to_owned());
-        }
-    }
-    Ok(names)
 }
 
 fn io_error<'a>(root: &'a Path, levels: &'a [Level]) -> impl FnOnce(io::Error) -> WalkError + 'a {
@@ -283,13 +378,131 @@ mod tests {
         assert!(!dir.path().join("d").exists());
     }
 
+    /// Every entry's path below the root, in visiting order.
+    #[derive(Default)]
+    struct Paths {
+        stack: Vec<String>,
+        seen: Vec<String>,
+        left: Vec<String>,
+    }
+
+    impl Visitor for Paths {
+        fn entry(&mut self, _: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<()> {
+            let mut path = self.stack.join("/");
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(name.to_str().unwrap());
+            self.seen.push(path);
+            if stat.is_dir() {
+                self.stack.push(name.to_str().unwrap().to_owned());
+            }
+            Ok(())
+        }
+        fn leave_dir(&mut self, _: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+            assert_eq!(self.stack.pop().as_deref(), name.to_str().ok());
+            self.left.push(name.to_str().unwrap().to_owned());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn wide_directories_are_listed_in_batches_and_every_name_is_met_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let long = "n".repeat(200);
+        let mut expected = Vec::new();
+        // Far more names than one batch holds, with directories among them, so the walk leaves
+        // the wide directory's listing mid-batch many times and resumes it from its cookie.
+        for i in 0..3000 {
+            let name = format!("{i}-{long}");
+            if i % 10 == 0 {
+                std::fs::create_dir(root.join(&name)).unwrap();
+                std::fs::write(root.join(&name).join("inner"), b"x").unwrap();
+                expected.push(format!("{name}/inner"));
+            } else {
+                std::fs::write(root.join(&name), b"x").unwrap();
+            }
+            expected.push(name);
+        }
+        let mut paths = Paths::default();
+        walk(root, AtMountPoint::Refuse, &mut paths).unwrap();
+        assert_eq!(paths.left.len(), 300);
+        let mut seen = paths.seen;
+        seen.sort();
+        expected.sort();
+        assert_eq!(seen, expected);
+    }
+
+    /// Counts the directories it was handed below the depth limit; moves each aside if asked.
+    struct TooDeep {
+        met: usize,
+        move_to: Option<OwnedFd>,
+    }
+
+    impl Visitor for TooDeep {
+        fn entry(&mut self, _: BorrowedFd<'_>, _: &CStr, _: &Stat) -> io::Result<()> {
+            Ok(())
+        }
+        fn too_deep(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+            self.met += 1;
+            let Some(to) = &self.move_to else {
+                return Ok(false);
+            };
+            nix::fcntl::renameat(parent, name, to.as_fd(), "moved")?;
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn walks_stop_at_the_depth_limit_unless_the_visitor_deals_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        chain(&root, MAX_DEPTH + 3);
+        let mut refuse = TooDeep {
+            met: 0,
+            move_to: None,
+        };
+        let err = walk(&root, AtMountPoint::Refuse, &mut refuse).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                WalkError::TooDeep {
+                    limit: MAX_DEPTH,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(refuse.met, 1);
+
+        let aside = dir.path().join("aside");
+        std::fs::create_dir(&aside).unwrap();
+        let mut move_aside = TooDeep {
+            met: 0,
+            move_to: Some(open_dir(None, aside.as_os_str().as_bytes()).unwrap()),
+        };
+        walk(&root, AtMountPoint::Refuse, &mut move_aside).unwrap();
+        assert_eq!(move_aside.met, 1);
+        // What lay below the limit is now a short chain of its own.
+        let mut probe = Probe::default();
+        walk(&aside, AtMountPoint::Refuse, &mut probe).unwrap();
+        assert_eq!(
+            probe.entries, 4,
+            "moved, its 2 levels below and the leaf file"
+        );
+        super::super::safe_delete::remove_all(dir.path()).unwrap();
+    }
+
     #[test]
     fn error_paths_are_shortened_in_deep_trees() {
         let levels: Vec<Level> = (0..20)
             .map(|i| Level {
                 stat: fsstat::lstat(Path::new("/")).unwrap(),
-                pending: vec![],
                 name: (i > 0).then(|| CString::new(format!("d{i}")).unwrap()),
+                resume: None,
+                listed: false,
             })
             .collect();
         let shown = shown_path(Path::new("/v"), &levels, Some(c"leaf"));

@@ -1,13 +1,13 @@
 //! Measured usage of a directory volume: allocated bytes and inodes of everything inside it,
 //! without following symlinks or counting other mounts. Used until size enforcement gives O(1) figures.
 
-use std::collections::HashSet;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use super::fsstat::{self, Stat};
+use super::links::LinkBook;
 use super::tree::{self, AtMountPoint, Visitor, WalkError};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,16 +17,20 @@ pub struct Usage {
 }
 
 /// Sums usage, counting a hard-linked inode once however many names it has.
-#[derive(Default)]
 struct Counter {
     usage: Usage,
-    linked_seen: HashSet<((u32, u32), u64)>,
+    /// Hard-linked inodes already counted, until their last name is met.
+    linked: LinkBook<((u32, u32), u64), ()>,
 }
 
 impl Visitor for Counter {
     fn entry(&mut self, _parent: BorrowedFd<'_>, _name: &CStr, stat: &Stat) -> io::Result<()> {
-        if stat.links > 1 && !stat.is_dir() && !self.linked_seen.insert((stat.dev, stat.ino)) {
-            return Ok(());
+        if stat.links > 1 && !stat.is_dir() {
+            let inode = (stat.dev, stat.ino);
+            if self.linked.again(&inode).is_some() {
+                return Ok(());
+            }
+            self.linked.first(inode, (), u64::from(stat.links - 1))?;
         }
         self.usage.bytes = self.usage.bytes.saturating_add(stat.allocated);
         self.usage.inodes += 1;
@@ -45,7 +49,7 @@ pub fn measure(dir: &Path) -> Result<Usage, WalkError> {
             bytes: root.allocated,
             inodes: 1,
         },
-        ..Counter::default()
+        linked: LinkBook::new(),
     };
     tree::walk(dir, AtMountPoint::Skip, &mut counter)?;
     Ok(counter.usage)

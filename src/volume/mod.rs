@@ -459,6 +459,10 @@ fn walk_failure_of(subject: &str, doing: &str, err: WalkError) -> Error {
             "{subject} contains a mount point at {}; refusing to cross it",
             at.display()
         )),
+        WalkError::TooDeep { path, limit } => Error::FailedPrecondition(format!(
+            "{subject} holds directories more than {limit} levels deep (at {}), more than stickyvol walks; {doing} refused",
+            path.display()
+        )),
         WalkError::Io { path, source } => {
             Error::host(format!("{doing} {} of {subject}", path.display()), source)
         }

@@ -77,6 +77,7 @@ const DRIVER_ENV: &[&str] = &[
     "METRICS_ADDRESS",
     "RUN_DIR",
     "POOLS",
+    "OPTIONAL_POOLS",
     "ENFORCEMENT",
     "OVERCOMMIT",
     "LOG_FORMAT",

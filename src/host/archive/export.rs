@@ -19,11 +19,11 @@ use super::format::{
 };
 use super::{ArchiveError, Header, Kind, Summary};
 use crate::host::copy::{
-    LinkBook, Naming, failed_at, next_data, open_dir, open_regular, open_source_file, source_meta,
-    vanished,
+    Naming, failed_at, next_data, open_dir, open_regular, open_source_file, source_meta, vanished,
 };
 use crate::host::fsstat::{self, Stat};
-use crate::host::meta::{Meta, Node, read_meta};
+use crate::host::links::LinkBook;
+use crate::host::meta::{HeldMeta, Meta, Node, read_meta};
 use crate::host::tree::{self, AtMountPoint, Visitor, WalkError};
 
 type Inode = ((u32, u32), u64);
@@ -61,9 +61,11 @@ pub fn tree_header(root: &Path, source: &str) -> Result<Header, ArchiveError> {
     impl Visitor for Sizer {
         fn entry(&mut self, _: BorrowedFd<'_>, _: &CStr, stat: &Stat) -> io::Result<()> {
             if stat.is_regular_file() && self.linked.again(&inode(stat)).is_none() {
-                self.linked.first(inode(stat), (), later_names(stat).into());
-                self.allocated += stat.allocated;
-                self.size += stat.size;
+                self.linked
+                    .first(inode(stat), (), later_names(stat).into())?;
+                // A pod's sparse files may claim sizes that add up past u64.
+                self.allocated = self.allocated.saturating_add(stat.allocated);
+                self.size = self.size.saturating_add(stat.size);
             }
             Ok(())
         }
@@ -158,7 +160,8 @@ fn export_tree(path: &Path, header: &Header, out: &mut dyn Write) -> Result<Summ
     let mut writer = FrameWriter::start(out, header).map_err(ArchiveError::Output)?;
     let mut walker = Naming::new(TreeExporter {
         writer: &mut writer,
-        levels: vec![Level { stat, meta }],
+        levels: vec![Level { stat, meta: None }],
+        root_meta: Some(meta),
         pending: None,
         linked: LinkBook::new(),
         last_link: 0,
@@ -169,8 +172,8 @@ fn export_tree(path: &Path, header: &Header, out: &mut dyn Write) -> Result<Summ
     let ended = walked.map_err(|err| walker.explain(err)).and_then(|()| {
         // A directory reported last and then not entered (it vanished) is left out.
         let exporter = &mut walker.visitor;
-        let root = exporter.levels.pop().expect("only the root is left");
-        exporter.end_dir(&root.meta).map_err(failed_at(path))
+        let meta = exporter.root_meta.take().expect("sent once, at the end");
+        exporter.end_dir(&meta).map_err(failed_at(path))
     });
     let TreeExporter {
         entries,
@@ -186,8 +189,8 @@ fn export_tree(path: &Path, header: &Header, out: &mut dyn Write) -> Result<Summ
 /// A directory whose entries are being sent.
 struct Level {
     stat: Stat,
-    /// Sent in its END_DIR, after its content.
-    meta: Meta,
+    /// Sent in its END_DIR, after its content (the root's: `TreeExporter::root_meta`).
+    meta: Option<HeldMeta>,
 }
 
 /// A directory just reported: the walk enters it next, unless it vanished or was swapped
@@ -202,6 +205,7 @@ struct TreeExporter<'w, 'o> {
     writer: &'w mut FrameWriter<'o>,
     /// From the root to the directory whose entries the walk is visiting.
     levels: Vec<Level>,
+    root_meta: Option<Meta>,
     pending: Option<Pending>,
     /// Regular files with more names to come: their link ids.
     linked: LinkBook<Inode, u64>,
@@ -233,7 +237,7 @@ impl Visitor for TreeExporter<'_, '_> {
         }
     }
 
-    fn leave_dir(&mut self, parent: BorrowedFd<'_>, _name: &CStr) -> io::Result<()> {
+    fn leave_dir(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
         if let Some(pending) = self.pending.take() {
             let top = &self.levels.last().expect("the root level stays").stat;
             if fsstat::stat_fd(parent)?.same_file(top) {
@@ -245,7 +249,10 @@ impl Visitor for TreeExporter<'_, '_> {
             .levels
             .pop()
             .expect("leave_dir only for entered directories");
-        self.end_dir(&done.meta)
+        let held = done
+            .meta
+            .expect("only the root has none, and it is never left");
+        self.end_dir(&held.complete(parent, name)?)
     }
 }
 
@@ -256,7 +263,7 @@ impl TreeExporter<'_, '_> {
         self.entries += 1;
         self.levels.push(Level {
             stat: pending.stat,
-            meta: pending.meta,
+            meta: Some(HeldMeta::hold(pending.meta)),
         });
         Ok(())
     }
@@ -268,7 +275,7 @@ impl TreeExporter<'_, '_> {
 
     fn file(&mut self, parent: BorrowedFd<'_>, name: &CStr, stat: &Stat) -> io::Result<()> {
         if stat.links > 1
-            && let Some(id) = self.linked.again(&inode(stat))
+            && let Some((id, _)) = self.linked.again(&inode(stat))
         {
             let frame = self.writer.begin(Tag::Link);
             put_name(frame, name.to_bytes());
@@ -298,7 +305,7 @@ impl TreeExporter<'_, '_> {
         put_u32(frame, later);
         put_meta(frame, &meta);
         self.writer.end()?;
-        self.linked.first(inode(stat), id, later.into());
+        self.linked.first(inode(stat), id, later.into())?;
         // Small and fully allocated: no holes worth two lseeks.
         let whole = meta.size <= DATA_CHUNK as u64 && meta.allocated >= meta.size;
         self.data_bytes += send_data(self.writer, &input, meta.size, whole)?;

@@ -17,9 +17,11 @@ use nix::unistd::symlinkat;
 
 use super::format::{Fields, FrameReader, Tag, corrupt};
 use super::{ArchiveError, Header, Kind, Summary};
-use crate::host::copy::{LinkBook, check_empty, failed_at, link_below, open_dir, open_regular};
+use crate::host::copy::{check_empty, failed_at, open_dir, open_regular};
 use crate::host::fsstat::{self, Stat};
+use crate::host::links::{LinkBook, LinkStash};
 use crate::host::meta::{Meta, Node, apply_meta};
+use crate::host::tree::MAX_DEPTH;
 use crate::host::tree::WalkError;
 
 /// An export stream whose magic and header were read and checked; it keeps the checksum
@@ -169,8 +171,10 @@ struct TreeBuilder {
     /// The identities of the directories from `root` to `dir`, to check each climb.
     levels: Vec<Stat>,
     file: Option<OpenFile>,
-    /// Files with more names to come, by link id: their paths below `root`.
-    linked: LinkBook<u64, PathBuf>,
+    /// Files with more names to come, by link id, each with a spare name in `stash` under
+    /// that id.
+    linked: LinkBook<u64, ()>,
+    stash: LinkStash,
     entries: u64,
     data_bytes: u64,
     /// The root's END_DIR was applied: only the trailer may follow.
@@ -197,6 +201,7 @@ impl TreeBuilder {
             levels: vec![stat],
             file: None,
             linked: LinkBook::new(),
+            stash: LinkStash::new(),
             entries: 0,
             data_bytes: 0,
             done: false,
@@ -232,7 +237,6 @@ impl TreeBuilder {
                 let name = fields.name()?;
                 fields.end()?;
                 self.make_dir(&name)
-                    .map_err(|err| self.failed(Some(&name), err))
             }
             Tag::EndDir => {
                 let meta = fields.meta(&[libc::S_IFDIR])?;
@@ -250,10 +254,11 @@ impl TreeBuilder {
                 let name = fields.name()?;
                 let id = fields.u64()?;
                 fields.end()?;
-                let Some(first) = self.linked.again(&id) else {
+                let Some(((), last)) = self.linked.again(&id) else {
                     return Err(corrupt(format!("a link to the unknown file {id}")));
                 };
-                link_below(&self.root, &first, (self.dir.as_fd(), &self.path), &name)
+                self.stash
+                    .link(id, (self.dir.as_fd(), &name), last)
                     .map_err(|err| self.failed(Some(&name), err))?;
                 self.entries += 1;
                 Ok(())
@@ -290,7 +295,22 @@ impl TreeBuilder {
     }
 
     /// Makes a directory (0700 until its END_DIR) and enters it.
-    fn make_dir(&mut self, name: &CStr) -> io::Result<()> {
+    fn make_dir(&mut self, name: &CStr) -> Result<(), ArchiveError> {
+        if self.levels.len() > MAX_DEPTH {
+            return Err(WalkError::TooDeep {
+                path: self
+                    .dest
+                    .join(&self.path)
+                    .join(OsStr::from_bytes(name.to_bytes())),
+                limit: MAX_DEPTH,
+            }
+            .into());
+        }
+        self.enter_new_dir(name)
+            .map_err(|err| self.failed(Some(name), err))
+    }
+
+    fn enter_new_dir(&mut self, name: &CStr) -> io::Result<()> {
         mkdirat(self.dir.as_fd(), name, Mode::S_IRWXU)?;
         // Ours, just made: O_NOFOLLOW | O_DIRECTORY makes sure it still is.
         let child = open_dir(Some(self.dir.as_fd()), OsStr::from_bytes(name.to_bytes()))?;
@@ -303,11 +323,14 @@ impl TreeBuilder {
 
     /// The current directory is complete: its metadata, then back to its parent.
     fn end_dir(&mut self, meta: &Meta) -> io::Result<()> {
-        apply_meta(Node::Open(self.dir.as_fd()), meta)?;
         if self.levels.len() == 1 {
+            // Before the root's times are set: removing the stash changes them.
+            self.stash.remove(self.root.as_fd())?;
+            apply_meta(Node::Open(self.dir.as_fd()), meta)?;
             self.done = true;
             return Ok(());
         }
+        apply_meta(Node::Open(self.dir.as_fd()), meta)?;
         let up = open_dir(Some(self.dir.as_fd()), OsStr::new(".."))?;
         let expected = &self.levels[self.levels.len() - 2];
         if !fsstat::stat_fd(up.as_fd())?.same_file(expected) {
@@ -341,8 +364,13 @@ impl TreeBuilder {
         .map_err(io::Error::from)
         .map_err(|err| self.failed(Some(&name), err))?;
         if id != 0 {
-            let first = self.path.join(OsStr::from_bytes(name.to_bytes()));
-            self.linked.first(id, first, later.into());
+            self.linked
+                .first(id, (), later.into())
+                .and_then(|()| {
+                    self.stash
+                        .keep(self.root.as_fd(), id, (self.dir.as_fd(), &name))
+                })
+                .map_err(|err| self.failed(Some(&name), err))?;
         }
         self.entries += 1;
         self.file = Some(OpenFile {

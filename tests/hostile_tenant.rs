@@ -1,0 +1,343 @@
+//! A hostile tenant: the test plays the pod, shaping what it may shape (its volume's tree),
+//! and the driver runs in a memory cgroup limited as the DaemonSet limits it (256 MiB). Each
+//! case asserts that the driver stays up, answers Probe within a second while it works on the
+//! tenant's tree, keeps its peak RSS (VmHWM) under `RSS_BOUND`, and refuses what goes past
+//! its documented limits with an error that names the limit.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::{Mode as FileMode, mkdirat};
+use nix::unistd::linkat;
+use tonic::{Code, Status};
+
+use common::csi;
+use common::scratchfs::ScratchFs;
+use common::*;
+
+/// The DaemonSet's memory limit for the driver container.
+const CGROUP_LIMIT: u64 = 256 << 20;
+/// What the driver may reach at its peak in any case here.
+const RSS_BOUND: u64 = 128 << 20;
+/// How long Probe may take while the driver works on a tenant's tree.
+const PROBE_BOUND: Duration = Duration::from_secs(1);
+/// `tree::MAX_DEPTH` (the library's walks enter no deeper).
+const MAX_DEPTH: usize = stickyvol::host::tree::MAX_DEPTH;
+
+/// A cgroup v1 memory cgroup of its own for the driver; removed on drop.
+struct MemoryCgroup {
+    dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    fn new(limit: u64) -> Option<MemoryCgroup> {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        if !root.join("cgroup.procs").exists() {
+            eprintln!("no cgroup v1 memory controller: the driver runs without a memory limit");
+            return None;
+        }
+        let dir = root.join(format!(
+            "stickyvol-hostile-{}-{}",
+            std::process::id(),
+            new_name()
+        ));
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        Some(MemoryCgroup { dir })
+    }
+
+    fn add(&self, pid: u32) {
+        fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+
+    fn oom_kills(&self) -> u64 {
+        let control = fs::read_to_string(self.dir.join("memory.oom_control")).unwrap();
+        control
+            .lines()
+            .find_map(|line| line.strip_prefix("oom_kill "))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let procs = fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = fs::write("/sys/fs/cgroup/memory/cgroup.procs", pid);
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// A driver in its memory cgroup.
+struct Confined {
+    driver: TestDriver,
+    cgroup: Option<MemoryCgroup>,
+}
+
+impl Confined {
+    async fn start(extra_args: &[String]) -> Confined {
+        let mut driver = TestDriver::prepare(Options::default());
+        driver.add_args(extra_args.iter().cloned());
+        driver.start_again().await;
+        let cgroup = MemoryCgroup::new(CGROUP_LIMIT);
+        let confined = Confined { driver, cgroup };
+        confined.confine();
+        confined
+    }
+
+    fn confine(&self) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.add(self.driver.pid());
+        }
+    }
+
+    async fn restart(&mut self) {
+        self.driver.restart().await;
+        self.confine();
+    }
+
+    /// The driver's peak resident memory so far (VmHWM), in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.driver.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .map(|n| n.trim().parse().unwrap())
+            .expect("VmHWM in /proc/PID/status");
+        kib << 10
+    }
+
+    /// Up, never OOM-killed, under the RSS bound; prints the peak for the record.
+    fn assert_unharmed(&mut self, case: &str) {
+        assert!(self.driver.is_running(), "{case}: the driver died");
+        if let Some(cgroup) = &self.cgroup {
+            assert_eq!(cgroup.oom_kills(), 0, "{case}: the driver was OOM-killed");
+        }
+        let peak = self.peak_rss();
+        eprintln!("{case}: peak RSS {} MiB", peak >> 20);
+        assert!(
+            peak < RSS_BOUND,
+            "{case}: peak RSS {} MiB, over {} MiB",
+            peak >> 20,
+            RSS_BOUND >> 20
+        );
+    }
+
+    async fn probe_in_time(&self) {
+        let started = Instant::now();
+        self.driver
+            .identity()
+            .probe(csi::ProbeRequest {})
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(took < PROBE_BOUND, "Probe took {took:?}");
+    }
+
+    /// CreateSnapshot repeated as csi-snapshotter repeats it, with a timed Probe between calls,
+    /// until the snapshot is ready (Ok) or the driver gives an error other than ABORTED.
+    async fn snapshot(&self, volume_id: &str) -> Result<csi::Snapshot, Status> {
+        let request = snapshot_request(&new_snapshot_name(), volume_id);
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            match self.driver.create_snapshot(request.clone()).await {
+                Ok(snapshot) if snapshot.ready_to_use => return Ok(snapshot),
+                Ok(_) => {}
+                Err(status) if status.code() == Code::Aborted => {}
+                Err(status) => return Err(status),
+            }
+            self.probe_in_time().await;
+            assert!(Instant::now() < deadline, "snapshot not done in 300 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn stats_in_time(
+        &self,
+        volume: &csi::Volume,
+        target: &Path,
+    ) -> csi::NodeGetVolumeStatsResponse {
+        let probing = async {
+            loop {
+                self.probe_in_time().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            stats = self.driver.stats(&volume.volume_id, target.to_str().unwrap()) => stats.unwrap(),
+            () = probing => unreachable!(),
+        }
+    }
+}
+
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+/// Below `top`, a chain of `depth` directories named `name`, made level by level as a pod can
+/// (the whole path may be far beyond PATH_MAX); the deepest one, open.
+fn chain(top: &Path, depth: usize, name: &str) -> OwnedFd {
+    let mut dir = open(top, dir_flags(), FileMode::empty()).unwrap();
+    for _ in 0..depth {
+        mkdirat(dir.as_fd(), name, FileMode::S_IRWXU).unwrap();
+        dir = openat(dir.as_fd(), name, dir_flags(), FileMode::empty()).unwrap();
+    }
+    dir
+}
+
+/// `/proc/self/fd/N/name` for a file in an open directory.
+fn in_dir(dir: &OwnedFd, name: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()))
+}
+
+#[tokio::test]
+async fn a_deep_tree_of_long_names_with_hard_links_is_snapshot_in_bounded_memory() {
+    let mut confined = Confined::start(&[]).await;
+    let (volume, target) = confined.driver.published_fs_volume().await;
+    // As the issue found it: 1,000 levels of 255-byte names, 1,500 hard-linked pairs at the
+    // bottom (before: the copy kept each link's ~256 KiB path, 390 MB at its peak).
+    let name = "d".repeat(255);
+    let bottom = chain(&target, 1000, &name);
+    for i in 0..1500 {
+        fs::write(in_dir(&bottom, &format!("f{i}")), b"x").unwrap();
+        let (first, second) = (
+            CString::new(format!("f{i}")).unwrap(),
+            CString::new(format!("g{i}")).unwrap(),
+        );
+        linkat(
+            bottom.as_fd(),
+            first.as_c_str(),
+            bottom.as_fd(),
+            second.as_c_str(),
+            nix::fcntl::AtFlags::empty(),
+        )
+        .unwrap();
+    }
+    drop(bottom);
+
+    let snapshot = confined.snapshot(&volume.volume_id).await.unwrap();
+    confined.stats_in_time(&volume, &target).await;
+    confined.assert_unharmed("deep tree with hard links");
+
+    // The copy kept the links: a restore's pairs are one inode each.
+    let request = csi::CreateVolumeRequest {
+        volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
+        ..create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), 1 << 30)
+    };
+    let restored = confined.driver.create(request).await;
+    let restored_target = confined
+        .driver
+        .publish_at_new_target(&restored, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    let copy_bottom = {
+        let mut dir = open(&restored_target, dir_flags(), FileMode::empty()).unwrap();
+        for _ in 0..1000 {
+            dir = openat(dir.as_fd(), name.as_str(), dir_flags(), FileMode::empty()).unwrap();
+        }
+        dir
+    };
+    use std::os::unix::fs::MetadataExt;
+    let first = fs::metadata(in_dir(&copy_bottom, "f7")).unwrap();
+    let second = fs::metadata(in_dir(&copy_bottom, "g7")).unwrap();
+    assert_eq!((first.ino(), first.nlink()), (second.ino(), 2));
+    drop(copy_bottom);
+    confined.assert_unharmed("restore of the deep tree");
+    confined
+        .driver
+        .unpublish_ok(&restored, &restored_target)
+        .await;
+    confined.driver.delete(&restored.volume_id).await.unwrap();
+    confined.driver.unpublish_ok(&volume, &target).await;
+    confined.driver.delete(&volume.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn hundreds_of_thousands_of_names_in_one_directory_cost_no_memory_to_walk() {
+    let mut confined = Confined::start(&[]).await;
+    let (volume, target) = confined.driver.published_fs_volume().await;
+    // Before: NodeGetVolumeStats peaked at 104 MB, a snapshot at 199 MB.
+    let wide = target.join("wide");
+    fs::create_dir(&wide).unwrap();
+    let long = "n".repeat(200);
+    for i in 0..400_000 {
+        fs::File::create(wide.join(format!("{i}{long}"))).unwrap();
+    }
+    let stats = confined.stats_in_time(&volume, &target).await;
+    let inodes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+        .map(|u| u.used);
+    eprintln!("inodes used: {inodes:?}");
+    confined.assert_unharmed("NodeGetVolumeStats of 400,000 names");
+    confined.snapshot(&volume.volume_id).await.unwrap();
+    confined.assert_unharmed("snapshot of 400,000 names");
+    confined.driver.unpublish_ok(&volume, &target).await;
+    confined.driver.delete(&volume.volume_id).await.unwrap();
+    confined.restart().await;
+    confined.probe_in_time().await;
+}
+
+#[tokio::test]
+async fn a_tree_deeper_than_walks_enter_is_refused_by_name_and_still_deleted() {
+    let mut confined = Confined::start(&[]).await;
+    let (volume, target) = confined.driver.published_fs_volume().await;
+    drop(chain(&target, MAX_DEPTH + 100, "d"));
+
+    let err = confined.snapshot(&volume.volume_id).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .contains(&format!("more than {MAX_DEPTH} levels deep")),
+        "{err:?}"
+    );
+    confined.assert_unharmed("snapshot of a tree too deep");
+    confined.driver.unpublish_ok(&volume, &target).await;
+    // Deletion cuts the chain into pieces it can walk.
+    confined.driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!host_path(&volume).exists());
+    confined.restart().await;
+    confined.probe_in_time().await;
+    confined.assert_unharmed("restart after the deep tree");
+}
+
+#[tokio::test]
+async fn xattrs_past_the_bound_are_refused_by_name() {
+    // XFS holds many large xattrs on one inode (ext4 holds a block's worth).
+    let fs = match ScratchFs::new("xfs", 512 << 20, &["-q"], "") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("SKIPPED: no XFS scratch filesystem: {why}");
+            return;
+        }
+    };
+    let pool = fs.mount_point.join("pool");
+    let mut confined = Confined::start(&["--pool".into(), format!("xfs={}", pool.display())]).await;
+    let mut request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), 64 << 20);
+    request.parameters = params(&[("pool", "xfs")]);
+    let volume = confined.driver.create(request).await;
+    let target = confined
+        .driver
+        .publish_at_new_target(&volume, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    let bomb = target.join("bomb");
+    fs::write(&bomb, b"x").unwrap();
+    let value = vec![7u8; 60 << 10];
+    for i in 0..40 {
+        fidelity::set_xattr(&bomb, &format!("user.big{i}"), &value);
+    }
+
+    let err = confined.snapshot(&volume.volume_id).await.unwrap_err();
+    assert!(err.message().contains("xattrs hold more than"), "{err:?}");
+    confined.assert_unharmed("xattrs past the bound");
+    confined.driver.unpublish_ok(&volume, &target).await;
+    confined.driver.delete(&volume.volume_id).await.unwrap();
+}
