@@ -924,6 +924,29 @@ fn a_hand_made_stream_imports() {
     assert_eq!(fs::metadata(&dest).unwrap().mode() & 0o7777, 0o755);
 }
 
+#[test]
+fn a_stream_nesting_deeper_than_walks_enter_is_refused_at_the_limit() {
+    if !is_root() {
+        return;
+    }
+    let base = scratch();
+    let depth = stickyvol::host::tree::MAX_DEPTH;
+    let mut stream = Hostile::new("tree", 4096);
+    for _ in 0..depth + 1 {
+        stream.frame(b'D', &name(b"d"));
+    }
+    // Every later name a u32 may promise, for a file at the bottom: nothing is kept per name.
+    stream.frame(b'F', &file_frame(b"f", 0, 1, u32::MAX));
+    let stream = stream.finish(0, 0);
+    let dest = empty_dir(base.path(), "dest");
+    let err = import_tree(&stream, &dest, 4096).unwrap_err();
+    assert!(
+        matches!(&err, ArchiveError::Walk(stickyvol::host::tree::WalkError::TooDeep { limit, .. }) if *limit == depth),
+        "{err}"
+    );
+    stickyvol::host::safe_delete::remove_all(&dest).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Timing, for the record
 
