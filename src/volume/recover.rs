@@ -26,7 +26,7 @@ use super::record::{VolumeKind, VolumeRecord};
 use super::store::LoadReport;
 use super::{STAGING_PREFIX, Volumes, devices};
 use crate::error::{IoContext, Result};
-use crate::host::{loopdev, safe_delete};
+use crate::host::loopdev;
 
 impl Volumes {
     pub(super) fn recover(&self, report: LoadReport) -> Result<()> {
@@ -136,9 +136,12 @@ impl Volumes {
             self.finish_create(&record)?;
             info!(volume = %id, "finished a create interrupted after its commit");
         } else if !self.store.has_record_file(&id) {
-            match safe_delete::remove_all(path) {
+            // With the limit the create may already have set (a project id and its quota, a
+            // qgroup), so that nothing of it outlives the data.
+            let limit = pool.enforcement.limit_left_on(path);
+            match limits::remove_directory(limit, path) {
                 Ok(()) => {
-                    info!(volume = %id, path = %path.display(), "removed the data of a create interrupted before its commit")
+                    info!(volume = %id, path = %path.display(), limit = ?limit, "removed the data of a create interrupted before its commit")
                 }
                 Err(err) => {
                     warn!(volume = %id, error = %err, "could not remove uncommitted volume data")
