@@ -6,8 +6,10 @@
 //! through `tree::walk` (directory descriptors, O_NOFOLLOW, stops at mount points). The copy is
 //! written only with *at calls relative to directory descriptors opened from `dest` downwards, so
 //! nothing outside `dest` is ever written. Neither side holds more than a few descriptors
-//! however deep the tree, and memory grows only with the hard-linked files awaiting their
-//! other names.
+//! however deep the tree, and memory is bounded whatever the tree's shape: the walk's own
+//! bounds (`tree`), a few words per hard-linked file awaiting its other names (capped, see
+//! `links`; later names are linked from a spare name in a stash, never from a path), and one
+//! inode's xattrs at a time (`meta::MAX_XATTR_BYTES`).
 //!
 //! Not copied: inode flags (chattr), the project id and other fsxattr fields (the caller sets
 //! those on `dest` for its quota), and ctime/btime, which no call can set.

@@ -32,9 +32,10 @@
 //!
 //! A tree's body lists entries in walk order, names relative to the current directory, so
 //! the importer holds one directory open and memory grows only with the depth (the identity of
-//! each open level) and with the hard-linked files still awaiting their other names (the
-//! exporter numbers multi-link regular files at their first name and says how many names
-//! follow). An image's body is DATA frames only. The importer checks the trailer's checksum
+//! each open level, at most `tree::MAX_DEPTH`) and with the hard-linked files still awaiting
+//! their other names (the exporter numbers multi-link regular files at their first name and
+//! says how many names follow; the importer links later names from a spare name it keeps, and
+//! tracks at most `links::MAX_WAITING_LINKS` of them). An image's body is DATA frames only. The importer checks the trailer's checksum
 //! and counts against what it read and wants EOF right after it. Both ends read and write
 //! through 1 MiB buffers and hash on a helper thread, so hashing overlaps the I/O.
 //!
