@@ -37,11 +37,12 @@ impl Driver {
         Ok(Driver { config, volumes })
     }
 
-    /// Starts the work a restart interrupted (snapshot copies, emptying interrupted imports),
-    /// in the background. Called once the socket serves, so Probe, unpublish and delete never
+    /// Starts the work a restart interrupted (removing what crashes left, snapshot copies,
+    /// emptying interrupted imports), in the background. Called once the socket serves, so Probe, unpublish and delete never
     /// wait for it, nor die with it.
     pub fn resume_interrupted_work(&self) {
         if let Some(volumes) = &self.volumes {
+            volumes.remove_leftovers();
             volumes.finish_interrupted_imports();
             volumes.resume_snapshot_copies();
         }

@@ -313,6 +313,21 @@ impl ProjectIds {
         }
     }
 
+    /// Reserves `id` itself, if it is in the range and neither held nor leased: e.g. the id of
+    /// data a crash left, until that data and its quota are gone. None otherwise.
+    pub fn reserve(&self, id: u32) -> Option<ProjectIdLease> {
+        let mut state = self.lock();
+        if !self.range.contains(&id) || !state.held.insert(id) {
+            return None;
+        }
+        state.leased.insert(id);
+        state.free.remove(&id);
+        Some(ProjectIdLease {
+            id,
+            state: Some(Arc::clone(&self.state)),
+        })
+    }
+
     /// Whether `id` is held by a record or a lease.
     pub fn is_held(&self, id: u32) -> bool {
         self.lock().held.contains(&id)
@@ -579,6 +594,23 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EIO));
         assert_eq!(ids.allocate(never_used).unwrap().commit(), 1);
+    }
+
+    #[test]
+    fn a_reserved_id_is_not_handed_out_until_its_lease_goes() {
+        let ids = ProjectIds::new(1..10, [2]);
+        assert!(ids.reserve(2).is_none(), "held by a record");
+        assert!(ids.reserve(10).is_none(), "outside the range");
+        let lease = ids.reserve(1).unwrap();
+        assert!(ids.reserve(1).is_none(), "reserved twice");
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 3);
+        drop(lease);
+        assert_eq!(ids.allocate(never_used).unwrap().id(), 1);
+        // A released id below the frontier, reserved again, leaves the free list.
+        ids.release(3);
+        let again = ids.reserve(3).unwrap();
+        assert_eq!(ids.allocate(never_used).unwrap().id(), 1);
+        drop(again);
     }
 
     #[test]

@@ -288,6 +288,18 @@ impl Enforcement {
         }
     }
 
+    /// Keeps the project id of data a crash left (its limit from `limit_left_on`) from going
+    /// to a new volume until that data is removed in the background: the removal then clears
+    /// a quota nobody else uses. The id is free again when the lease is dropped.
+    pub fn reserve_left(&self, limit: SizeLimit) -> Option<ProjectIdLease> {
+        match (self, limit) {
+            (Enforcement::Project(ids), SizeLimit::ProjectQuota { project_id }) => {
+                ids.reserve(project_id)
+            }
+            _ => None,
+        }
+    }
+
     /// The volume with this limit was deleted: its project id may be handed out again.
     pub fn forget(&self, limit: SizeLimit) {
         if let (Enforcement::Project(ids), SizeLimit::ProjectQuota { project_id }) = (self, limit) {

@@ -171,6 +171,8 @@ pub struct Volumes {
     usage_cache: throttle::UsageCache,
     /// Signs the ids this node issues.
     node: NodeTag,
+    /// Data crashes left, found at start and removed once the socket serves.
+    leftovers: std::sync::Mutex<Vec<recover::Leftover>>,
 }
 
 /// The pools this node has: every `--pool`, and the `--optional-pool`s whose directory exists.
@@ -271,6 +273,7 @@ impl Volumes {
             guards: OperationGuards::default(),
             usage_cache: throttle::UsageCache::default(),
             node: NodeTag::of(node_id),
+            leftovers: std::sync::Mutex::new(Vec::new()),
         };
         volumes.recover(report)?;
         for torn in &snapshot_report.torn {

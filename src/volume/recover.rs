@@ -9,12 +9,16 @@
 //!   moves, since a device is ours only if it is attached to the very file at our path (another
 //!   node on this kernel may have a device over a file at the same path: see `devices`).
 //!
-//! Records that cannot be read are reported loudly and their data is left alone.
+//! Records that cannot be read are reported loudly and their data is left alone. Removals
+//! (an uncommitted create's data, a deleted volume's that came back) are only queued here and
+//! run once the socket serves (`remove_leftovers`): a big tree must not keep the node's
+//! storage down at start.
 
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tracing::{debug, error, info, warn};
 
@@ -22,11 +26,28 @@ use super::create::size_file;
 use super::id::VolumeId;
 use super::limits;
 use super::pool::{Pool, id_of_data_entry};
-use super::record::{VolumeKind, VolumeRecord};
+use super::record::{SizeLimit, VolumeKind, VolumeRecord};
 use super::store::LoadReport;
 use super::{STAGING_PREFIX, Volumes, devices};
 use crate::error::{IoContext, Result};
 use crate::host::loopdev;
+use crate::host::projquota::ProjectIdLease;
+
+/// Data a crash left to remove (see `Volumes::leave_for_removal`).
+#[derive(Debug)]
+pub(super) struct Leftover {
+    pool: String,
+    id: VolumeId,
+    path: PathBuf,
+    limit: SizeLimit,
+    what: &'static str,
+    /// Keeps its project id from a new volume until the data is gone.
+    _lease: Option<ProjectIdLease>,
+}
+
+fn lock(leftovers: &Mutex<Vec<Leftover>>) -> MutexGuard<'_, Vec<Leftover>> {
+    leftovers.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 impl Volumes {
     pub(super) fn recover(&self, report: LoadReport) -> Result<()> {
@@ -77,15 +98,12 @@ impl Volumes {
             if removed.contains(&id) {
                 // DeleteVolume committed the removal, then a crash stopped the data's removal
                 // or a power loss undid it (unflushed). The CO deleted it: finish the job.
-                let limit = pool.enforcement.limit_left_on(&entry.path());
-                match limits::remove_directory(limit, &entry.path()) {
-                    Ok(()) => {
-                        info!(volume = %id, path = %entry.path().display(), limit = ?limit, "removed the data of a deleted volume that a crash brought back")
-                    }
-                    Err(err) => {
-                        warn!(volume = %id, error = %err, "could not remove the data of a deleted volume")
-                    }
-                }
+                self.leave_for_removal(
+                    pool,
+                    id,
+                    entry.path(),
+                    "a deleted volume that a crash brought back",
+                );
                 continue;
             }
             self.quarantine(pool, &id, &entry.path())?;
@@ -136,19 +154,72 @@ impl Volumes {
             self.finish_create(&record)?;
             info!(volume = %id, "finished a create interrupted after its commit");
         } else if !self.store.has_record_file(&id) {
-            // With the limit the create may already have set (a project id and its quota, a
-            // qgroup), so that nothing of it outlives the data.
-            let limit = pool.enforcement.limit_left_on(path);
-            match limits::remove_directory(limit, path) {
-                Ok(()) => {
-                    info!(volume = %id, path = %path.display(), limit = ?limit, "removed the data of a create interrupted before its commit")
-                }
-                Err(err) => {
-                    warn!(volume = %id, error = %err, "could not remove uncommitted volume data")
-                }
-            }
+            self.leave_for_removal(
+                pool,
+                id,
+                path.to_path_buf(),
+                "a create interrupted before its commit",
+            );
         }
         Ok(())
+    }
+
+    /// Queues data a crash left for removal once the socket serves (`remove_leftovers`): a big
+    /// tree must not keep the node's storage down at start. It goes with the limit it may
+    /// carry (a project id and its quota, a qgroup), so nothing of it outlives the data; the
+    /// project id is reserved meanwhile, so no new volume gets it first.
+    fn leave_for_removal(&self, pool: &Pool, id: VolumeId, path: PathBuf, what: &'static str) {
+        let limit = pool.enforcement.limit_left_on(&path);
+        let lease = pool.enforcement.reserve_left(limit);
+        lock(&self.leftovers).push(Leftover {
+            pool: pool.name.clone(),
+            id,
+            path,
+            limit,
+            what,
+            _lease: lease,
+        });
+    }
+
+    /// Removes, on a thread of its own, the data `recover` left for later.
+    pub fn remove_leftovers(self: &Arc<Self>) {
+        let leftovers = std::mem::take(&mut *lock(&self.leftovers));
+        if leftovers.is_empty() {
+            return;
+        }
+        let volumes = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("leftover-removal".into())
+            .spawn(move || {
+                for leftover in leftovers {
+                    volumes.remove_leftover(leftover);
+                }
+            });
+        if let Err(err) = spawned {
+            error!(error = %err, "cannot start removing the data crashes left; it stays until the next start");
+        }
+    }
+
+    fn remove_leftover(&self, leftover: Leftover) {
+        let Leftover {
+            pool,
+            id,
+            path,
+            limit,
+            what,
+            ..
+        } = &leftover;
+        // Each pool's walks share its slots with stats and copies.
+        let Ok(pool) = self.pool(pool) else { return };
+        let _slot = pool.walks.take();
+        match limits::remove_directory(*limit, path) {
+            Ok(()) => {
+                info!(volume = %id, path = %path.display(), limit = ?limit, "removed the data of {what}")
+            }
+            Err(err) => {
+                warn!(volume = %id, path = %path.display(), error = %err, "could not remove the data of {what}; the next start tries again")
+            }
+        }
     }
 
     /// Data under a final name without any record never comes from an interrupted operation of

@@ -1035,6 +1035,16 @@ pub fn create_request(
 }
 
 /// A VolumeSnapshotContent-like name, unique across tests.
+/// Waits until `done` holds, checking every 50 ms; panics naming `what` after 30 s. For work
+/// the driver does in the background once it serves (e.g. removing what a crash left).
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 30 s: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn new_snapshot_name() -> String {
     format!("snapshot-{}", uuid::Uuid::now_v7())
 }
