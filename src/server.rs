@@ -127,8 +127,10 @@ async fn serve_on(
     )));
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     if mode.works_on_host() {
-        router = router.add_service(admin_api::admin_server::AdminServer::new(
+        // Root only, whatever the socket's mode lets connect: the CSI services stay open to it.
+        router = router.add_service(admin_api::admin_server::AdminServer::with_interceptor(
             AdminService::new(driver.clone()),
+            crate::admin::access::root_only,
         ));
     }
 
