@@ -9,8 +9,10 @@
 //! volume's file; kubelet follows it. One device per volume and read-only flag is shared by all
 //! targets and detached when the last one goes.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use sys_mount::MountFlags;
@@ -22,7 +24,7 @@ use super::id::VolumeId;
 use super::record::{Publication, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Stat};
-use crate::host::{loopdev, mount};
+use crate::host::{dirfd, loopdev, mount};
 use crate::request::Capability;
 
 /// A validated NodePublishVolume request.
@@ -85,15 +87,23 @@ impl Volumes {
                 )));
             }
         }
-        self.check_target_parent(&wanted.target)?;
+        let target = wanted.target.clone();
+        let parent = self.open_target_parent(&target)?;
+        let at = Target {
+            parent: parent.as_fd(),
+            name: target_name(&target)?,
+            path: &target,
+        };
 
         let data = self.data_path(&record)?;
         let published = match record.kind {
             VolumeKind::Filesystem => {
-                self.publish_directory(id, &data, &wanted, cap)?;
+                self.publish_directory(id, &data, &at, &wanted, cap)?;
                 wanted
             }
-            VolumeKind::Block => self.publish_device(id, &record, &data, wanted, known.as_ref())?,
+            VolumeKind::Block => {
+                self.publish_device(id, &record, &data, &at, wanted, known.as_ref())?
+            }
         };
         if record.publication(&published.target) != Some(&published) {
             let mut updated = (*record).clone();
@@ -185,60 +195,77 @@ impl Volumes {
     }
 
     /// The target's existing ancestors must resolve (symlinks followed) inside the kubelet dir
-    /// and outside the data dir (volumes are never targets of each other). Says whether the
-    /// target's parent exists.
-    fn check_target_ancestors(&self, target: &Path) -> Result<bool> {
+    /// and outside the data dir (volumes are never targets of each other).
+    fn check_target_ancestors(&self, target: &Path) -> Result<()> {
         let mut ancestor = target.parent();
         while let Some(dir) = ancestor {
-            let resolved = fsstat::canonical(dir);
-            let pool = resolved
-                .as_ref()
-                .ok()
-                .and_then(|real| self.pools().iter().find(|p| real.starts_with(&p.root)));
-            if let Some(pool) = pool {
-                return Err(Error::InvalidArgument(format!(
-                    "target {} lies inside the data directory {} (pool {:?})",
-                    target.display(),
-                    pool.root.display(),
-                    pool.name
-                )));
-            }
-            match resolved {
-                Ok(real) if real.starts_with(&self.kubelet_dir) => {
-                    return Ok(Some(dir) == target.parent());
-                }
-                Ok(real) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "target {} resolves through {} outside the kubelet directory {}",
-                        target.display(),
-                        real.display(),
-                        self.kubelet_dir.display()
-                    )));
-                }
+            match fsstat::canonical(dir) {
+                Ok(real) => return self.check_resolved(target, &real),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => ancestor = dir.parent(),
                 Err(err) => return Err(Error::host(format!("resolving {}", dir.display()), err)),
             }
         }
-        Ok(false)
+        Ok(())
     }
 
-    /// Checks the target's ancestors and creates its parent unless (as kubelet does) it exists.
-    fn check_target_parent(&self, target: &Path) -> Result<()> {
-        if self.check_target_ancestors(target)? {
-            return Ok(());
+    /// `real`, where an ancestor of `target` resolves, must be inside the kubelet dir and
+    /// outside every pool.
+    fn check_resolved(&self, target: &Path, real: &Path) -> Result<()> {
+        if let Some(pool) = self.pools().iter().find(|p| real.starts_with(&p.root)) {
+            return Err(Error::InvalidArgument(format!(
+                "target {} lies inside the data directory {} (pool {:?})",
+                target.display(),
+                pool.root.display(),
+                pool.name
+            )));
         }
-        let parent = target.parent().unwrap_or(Path::new("/"));
-        fs::create_dir_all(parent).context(|| format!("creating {}", parent.display()))
+        if !real.starts_with(&self.kubelet_dir) {
+            return Err(Error::InvalidArgument(format!(
+                "target {} resolves through {} outside the kubelet directory {}",
+                target.display(),
+                real.display(),
+                self.kubelet_dir.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the target's parent, creating it unless (as kubelet does) it exists: its deepest
+    /// existing ancestor is opened (symlinks followed) and checked where the kernel says it
+    /// is, and the missing directories are made beneath it without following any symlink. The
+    /// publish then acts on this descriptor, never on the path resolved again.
+    fn open_target_parent(&self, target: &Path) -> Result<OwnedFd> {
+        let mut missing = Vec::new();
+        let mut dir = target.parent().unwrap_or(Path::new("/"));
+        let mut opened = loop {
+            match dirfd::open_dir(dir) {
+                Ok(fd) => break fd,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    missing.extend(dir.file_name());
+                    dir = dir.parent().unwrap_or(Path::new("/"));
+                }
+                Err(err) => return Err(Error::host(format!("opening {}", dir.display()), err)),
+            }
+        };
+        let real =
+            dirfd::name_of(opened.as_fd()).context(|| format!("resolving {}", dir.display()))?;
+        self.check_resolved(target, &real)?;
+        for name in missing.into_iter().rev() {
+            opened = dirfd::make_dir_at(opened.as_fd(), name)
+                .context(|| format!("creating {} in {}", name.to_string_lossy(), real.display()))?;
+        }
+        Ok(opened)
     }
 
     fn publish_directory(
         &self,
         id: &VolumeId,
         data: &Path,
+        at: &Target<'_>,
         wanted: &Publication,
         cap: &Capability,
     ) -> Result<()> {
-        let target = &wanted.target;
+        let target = at.path;
         let source = fsstat::lstat(data).map_err(|err| missing_data(id, data, err))?;
         let flags = bind_flags(cap, wanted.readonly, data)?;
         if !source.is_dir() {
@@ -247,15 +274,20 @@ impl Volumes {
                 data.display()
             )));
         }
+        let inspect = || format!("inspecting {}", target.display());
+        let existing = dirfd::open_at(at.parent, at.name).context(inspect)?;
+        let stat = match &existing {
+            Some(fd) => Some(fsstat::stat_fd(fd.as_fd()).context(inspect)?),
+            None => None,
+        };
         let mut created = false;
-        match fsstat::lstat_if_exists(target)
-            .context(|| format!("inspecting {}", target.display()))?
-        {
-            None => {
-                fs::create_dir(target).context(|| format!("creating {}", target.display()))?;
+        let directory = match (existing, stat) {
+            (None, _) => {
                 created = true;
+                dirfd::make_dir_at(at.parent, at.name)
+                    .context(|| format!("creating {}", target.display()))?
             }
-            Some(stat) if stat.is_dir() && stat.is_mount_root => {
+            (Some(fd), Some(stat)) if stat.is_dir() && stat.is_mount_root => {
                 if !stat.same_file(&source) {
                     return Err(Error::AlreadyExists(format!(
                         "target {} already has something else mounted",
@@ -263,27 +295,27 @@ impl Volumes {
                     )));
                 }
                 // Our mount from an earlier, interrupted attempt: make its flags right and adopt it.
-                let flags_ok = mount::has_flags(target, flags)
+                let flags_ok = mount::has_flags(&dirfd::fd_path(fd.as_fd()), flags)
                     .context(|| format!("statvfs {}", target.display()))?;
                 if !flags_ok {
-                    mount::set_flags(target, flags)
+                    mount::set_flags_on(fd.as_fd(), flags)
                         .context(|| format!("remounting {} for volume {id}", target.display()))?;
                 }
                 return Ok(());
             }
-            Some(stat) if stat.is_dir() => {}
-            Some(_) => {
+            (Some(fd), Some(stat)) if stat.is_dir() => fd,
+            _ => {
                 return Err(Error::FailedPrecondition(format!(
                     "target {} exists and is not a directory",
                     target.display()
                 )));
             }
-        }
-        let mounted = mount::bind(data, target, flags)
+        };
+        let mounted = mount::bind_onto(data, directory.as_fd(), flags)
             .context(|| format!("bind-mounting volume {id} at {}", target.display()));
         if mounted.is_err() && created {
             // A failed publish leaves nothing behind for kubelet to trip over.
-            let _ = fs::remove_dir(target);
+            let _ = dirfd::remove_dir_at(at.parent, at.name);
         }
         mounted
     }
@@ -293,6 +325,7 @@ impl Volumes {
         id: &VolumeId,
         record: &VolumeRecord,
         data: &Path,
+        at: &Target<'_>,
         mut wanted: Publication,
         known: Option<&Publication>,
     ) -> Result<Publication> {
@@ -316,7 +349,7 @@ impl Volumes {
                     .and_then(loopdev::LoopDevice::from_name)
             })
             .find(|device| devices::serves(device, data))
-            .or_else(|| linked_device(&target, data, wanted.readonly));
+            .or_else(|| linked_device(at, data, wanted.readonly));
         let device = match shared {
             Some(device) => device,
             None => self.attach_device(id, data, wanted.readonly)?,
@@ -324,7 +357,7 @@ impl Volumes {
         wanted.loop_device = Some(device.name().to_string());
         wanted.loop_backing_file = Some(source.id());
         // Any failure from here on must not leave the device we may just have attached behind.
-        if let Err(err) = link_device(&target, &device) {
+        if let Err(err) = link_device(at, &device) {
             self.release_device_if_unused(record, &device, &target);
             return Err(err);
         }
@@ -444,35 +477,44 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
     Ok(())
 }
 
-/// The device `target` already links to, if it serves the volume's `data` with the read-only
+/// The device `at` already links to, if it serves the volume's `data` with the read-only
 /// flag wanted: what a publish that linked but failed to record leaves for its retry.
-fn linked_device(target: &Path, data: &Path, readonly: bool) -> Option<loopdev::LoopDevice> {
-    let device = loopdev::LoopDevice::from_path(&fs::read_link(target).ok()?)?;
+fn linked_device(at: &Target<'_>, data: &Path, readonly: bool) -> Option<loopdev::LoopDevice> {
+    let device = loopdev::LoopDevice::from_path(&dirfd::read_link_at(at.parent, at.name).ok()?)?;
     (devices::serves(&device, data) && loopdev::is_read_only(&device).ok() == Some(readonly))
         .then_some(device)
 }
 
-/// Makes `target` a symlink to `device`, replacing an empty placeholder or another link; Ok if
+/// Makes `at` a symlink to `device`, replacing an empty placeholder or another link; Ok if
 /// it already is one.
-fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
-    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
+    let target = at.path;
+    let existing = match dirfd::open_at(at.parent, at.name)
+        .context(|| format!("inspecting {}", target.display()))?
+    {
+        Some(fd) => Some(
+            fsstat::stat_fd(fd.as_fd()).context(|| format!("inspecting {}", target.display()))?,
+        ),
+        None => None,
+    };
+    match existing {
         Some(stat) if stat.is_symlink() => {
-            if fs::read_link(target).ok() == Some(device.path()) {
+            if dirfd::read_link_at(at.parent, at.name).ok() == Some(device.path()) {
                 return Ok(());
             }
             // Kubelet's block target belongs to one PV and one pod, so a link there to another
             // device is stale: e.g. a reboot renumbered the devices, and the old number may now
             // serve another volume.
-            fs::remove_file(target)
+            dirfd::remove_file_at(at.parent, at.name)
                 .context(|| format!("replacing the stale link {}", target.display()))?;
         }
         // A placeholder a CO may have created (an empty directory or file): replace it.
         Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-            fs::remove_dir(target)
+            dirfd::remove_dir_at(at.parent, at.name)
                 .context(|| format!("replacing the directory {}", target.display()))?;
         }
         Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-            fs::remove_file(target)
+            dirfd::remove_file_at(at.parent, at.name)
                 .context(|| format!("replacing the file {}", target.display()))?;
         }
         Some(_) => {
@@ -483,13 +525,27 @@ fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
         }
         None => {}
     }
-    std::os::unix::fs::symlink(device.path(), target).context(|| {
+    dirfd::symlink_at(&device.path(), at.parent, at.name).context(|| {
         format!(
             "linking {} to {}",
             target.display(),
             device.path().display()
         )
     })
+}
+
+/// A publish target as the publish acts on it: a name in its checked, open parent directory.
+struct Target<'a> {
+    parent: BorrowedFd<'a>,
+    name: &'a OsStr,
+    /// For messages only.
+    path: &'a Path,
+}
+
+fn target_name(target: &Path) -> Result<&OsStr> {
+    target
+        .file_name()
+        .ok_or_else(|| Error::InvalidArgument(format!("target {} names no file", target.display())))
 }
 
 /// The flags for a bind of `data`: the ones asked for, plus those the data's own mount has (a
