@@ -1,6 +1,6 @@
-//! NodePublishVolume acts on the directories it checked (issue 19): the target's parent is
-//! opened and checked once, then the target is made, mounted or linked relative to that
-//! descriptor, so swapping a path component for a symlink after the check (anyone who can
+//! NodePublishVolume and NodeUnpublishVolume act on the directories they checked (issue 19):
+//! the target's parent is opened and checked once, then the target is made, mounted, linked,
+//! unmounted or removed relative to that descriptor, so swapping a path component for a symlink after the check (anyone who can
 //! write kubelet's directories could) changes nothing. The swap cannot be timed against the
 //! driver from outside, so the race is shown on the host mechanics publish uses, with the swap
 //! made between the open and the acts; the driver is tested for what it refuses.
@@ -20,7 +20,7 @@ fn snw() -> csi::VolumeCapability {
 }
 
 #[test]
-fn a_mount_lands_in_the_directory_opened_however_its_path_is_swapped() {
+fn mounts_land_and_go_in_the_directory_opened_however_its_path_is_swapped() {
     // Not started: only its directories, which its drop unmounts and removes, also on failure.
     let scratch = TestDriver::prepare(Options::default());
     let source = scratch.root.join("source");
@@ -62,6 +62,21 @@ fn a_mount_lands_in_the_directory_opened_however_its_path_is_swapped() {
     let err = dirfd::make_dir_at(parent.as_fd(), "link".as_ref()).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTDIR), "{err}");
     assert!(!outside.join("link").exists());
+
+    // Unpublish's unmount goes through the opened parent too: a mount the swapped path now
+    // leads to is left alone.
+    fs::create_dir(outside.join("mount")).unwrap();
+    let decoy = dirfd::open_dir(&outside.join("mount")).unwrap();
+    mount::bind_onto(&source, decoy.as_fd(), MountFlags::empty()).unwrap();
+    drop(decoy);
+    assert_eq!(mounts_at(&outside.join("mount")).len(), 1);
+    mount::unmount_at(parent.as_fd(), "mount".as_ref()).unwrap();
+    assert!(mounts_at(&landed).is_empty());
+    assert_eq!(
+        mounts_at(&outside.join("mount")).len(),
+        1,
+        "the decoy stays"
+    );
 }
 
 fn mountinfo_under(dir: &std::path::Path) -> Vec<String> {

@@ -3,7 +3,7 @@
 //! a directory given by descriptor. mount(2) would need a second, remount call for the flags,
 //! leaving the mount read-write in between, and takes the target by path.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -169,6 +169,18 @@ pub fn has_flags(target: &Path, flags: MountFlags) -> io::Result<bool> {
     Ok(REPORTED_FLAGS
         .iter()
         .all(|(wanted, seen)| flags.contains(*wanted) == current.contains(*seen)))
+}
+
+/// Unmounts the topmost mount on `name` in the open directory `dir`, resolved from that
+/// descriptor (a symlink there is not followed). Holding the mount itself open instead would
+/// keep it busy. (nix's flag: sys-mount's `UnmountFlags::NOFOLLOW` carries O_NOFOLLOW's value,
+/// which umount2 refuses.)
+pub fn unmount_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let path = super::dirfd::fd_path(dir).join(name);
+    Ok(nix::mount::umount2(
+        &path,
+        nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+    )?)
 }
 
 /// Unmounts the topmost mount at `target` (no lazy detach: a busy mount is an error to report).

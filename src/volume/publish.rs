@@ -90,7 +90,7 @@ impl Volumes {
         let target = wanted.target.clone();
         let parent = self.open_target_parent(&target)?;
         let at = Target {
-            parent: parent.as_fd(),
+            parent: Some(parent.as_fd()),
             name: target_name(&target)?,
             path: &target,
         };
@@ -121,23 +121,28 @@ impl Volumes {
 
     /// Removes the publication at `target`; succeeds when there is nothing (left) to undo.
     pub fn unpublish(&self, id: Option<&VolumeId>, target: &Path) -> Result<()> {
-        self.check_target_ancestors(target)?;
+        let parent = self.open_existing_target_parent(target)?;
+        let at = Target {
+            parent: parent.as_ref().map(|fd| fd.as_fd()),
+            name: target_name(target)?,
+            path: target,
+        };
         let Some(id) = id else {
-            return unpublish_unknown(target);
+            return unpublish_unknown(&at);
         };
         let _guard = self.claim(id)?;
         // Looked up under the guard: a DeleteVolume that just finished makes this volume unknown.
         let Some(record) = self.store.get(id) else {
-            return unpublish_unknown(target);
+            return unpublish_unknown(&at);
         };
         // A volume whose pool is not configured now: kubelet must still be able to finish a
         // pod's teardown when nothing is mounted any more.
         let Ok(data) = self.data_path(&record) else {
-            return unpublish_unknown(target);
+            return unpublish_unknown(&at);
         };
         match record.kind {
-            VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
-            VolumeKind::Block => self.unpublish_device(id, &record, &data, target)?,
+            VolumeKind::Filesystem => unpublish_directory(id, &data, &at)?,
+            VolumeKind::Block => self.unpublish_device(id, &record, &data, &at)?,
         }
         if record.publication(target).is_some() {
             let mut updated = (*record).clone();
@@ -257,6 +262,25 @@ impl Volumes {
         Ok(opened)
     }
 
+    /// The target's parent for an unpublish: opened and checked as for a publish, never
+    /// created; None when it does not exist (nor, then, does the target).
+    fn open_existing_target_parent(&self, target: &Path) -> Result<Option<OwnedFd>> {
+        let parent = target.parent().unwrap_or(Path::new("/"));
+        match dirfd::open_dir(parent) {
+            Ok(opened) => {
+                let real = dirfd::name_of(opened.as_fd())
+                    .context(|| format!("resolving {}", parent.display()))?;
+                self.check_resolved(target, &real)?;
+                Ok(Some(opened))
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                self.check_target_ancestors(target)?;
+                Ok(None)
+            }
+            Err(err) => Err(Error::host(format!("opening {}", parent.display()), err)),
+        }
+    }
+
     fn publish_directory(
         &self,
         id: &VolumeId,
@@ -274,20 +298,15 @@ impl Volumes {
                 data.display()
             )));
         }
-        let inspect = || format!("inspecting {}", target.display());
-        let existing = dirfd::open_at(at.parent, at.name).context(inspect)?;
-        let stat = match &existing {
-            Some(fd) => Some(fsstat::stat_fd(fd.as_fd()).context(inspect)?),
-            None => None,
-        };
+        let parent = at.parent()?;
         let mut created = false;
-        let directory = match (existing, stat) {
-            (None, _) => {
+        let directory = match at.open()? {
+            None => {
                 created = true;
-                dirfd::make_dir_at(at.parent, at.name)
+                dirfd::make_dir_at(parent, at.name)
                     .context(|| format!("creating {}", target.display()))?
             }
-            (Some(fd), Some(stat)) if stat.is_dir() && stat.is_mount_root => {
+            Some((fd, stat)) if stat.is_dir() && stat.is_mount_root => {
                 if !stat.same_file(&source) {
                     return Err(Error::AlreadyExists(format!(
                         "target {} already has something else mounted",
@@ -303,8 +322,8 @@ impl Volumes {
                 }
                 return Ok(());
             }
-            (Some(fd), Some(stat)) if stat.is_dir() => fd,
-            _ => {
+            Some((fd, stat)) if stat.is_dir() => fd,
+            Some(_) => {
                 return Err(Error::FailedPrecondition(format!(
                     "target {} exists and is not a directory",
                     target.display()
@@ -315,7 +334,7 @@ impl Volumes {
             .context(|| format!("bind-mounting volume {id} at {}", target.display()));
         if mounted.is_err() && created {
             // A failed publish leaves nothing behind for kubelet to trip over.
-            let _ = dirfd::remove_dir_at(at.parent, at.name);
+            let _ = dirfd::remove_dir_at(parent, at.name);
         }
         mounted
     }
@@ -384,26 +403,25 @@ impl Volumes {
         id: &VolumeId,
         record: &VolumeRecord,
         data: &Path,
-        target: &Path,
+        at: &Target<'_>,
     ) -> Result<()> {
-        let device = match fsstat::lstat_if_exists(target)
-            .context(|| format!("inspecting {}", target.display()))?
-        {
+        let target = at.path;
+        let device = match at.stat()? {
             None => None,
             Some(stat) if stat.is_symlink() => {
-                let device = fs::read_link(target)
-                    .ok()
+                let device = at
+                    .read_link()
                     .and_then(|link| loopdev::LoopDevice::from_path(&link));
-                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                at.remove_file()?;
                 device
             }
             Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-                remove_empty_dir(target)?;
+                at.remove_empty_dir()?;
                 None
             }
             // The placeholders publish accepts (and replaces) are tidied the same way.
             Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                at.remove_file()?;
                 None
             }
             Some(_) => {
@@ -450,18 +468,17 @@ impl Volumes {
     }
 }
 
-fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> {
+fn unpublish_directory(id: &VolumeId, data: &Path, at: &Target<'_>) -> Result<()> {
+    let target = at.path;
     let source =
         fsstat::lstat_if_exists(data).context(|| format!("inspecting {}", data.display()))?;
     // Stacked mounts (a retried publish that raced) are all ours to remove.
-    while let Some(stat) =
-        fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))?
-    {
+    while let Some(stat) = at.stat()? {
         if !stat.is_mount_root {
             if stat.is_dir() {
-                remove_empty_dir(target)?;
+                at.remove_empty_dir()?;
             } else if stat.is_symlink() {
-                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                at.remove_file()?;
             }
             return Ok(());
         }
@@ -471,7 +488,8 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
                 target.display()
             )));
         }
-        mount::unmount(target)
+        // Looked up from the checked parent: never a mount a swapped path leads to.
+        mount::unmount_at(at.parent()?, at.name)
             .context(|| format!("unmounting volume {id} from {}", target.display()))?;
     }
     Ok(())
@@ -480,7 +498,7 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
 /// The device `at` already links to, if it serves the volume's `data` with the read-only
 /// flag wanted: what a publish that linked but failed to record leaves for its retry.
 fn linked_device(at: &Target<'_>, data: &Path, readonly: bool) -> Option<loopdev::LoopDevice> {
-    let device = loopdev::LoopDevice::from_path(&dirfd::read_link_at(at.parent, at.name).ok()?)?;
+    let device = loopdev::LoopDevice::from_path(&at.read_link()?)?;
     (devices::serves(&device, data) && loopdev::is_read_only(&device).ok() == Some(readonly))
         .then_some(device)
 }
@@ -489,34 +507,22 @@ fn linked_device(at: &Target<'_>, data: &Path, readonly: bool) -> Option<loopdev
 /// it already is one.
 fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
     let target = at.path;
-    let existing = match dirfd::open_at(at.parent, at.name)
-        .context(|| format!("inspecting {}", target.display()))?
-    {
-        Some(fd) => Some(
-            fsstat::stat_fd(fd.as_fd()).context(|| format!("inspecting {}", target.display()))?,
-        ),
-        None => None,
-    };
-    match existing {
+    match at.stat()? {
         Some(stat) if stat.is_symlink() => {
-            if dirfd::read_link_at(at.parent, at.name).ok() == Some(device.path()) {
+            if at.read_link() == Some(device.path()) {
                 return Ok(());
             }
             // Kubelet's block target belongs to one PV and one pod, so a link there to another
             // device is stale: e.g. a reboot renumbered the devices, and the old number may now
             // serve another volume.
-            dirfd::remove_file_at(at.parent, at.name)
-                .context(|| format!("replacing the stale link {}", target.display()))?;
+            at.remove_file()?;
         }
         // A placeholder a CO may have created (an empty directory or file): replace it.
         Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-            dirfd::remove_dir_at(at.parent, at.name)
+            dirfd::remove_dir_at(at.parent()?, at.name)
                 .context(|| format!("replacing the directory {}", target.display()))?;
         }
-        Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-            dirfd::remove_file_at(at.parent, at.name)
-                .context(|| format!("replacing the file {}", target.display()))?;
-        }
+        Some(stat) if stat.is_regular_file() && stat.size == 0 => at.remove_file()?,
         Some(_) => {
             return Err(Error::FailedPrecondition(format!(
                 "target {} exists and is neither a symlink nor an empty placeholder",
@@ -525,7 +531,7 @@ fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
         }
         None => {}
     }
-    dirfd::symlink_at(&device.path(), at.parent, at.name).context(|| {
+    dirfd::symlink_at(&device.path(), at.parent()?, at.name).context(|| {
         format!(
             "linking {} to {}",
             target.display(),
@@ -534,12 +540,67 @@ fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
     })
 }
 
-/// A publish target as the publish acts on it: a name in its checked, open parent directory.
+/// A target as (un)publish acts on it: a name in its checked, open parent directory (None
+/// when an unpublish found no parent: then there is no target either).
 struct Target<'a> {
-    parent: BorrowedFd<'a>,
+    parent: Option<BorrowedFd<'a>>,
     name: &'a OsStr,
     /// For messages only.
     path: &'a Path,
+}
+
+impl Target<'_> {
+    fn parent(&self) -> Result<BorrowedFd<'_>> {
+        self.parent.ok_or_else(|| {
+            Error::host(
+                format!("opening the parent of {}", self.path.display()),
+                io::ErrorKind::NotFound.into(),
+            )
+        })
+    }
+
+    /// The target itself (a symlink not followed; a mount on it entered) and what it is.
+    fn open(&self) -> Result<Option<(OwnedFd, Stat)>> {
+        let Some(parent) = self.parent else {
+            return Ok(None);
+        };
+        let inspect = || format!("inspecting {}", self.path.display());
+        let Some(opened) = dirfd::open_at(parent, self.name).context(inspect)? else {
+            return Ok(None);
+        };
+        let stat = fsstat::stat_fd(opened.as_fd()).context(inspect)?;
+        Ok(Some((opened, stat)))
+    }
+
+    fn stat(&self) -> Result<Option<Stat>> {
+        Ok(self.open()?.map(|(_, stat)| stat))
+    }
+
+    fn read_link(&self) -> Option<PathBuf> {
+        dirfd::read_link_at(self.parent?, self.name).ok()
+    }
+
+    fn remove_file(&self) -> Result<()> {
+        dirfd::remove_file_at(self.parent()?, self.name)
+            .context(|| format!("removing {}", self.path.display()))
+    }
+
+    /// Removes the (empty) target directory; one with content is left, with a warning, for
+    /// an admin.
+    fn remove_empty_dir(&self) -> Result<()> {
+        match dirfd::remove_dir_at(self.parent()?, self.name) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                warn!(target = %self.path.display(), "target is not mounted but not empty; leaving it in place");
+                Ok(())
+            }
+            Err(err) => Err(Error::host(
+                format!("removing {}", self.path.display()),
+                err,
+            )),
+        }
+    }
 }
 
 fn target_name(target: &Path) -> Result<&OsStr> {
@@ -561,31 +622,16 @@ fn bind_flags(cap: &Capability, readonly: bool, data: &Path) -> Result<MountFlag
 }
 
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
-fn unpublish_unknown(target: &Path) -> Result<()> {
-    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+fn unpublish_unknown(at: &Target<'_>) -> Result<()> {
+    match at.stat()? {
         None => Ok(()),
         Some(stat) if stat.is_mount_root => Err(Error::FailedPrecondition(format!(
             "{} is mounted but its volume is unknown to stickyvol; refusing to unmount what we did not mount",
-            target.display()
+            at.path.display()
         ))),
-        Some(stat) if stat.is_dir() => remove_empty_dir(target),
-        Some(stat) if stat.is_symlink() => {
-            fs::remove_file(target).context(|| format!("removing {}", target.display()))
-        }
+        Some(stat) if stat.is_dir() => at.remove_empty_dir(),
+        Some(stat) if stat.is_symlink() => at.remove_file(),
         Some(_) => Ok(()),
-    }
-}
-
-/// Removes the (empty) target directory; one with content is left, with a warning, for an admin.
-fn remove_empty_dir(target: &Path) -> Result<()> {
-    match fs::remove_dir(target) {
-        Ok(()) => Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => {
-            warn!(target = %target.display(), "target is not mounted but not empty; leaving it in place");
-            Ok(())
-        }
-        Err(err) => Err(Error::host(format!("removing {}", target.display()), err)),
     }
 }
 
