@@ -4,8 +4,12 @@
 //! symlink) already in place and adopts it; an unpublish finds it gone and just tidies up. Every
 //! step is idempotent because kubelet retries "uncertain" calls with the same arguments.
 //!
-//! Filesystem volumes: the volume directory is bind-mounted at the target (then remounted with
-//! the requested flags). Block volumes: the target is a symlink to a loop device over the
+//! The target's parent is opened and checked once (inside the kubelet dir, outside the pools);
+//! everything after acts relative to that descriptor, never on the path resolved again, which
+//! whoever can write kubelet's directories could swap for a symlink in between (`Target`).
+//!
+//! Filesystem volumes: the volume directory is bind-mounted at the target, with the requested
+//! flags from the start (`mount::bind_onto`). Block volumes: the target is a symlink to a loop device over the
 //! volume's file; kubelet follows it. One device per volume and read-only flag is shared by all
 //! targets and detached when the last one goes.
 
