@@ -1,9 +1,10 @@
 //! NodePublishVolume and NodeUnpublishVolume act on the directories they checked (issue 19):
 //! the target's parent is opened and checked once, then the target is made, mounted, linked,
-//! unmounted or removed relative to that descriptor, so swapping a path component for a symlink after the check (anyone who can
-//! write kubelet's directories could) changes nothing. The swap cannot be timed against the
-//! driver from outside, so the race is shown on the host mechanics publish uses, with the swap
-//! made between the open and the acts; the driver is tested for what it refuses.
+//! unmounted or removed relative to that descriptor, so swapping a path component for a
+//! symlink after the check (anyone who can write kubelet's directories could) changes nothing.
+//! The swap cannot be timed against the driver from outside, so the race is shown on the host
+//! mechanics (un)publish uses, with the swap made between the open and the acts; the driver is
+//! tested for what it refuses.
 
 mod common;
 

@@ -9,9 +9,9 @@
 //! whoever can write kubelet's directories could swap for a symlink in between (`Target`).
 //!
 //! Filesystem volumes: the volume directory is bind-mounted at the target, with the requested
-//! flags from the start (`mount::bind_onto`). Block volumes: the target is a symlink to a loop device over the
-//! volume's file; kubelet follows it. One device per volume and read-only flag is shared by all
-//! targets and detached when the last one goes.
+//! flags from the start (`mount::bind_onto`). Block volumes: the target is a symlink to a loop
+//! device over the volume's file; kubelet follows it. One device per volume and read-only flag
+//! is shared by all targets and detached when the last one goes.
 
 use std::ffi::OsStr;
 use std::fs;
