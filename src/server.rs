@@ -4,7 +4,7 @@
 use std::fs;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -127,8 +127,10 @@ async fn serve_on(
     )));
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     if mode.works_on_host() {
-        router = router.add_service(admin_api::admin_server::AdminServer::new(
+        // Root only, whatever the socket's mode lets connect: the CSI services stay open to it.
+        router = router.add_service(admin_api::admin_server::AdminServer::with_interceptor(
             AdminService::new(driver.clone()),
+            crate::admin::access::root_only,
         ));
     }
 
@@ -166,9 +168,28 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let listener = UnixListener::bind(path).map_err(err)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(SOCKET_MODE)).map_err(err)?;
-    Ok(listener)
+    let listener = bind_with_mode(path, SOCKET_MODE).map_err(err)?;
+    listener.set_nonblocking(true).map_err(err)?;
+    UnixListener::from_std(listener).map_err(err)
+}
+
+/// Binds `path` so that the socket file is created with `mode`, instead of a chmod by path
+/// after bind, which a swap of the path in between would redirect to another file. bind(2)
+/// gives the file the mode less the umask, so the bind runs on a thread with a file-system
+/// context (umask, cwd) of its own (unshare CLONE_FS): the process's umask never changes.
+fn bind_with_mode(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        // SAFETY: unshare(CLONE_FS) only detaches this thread's umask, cwd and root.
+        if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mask = nix::sys::stat::Mode::from_bits_truncate(!mode & 0o777);
+        nix::sys::stat::umask(mask);
+        std::os::unix::net::UnixListener::bind(&path)
+    })
+    .join()
+    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Observes every RPC once: logs method, gRPC code, duration and the error message if any, and

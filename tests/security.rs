@@ -116,6 +116,102 @@ async fn socket_is_not_world_accessible() {
     assert_eq!(data.permissions().mode() & 0o777, 0o700);
 }
 
+/// The inotify events (mask per name) of one directory, read without blocking.
+struct DirEvents(std::os::fd::OwnedFd);
+
+impl DirEvents {
+    fn watch(dir: &std::path::Path, mask: u32) -> DirEvents {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: plain system calls on a descriptor we own.
+        unsafe {
+            let fd = libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC);
+            assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+            let events = DirEvents(std::os::fd::OwnedFd::from_raw_fd(fd));
+            let dir = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+            let wd = libc::inotify_add_watch(events.0.as_raw_fd(), dir.as_ptr(), mask);
+            assert!(wd >= 0, "{}", std::io::Error::last_os_error());
+            events
+        }
+    }
+
+    /// The masks of the queued events about `name`, in order.
+    fn of(&self, name: &str) -> Vec<u32> {
+        use std::os::fd::AsRawFd;
+        let mut masks = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            // SAFETY: reads into our buffer, at most its length.
+            let n = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return masks;
+            }
+            let mut at = 0;
+            while at < n as usize {
+                let word =
+                    |i: usize| u32::from_ne_bytes(buf[at + i..at + i + 4].try_into().unwrap());
+                // struct inotify_event: wd, mask, cookie, len, then len bytes of NUL-padded name.
+                let (mask, len) = (word(4), word(12) as usize);
+                let raw = &buf[at + 16..at + 16 + len];
+                let end = raw.iter().position(|b| *b == 0).unwrap_or(len);
+                if &raw[..end] == name.as_bytes() {
+                    masks.push(mask);
+                }
+                at += 16 + len;
+            }
+        }
+    }
+}
+
+/// The umask in /proc/PID/status.
+fn umask_of(pid: u32) -> String {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Umask:")).unwrap();
+    line["Umask:".len()..].trim().to_string()
+}
+
+/// A process killed (and reaped) when the test ends, passed or not.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_socket_is_created_with_its_mode_and_never_changed_by_path() {
+    let driver = TestDriver::prepare(Options::default());
+    let events = DirEvents::watch(&driver.root, libc::IN_CREATE | libc::IN_ATTRIB);
+    // A umask that would strip the group's write bit from a plain bind.
+    let serving = KilledOnDrop(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask 027 && {}", driver.shell_command()))
+            .spawn()
+            .unwrap(),
+    );
+    let started = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&driver.socket).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the driver serves within 10 s; log:\n{}",
+            driver.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let name = driver.socket.file_name().unwrap().to_str().unwrap();
+    // A chmod (or chown) by path after bind would show as IN_ATTRIB: the window in which a
+    // swap of the path could redirect it.
+    assert_eq!(events.of(name), [libc::IN_CREATE], "IN_CREATE only");
+    let meta = fs::symlink_metadata(&driver.socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    // The driver's own umask is left as it was given (sh execs the driver: same pid).
+    assert_eq!(umask_of(serving.0.id()), "0027");
+}
+
 #[tokio::test]
 async fn a_stale_socket_is_replaced_at_start() {
     let mut driver = TestDriver::prepare(Options::default());

@@ -1,7 +1,8 @@
 //! stickyvol's admin API (`proto/admin.proto`): the service the driver serves on its socket, and
 //! the `stickyvol volumes` / `stickyvol volume …` commands that are its clients. The driver
-//! stays the only writer of its records; the commands only ask it.
+//! stays the only writer of its records; the commands only ask it, as root (`access`).
 
+pub mod access;
 pub mod cli;
 pub mod client;
 pub mod progress;

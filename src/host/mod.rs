@@ -3,6 +3,7 @@
 pub mod archive;
 pub mod btrfs;
 pub mod copy;
+pub mod dirfd;
 pub mod fsstat;
 pub mod links;
 pub mod loopdev;

@@ -1,15 +1,16 @@
-//! Bind mounts with mount(2), through sys-mount.
-//!
-//! A bind mount ignores per-mount flags on its first call and starts with its source mount's
-//! flags, so other flags such as read-only take a second call (MS_BIND | MS_REMOUNT | flags).
-//! Until that second call succeeds the mount is read-write; on failure we unmount again rather
-//! than leave it so.
+//! Bind mounts with the new mount API (open_tree, mount_setattr, move_mount): the copy of the
+//! source gets its per-mount flags (read-only etc.) while still detached, then is attached to
+//! a directory given by descriptor. mount(2) would need a second, remount call for the flags,
+//! leaving the mount read-write in between, and takes the target by path.
 
+use std::ffi::{CString, OsStr};
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::sys::statvfs::FsFlags;
-use sys_mount::{Mount, MountFlags, UnmountFlags, unmount as sys_unmount};
+use sys_mount::{MountFlags, UnmountFlags, unmount as sys_unmount};
 
 /// The per-mount flags a bind mount can carry, by their mount(8) option names.
 const BIND_FLAGS: &[(&str, MountFlags)] = &[
@@ -47,35 +48,97 @@ pub fn accepted_options() -> Vec<&'static str> {
         .collect()
 }
 
-/// Bind-mounts `source` onto `target` and applies `flags` (RDONLY etc.) to the new mount.
-pub fn bind(source: &Path, target: &Path, flags: MountFlags) -> io::Result<()> {
-    Mount::builder()
-        .fstype("none")
-        .flags(MountFlags::BIND)
-        .mount(source, target)?;
-    if flags.is_empty() {
-        return Ok(());
+/// Bind-mounts `source` onto the directory `target` with exactly `flags` (RDONLY etc.).
+/// `target` is an open descriptor: the mount lands on that very directory, whatever its path
+/// has become since it was checked. With the new mount API the flags are set on the detached
+/// copy before it is attached, so a read-only bind is never visible read-write.
+pub fn bind_onto(source: &Path, target: BorrowedFd<'_>, flags: MountFlags) -> io::Result<()> {
+    let source = CString::new(source.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a C string and plain integers; the result is a new descriptor or -1.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC as libc::c_uint,
+        )
+    };
+    if tree < 0 {
+        return Err(io::Error::last_os_error());
     }
-    // The remount takes the filesystem's superblock lock for writing, which every other
-    // publish on that filesystem then waits for; a statvfs tells when it would change nothing.
-    let applied = has_flags(target, flags).and_then(|same| match same {
-        true => Ok(()),
-        false => set_flags(target, flags),
-    });
-    if let Err(err) = applied {
-        let _ = unmount(target);
-        return Err(err);
+    // SAFETY: open_tree returned a descriptor nobody else owns.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as libc::c_int) };
+    set_flags_on(tree.as_fd(), flags)?;
+    // SAFETY: two descriptors and empty C strings (the descriptors themselves are meant).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
 
-/// Replaces the per-mount flags of the bind mount at `target`.
-pub fn set_flags(target: &Path, flags: MountFlags) -> io::Result<()> {
-    Mount::builder()
-        .fstype("none")
-        .flags(MountFlags::BIND | MountFlags::REMOUNT | flags)
-        .mount("none", target)
-        .map(drop)
+/// Replaces the per-mount flags of the mount whose root `mount` is (an open descriptor, or a
+/// detached copy from open_tree). Atime flags are kept unless `flags` names one, as a remount does.
+pub fn set_flags_on(mount: BorrowedFd<'_>, flags: MountFlags) -> io::Result<()> {
+    let mut attr = libc::mount_attr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    for (flag, bit) in [
+        (MountFlags::RDONLY, libc::MOUNT_ATTR_RDONLY),
+        (MountFlags::NOSUID, libc::MOUNT_ATTR_NOSUID),
+        (MountFlags::NODEV, libc::MOUNT_ATTR_NODEV),
+        (MountFlags::NOEXEC, libc::MOUNT_ATTR_NOEXEC),
+    ] {
+        match flags.contains(flag) {
+            true => attr.attr_set |= bit,
+            false => attr.attr_clr |= bit,
+        }
+    }
+    let atime = MountFlags::NOATIME
+        | MountFlags::RELATIME
+        | MountFlags::STRICTATIME
+        | MountFlags::NODIRATIME;
+    if flags.intersects(atime) {
+        attr.attr_clr |= libc::MOUNT_ATTR__ATIME | libc::MOUNT_ATTR_NODIRATIME;
+        if flags.contains(MountFlags::NOATIME) {
+            attr.attr_set |= libc::MOUNT_ATTR_NOATIME;
+        } else if flags.contains(MountFlags::STRICTATIME) {
+            attr.attr_set |= libc::MOUNT_ATTR_STRICTATIME;
+        } else {
+            attr.attr_set |= libc::MOUNT_ATTR_RELATIME;
+        }
+        if flags.contains(MountFlags::NODIRATIME) {
+            attr.attr_set |= libc::MOUNT_ATTR_NODIRATIME;
+        }
+    }
+    // SAFETY: a descriptor, an empty C string and a mount_attr of the size we pass.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Per-mount flags as mount(2) takes them and as statvfs(3) reports them.
@@ -106,6 +169,18 @@ pub fn has_flags(target: &Path, flags: MountFlags) -> io::Result<bool> {
     Ok(REPORTED_FLAGS
         .iter()
         .all(|(wanted, seen)| flags.contains(*wanted) == current.contains(*seen)))
+}
+
+/// Unmounts the topmost mount on `name` in the open directory `dir`, resolved from that
+/// descriptor (a symlink there is not followed). Holding the mount itself open instead would
+/// keep it busy. (nix's flag: sys-mount's `UnmountFlags::NOFOLLOW` carries O_NOFOLLOW's value,
+/// which umount2 refuses.)
+pub fn unmount_at(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+    let path = super::dirfd::fd_path(dir).join(name);
+    Ok(nix::mount::umount2(
+        &path,
+        nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+    )?)
 }
 
 /// Unmounts the topmost mount at `target` (no lazy detach: a busy mount is an error to report).

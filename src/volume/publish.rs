@@ -4,13 +4,19 @@
 //! symlink) already in place and adopts it; an unpublish finds it gone and just tidies up. Every
 //! step is idempotent because kubelet retries "uncertain" calls with the same arguments.
 //!
-//! Filesystem volumes: the volume directory is bind-mounted at the target (then remounted with
-//! the requested flags). Block volumes: the target is a symlink to a loop device over the
-//! volume's file; kubelet follows it. One device per volume and read-only flag is shared by all
-//! targets and detached when the last one goes.
+//! The target's parent is opened and checked once (inside the kubelet dir, outside the pools);
+//! everything after acts relative to that descriptor, never on the path resolved again, which
+//! whoever can write kubelet's directories could swap for a symlink in between (`Target`).
+//!
+//! Filesystem volumes: the volume directory is bind-mounted at the target, with the requested
+//! flags from the start (`mount::bind_onto`). Block volumes: the target is a symlink to a loop
+//! device over the volume's file; kubelet follows it. One device per volume and read-only flag
+//! is shared by all targets and detached when the last one goes.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use sys_mount::MountFlags;
@@ -22,7 +28,7 @@ use super::id::VolumeId;
 use super::record::{Publication, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Stat};
-use crate::host::{loopdev, mount};
+use crate::host::{dirfd, loopdev, mount};
 use crate::request::Capability;
 
 /// A validated NodePublishVolume request.
@@ -85,15 +91,23 @@ impl Volumes {
                 )));
             }
         }
-        self.check_target_parent(&wanted.target)?;
+        let target = wanted.target.clone();
+        let parent = self.open_target_parent(&target)?;
+        let at = Target {
+            parent: Some(parent.as_fd()),
+            name: target_name(&target)?,
+            path: &target,
+        };
 
         let data = self.data_path(&record)?;
         let published = match record.kind {
             VolumeKind::Filesystem => {
-                self.publish_directory(id, &data, &wanted, cap)?;
+                self.publish_directory(id, &data, &at, &wanted, cap)?;
                 wanted
             }
-            VolumeKind::Block => self.publish_device(id, &record, &data, wanted, known.as_ref())?,
+            VolumeKind::Block => {
+                self.publish_device(id, &record, &data, &at, wanted, known.as_ref())?
+            }
         };
         if record.publication(&published.target) != Some(&published) {
             let mut updated = (*record).clone();
@@ -111,23 +125,28 @@ impl Volumes {
 
     /// Removes the publication at `target`; succeeds when there is nothing (left) to undo.
     pub fn unpublish(&self, id: Option<&VolumeId>, target: &Path) -> Result<()> {
-        self.check_target_ancestors(target)?;
+        let parent = self.open_existing_target_parent(target)?;
+        let at = Target {
+            parent: parent.as_ref().map(|fd| fd.as_fd()),
+            name: target_name(target)?,
+            path: target,
+        };
         let Some(id) = id else {
-            return unpublish_unknown(target);
+            return unpublish_unknown(&at);
         };
         let _guard = self.claim(id)?;
         // Looked up under the guard: a DeleteVolume that just finished makes this volume unknown.
         let Some(record) = self.store.get(id) else {
-            return unpublish_unknown(target);
+            return unpublish_unknown(&at);
         };
         // A volume whose pool is not configured now: kubelet must still be able to finish a
         // pod's teardown when nothing is mounted any more.
         let Ok(data) = self.data_path(&record) else {
-            return unpublish_unknown(target);
+            return unpublish_unknown(&at);
         };
         match record.kind {
-            VolumeKind::Filesystem => unpublish_directory(id, &data, target)?,
-            VolumeKind::Block => self.unpublish_device(id, &record, &data, target)?,
+            VolumeKind::Filesystem => unpublish_directory(id, &data, &at)?,
+            VolumeKind::Block => self.unpublish_device(id, &record, &data, &at)?,
         }
         if record.publication(target).is_some() {
             let mut updated = (*record).clone();
@@ -185,60 +204,96 @@ impl Volumes {
     }
 
     /// The target's existing ancestors must resolve (symlinks followed) inside the kubelet dir
-    /// and outside the data dir (volumes are never targets of each other). Says whether the
-    /// target's parent exists.
-    fn check_target_ancestors(&self, target: &Path) -> Result<bool> {
+    /// and outside the data dir (volumes are never targets of each other).
+    fn check_target_ancestors(&self, target: &Path) -> Result<()> {
         let mut ancestor = target.parent();
         while let Some(dir) = ancestor {
-            let resolved = fsstat::canonical(dir);
-            let pool = resolved
-                .as_ref()
-                .ok()
-                .and_then(|real| self.pools().iter().find(|p| real.starts_with(&p.root)));
-            if let Some(pool) = pool {
-                return Err(Error::InvalidArgument(format!(
-                    "target {} lies inside the data directory {} (pool {:?})",
-                    target.display(),
-                    pool.root.display(),
-                    pool.name
-                )));
-            }
-            match resolved {
-                Ok(real) if real.starts_with(&self.kubelet_dir) => {
-                    return Ok(Some(dir) == target.parent());
-                }
-                Ok(real) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "target {} resolves through {} outside the kubelet directory {}",
-                        target.display(),
-                        real.display(),
-                        self.kubelet_dir.display()
-                    )));
-                }
+            match fsstat::canonical(dir) {
+                Ok(real) => return self.check_resolved(target, &real),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => ancestor = dir.parent(),
                 Err(err) => return Err(Error::host(format!("resolving {}", dir.display()), err)),
             }
         }
-        Ok(false)
+        Ok(())
     }
 
-    /// Checks the target's ancestors and creates its parent unless (as kubelet does) it exists.
-    fn check_target_parent(&self, target: &Path) -> Result<()> {
-        if self.check_target_ancestors(target)? {
-            return Ok(());
+    /// `real`, where an ancestor of `target` resolves, must be inside the kubelet dir and
+    /// outside every pool.
+    fn check_resolved(&self, target: &Path, real: &Path) -> Result<()> {
+        if let Some(pool) = self.pools().iter().find(|p| real.starts_with(&p.root)) {
+            return Err(Error::InvalidArgument(format!(
+                "target {} lies inside the data directory {} (pool {:?})",
+                target.display(),
+                pool.root.display(),
+                pool.name
+            )));
         }
+        if !real.starts_with(&self.kubelet_dir) {
+            return Err(Error::InvalidArgument(format!(
+                "target {} resolves through {} outside the kubelet directory {}",
+                target.display(),
+                real.display(),
+                self.kubelet_dir.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the target's parent, creating it unless (as kubelet does) it exists: its deepest
+    /// existing ancestor is opened (symlinks followed) and checked where the kernel says it
+    /// is, and the missing directories are made beneath it without following any symlink. The
+    /// publish then acts on this descriptor, never on the path resolved again.
+    fn open_target_parent(&self, target: &Path) -> Result<OwnedFd> {
+        let mut missing = Vec::new();
+        let mut dir = target.parent().unwrap_or(Path::new("/"));
+        let mut opened = loop {
+            match dirfd::open_dir(dir) {
+                Ok(fd) => break fd,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    missing.extend(dir.file_name());
+                    dir = dir.parent().unwrap_or(Path::new("/"));
+                }
+                Err(err) => return Err(Error::host(format!("opening {}", dir.display()), err)),
+            }
+        };
+        let real =
+            dirfd::name_of(opened.as_fd()).context(|| format!("resolving {}", dir.display()))?;
+        self.check_resolved(target, &real)?;
+        for name in missing.into_iter().rev() {
+            opened = dirfd::make_dir_at(opened.as_fd(), name)
+                .context(|| format!("creating {} in {}", name.to_string_lossy(), real.display()))?;
+        }
+        Ok(opened)
+    }
+
+    /// The target's parent for an unpublish: opened and checked as for a publish, never
+    /// created; None when it does not exist (nor, then, does the target).
+    fn open_existing_target_parent(&self, target: &Path) -> Result<Option<OwnedFd>> {
         let parent = target.parent().unwrap_or(Path::new("/"));
-        fs::create_dir_all(parent).context(|| format!("creating {}", parent.display()))
+        match dirfd::open_dir(parent) {
+            Ok(opened) => {
+                let real = dirfd::name_of(opened.as_fd())
+                    .context(|| format!("resolving {}", parent.display()))?;
+                self.check_resolved(target, &real)?;
+                Ok(Some(opened))
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                self.check_target_ancestors(target)?;
+                Ok(None)
+            }
+            Err(err) => Err(Error::host(format!("opening {}", parent.display()), err)),
+        }
     }
 
     fn publish_directory(
         &self,
         id: &VolumeId,
         data: &Path,
+        at: &Target<'_>,
         wanted: &Publication,
         cap: &Capability,
     ) -> Result<()> {
-        let target = &wanted.target;
+        let target = at.path;
         let source = fsstat::lstat(data).map_err(|err| missing_data(id, data, err))?;
         let flags = bind_flags(cap, wanted.readonly, data)?;
         if !source.is_dir() {
@@ -247,15 +302,15 @@ impl Volumes {
                 data.display()
             )));
         }
+        let parent = at.parent()?;
         let mut created = false;
-        match fsstat::lstat_if_exists(target)
-            .context(|| format!("inspecting {}", target.display()))?
-        {
+        let directory = match at.open()? {
             None => {
-                fs::create_dir(target).context(|| format!("creating {}", target.display()))?;
                 created = true;
+                dirfd::make_dir_at(parent, at.name)
+                    .context(|| format!("creating {}", target.display()))?
             }
-            Some(stat) if stat.is_dir() && stat.is_mount_root => {
+            Some((fd, stat)) if stat.is_dir() && stat.is_mount_root => {
                 if !stat.same_file(&source) {
                     return Err(Error::AlreadyExists(format!(
                         "target {} already has something else mounted",
@@ -263,27 +318,27 @@ impl Volumes {
                     )));
                 }
                 // Our mount from an earlier, interrupted attempt: make its flags right and adopt it.
-                let flags_ok = mount::has_flags(target, flags)
+                let flags_ok = mount::has_flags(&dirfd::fd_path(fd.as_fd()), flags)
                     .context(|| format!("statvfs {}", target.display()))?;
                 if !flags_ok {
-                    mount::set_flags(target, flags)
+                    mount::set_flags_on(fd.as_fd(), flags)
                         .context(|| format!("remounting {} for volume {id}", target.display()))?;
                 }
                 return Ok(());
             }
-            Some(stat) if stat.is_dir() => {}
+            Some((fd, stat)) if stat.is_dir() => fd,
             Some(_) => {
                 return Err(Error::FailedPrecondition(format!(
                     "target {} exists and is not a directory",
                     target.display()
                 )));
             }
-        }
-        let mounted = mount::bind(data, target, flags)
+        };
+        let mounted = mount::bind_onto(data, directory.as_fd(), flags)
             .context(|| format!("bind-mounting volume {id} at {}", target.display()));
         if mounted.is_err() && created {
             // A failed publish leaves nothing behind for kubelet to trip over.
-            let _ = fs::remove_dir(target);
+            let _ = dirfd::remove_dir_at(parent, at.name);
         }
         mounted
     }
@@ -293,6 +348,7 @@ impl Volumes {
         id: &VolumeId,
         record: &VolumeRecord,
         data: &Path,
+        at: &Target<'_>,
         mut wanted: Publication,
         known: Option<&Publication>,
     ) -> Result<Publication> {
@@ -316,7 +372,7 @@ impl Volumes {
                     .and_then(loopdev::LoopDevice::from_name)
             })
             .find(|device| devices::serves(device, data))
-            .or_else(|| linked_device(&target, data, wanted.readonly));
+            .or_else(|| linked_device(at, data, wanted.readonly));
         let device = match shared {
             Some(device) => device,
             None => self.attach_device(id, data, wanted.readonly)?,
@@ -324,7 +380,7 @@ impl Volumes {
         wanted.loop_device = Some(device.name().to_string());
         wanted.loop_backing_file = Some(source.id());
         // Any failure from here on must not leave the device we may just have attached behind.
-        if let Err(err) = link_device(&target, &device) {
+        if let Err(err) = link_device(at, &device) {
             self.release_device_if_unused(record, &device, &target);
             return Err(err);
         }
@@ -351,26 +407,25 @@ impl Volumes {
         id: &VolumeId,
         record: &VolumeRecord,
         data: &Path,
-        target: &Path,
+        at: &Target<'_>,
     ) -> Result<()> {
-        let device = match fsstat::lstat_if_exists(target)
-            .context(|| format!("inspecting {}", target.display()))?
-        {
+        let target = at.path;
+        let device = match at.stat()? {
             None => None,
             Some(stat) if stat.is_symlink() => {
-                let device = fs::read_link(target)
-                    .ok()
+                let device = at
+                    .read_link()
                     .and_then(|link| loopdev::LoopDevice::from_path(&link));
-                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                at.remove_file()?;
                 device
             }
             Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-                remove_empty_dir(target)?;
+                at.remove_empty_dir()?;
                 None
             }
             // The placeholders publish accepts (and replaces) are tidied the same way.
             Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                at.remove_file()?;
                 None
             }
             Some(_) => {
@@ -417,18 +472,17 @@ impl Volumes {
     }
 }
 
-fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> {
+fn unpublish_directory(id: &VolumeId, data: &Path, at: &Target<'_>) -> Result<()> {
+    let target = at.path;
     let source =
         fsstat::lstat_if_exists(data).context(|| format!("inspecting {}", data.display()))?;
     // Stacked mounts (a retried publish that raced) are all ours to remove.
-    while let Some(stat) =
-        fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))?
-    {
+    while let Some(stat) = at.stat()? {
         if !stat.is_mount_root {
             if stat.is_dir() {
-                remove_empty_dir(target)?;
+                at.remove_empty_dir()?;
             } else if stat.is_symlink() {
-                fs::remove_file(target).context(|| format!("removing {}", target.display()))?;
+                at.remove_file()?;
             }
             return Ok(());
         }
@@ -438,43 +492,41 @@ fn unpublish_directory(id: &VolumeId, data: &Path, target: &Path) -> Result<()> 
                 target.display()
             )));
         }
-        mount::unmount(target)
+        // Looked up from the checked parent: never a mount a swapped path leads to.
+        mount::unmount_at(at.parent()?, at.name)
             .context(|| format!("unmounting volume {id} from {}", target.display()))?;
     }
     Ok(())
 }
 
-/// The device `target` already links to, if it serves the volume's `data` with the read-only
+/// The device `at` already links to, if it serves the volume's `data` with the read-only
 /// flag wanted: what a publish that linked but failed to record leaves for its retry.
-fn linked_device(target: &Path, data: &Path, readonly: bool) -> Option<loopdev::LoopDevice> {
-    let device = loopdev::LoopDevice::from_path(&fs::read_link(target).ok()?)?;
+fn linked_device(at: &Target<'_>, data: &Path, readonly: bool) -> Option<loopdev::LoopDevice> {
+    let device = loopdev::LoopDevice::from_path(&at.read_link()?)?;
     (devices::serves(&device, data) && loopdev::is_read_only(&device).ok() == Some(readonly))
         .then_some(device)
 }
 
-/// Makes `target` a symlink to `device`, replacing an empty placeholder or another link; Ok if
+/// Makes `at` a symlink to `device`, replacing an empty placeholder or another link; Ok if
 /// it already is one.
-fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
-    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
+    let target = at.path;
+    match at.stat()? {
         Some(stat) if stat.is_symlink() => {
-            if fs::read_link(target).ok() == Some(device.path()) {
+            if at.read_link() == Some(device.path()) {
                 return Ok(());
             }
             // Kubelet's block target belongs to one PV and one pod, so a link there to another
             // device is stale: e.g. a reboot renumbered the devices, and the old number may now
             // serve another volume.
-            fs::remove_file(target)
-                .context(|| format!("replacing the stale link {}", target.display()))?;
+            at.remove_file()?;
         }
         // A placeholder a CO may have created (an empty directory or file): replace it.
         Some(stat) if stat.is_dir() && !stat.is_mount_root => {
-            fs::remove_dir(target)
+            dirfd::remove_dir_at(at.parent()?, at.name)
                 .context(|| format!("replacing the directory {}", target.display()))?;
         }
-        Some(stat) if stat.is_regular_file() && stat.size == 0 => {
-            fs::remove_file(target)
-                .context(|| format!("replacing the file {}", target.display()))?;
-        }
+        Some(stat) if stat.is_regular_file() && stat.size == 0 => at.remove_file()?,
         Some(_) => {
             return Err(Error::FailedPrecondition(format!(
                 "target {} exists and is neither a symlink nor an empty placeholder",
@@ -483,13 +535,82 @@ fn link_device(target: &Path, device: &loopdev::LoopDevice) -> Result<()> {
         }
         None => {}
     }
-    std::os::unix::fs::symlink(device.path(), target).context(|| {
+    dirfd::symlink_at(&device.path(), at.parent()?, at.name).context(|| {
         format!(
             "linking {} to {}",
             target.display(),
             device.path().display()
         )
     })
+}
+
+/// A target as (un)publish acts on it: a name in its checked, open parent directory (None
+/// when an unpublish found no parent: then there is no target either).
+struct Target<'a> {
+    parent: Option<BorrowedFd<'a>>,
+    name: &'a OsStr,
+    /// For messages only.
+    path: &'a Path,
+}
+
+impl Target<'_> {
+    fn parent(&self) -> Result<BorrowedFd<'_>> {
+        self.parent.ok_or_else(|| {
+            Error::host(
+                format!("opening the parent of {}", self.path.display()),
+                io::ErrorKind::NotFound.into(),
+            )
+        })
+    }
+
+    /// The target itself (a symlink not followed; a mount on it entered) and what it is.
+    fn open(&self) -> Result<Option<(OwnedFd, Stat)>> {
+        let Some(parent) = self.parent else {
+            return Ok(None);
+        };
+        let inspect = || format!("inspecting {}", self.path.display());
+        let Some(opened) = dirfd::open_at(parent, self.name).context(inspect)? else {
+            return Ok(None);
+        };
+        let stat = fsstat::stat_fd(opened.as_fd()).context(inspect)?;
+        Ok(Some((opened, stat)))
+    }
+
+    fn stat(&self) -> Result<Option<Stat>> {
+        Ok(self.open()?.map(|(_, stat)| stat))
+    }
+
+    fn read_link(&self) -> Option<PathBuf> {
+        dirfd::read_link_at(self.parent?, self.name).ok()
+    }
+
+    fn remove_file(&self) -> Result<()> {
+        dirfd::remove_file_at(self.parent()?, self.name)
+            .context(|| format!("removing {}", self.path.display()))
+    }
+
+    /// Removes the (empty) target directory; one with content is left, with a warning, for
+    /// an admin.
+    fn remove_empty_dir(&self) -> Result<()> {
+        match dirfd::remove_dir_at(self.parent()?, self.name) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                warn!(target = %self.path.display(), "target is not mounted but not empty; leaving it in place");
+                Ok(())
+            }
+            Err(err) => Err(Error::host(
+                format!("removing {}", self.path.display()),
+                err,
+            )),
+        }
+    }
+}
+
+fn target_name(target: &Path) -> Result<&OsStr> {
+    target
+        .file_name()
+        .ok_or_else(|| Error::InvalidArgument(format!("target {} names no file", target.display())))
 }
 
 /// The flags for a bind of `data`: the ones asked for, plus those the data's own mount has (a
@@ -505,31 +626,16 @@ fn bind_flags(cap: &Capability, readonly: bool, data: &Path) -> Result<MountFlag
 }
 
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
-fn unpublish_unknown(target: &Path) -> Result<()> {
-    match fsstat::lstat_if_exists(target).context(|| format!("inspecting {}", target.display()))? {
+fn unpublish_unknown(at: &Target<'_>) -> Result<()> {
+    match at.stat()? {
         None => Ok(()),
         Some(stat) if stat.is_mount_root => Err(Error::FailedPrecondition(format!(
             "{} is mounted but its volume is unknown to stickyvol; refusing to unmount what we did not mount",
-            target.display()
+            at.path.display()
         ))),
-        Some(stat) if stat.is_dir() => remove_empty_dir(target),
-        Some(stat) if stat.is_symlink() => {
-            fs::remove_file(target).context(|| format!("removing {}", target.display()))
-        }
+        Some(stat) if stat.is_dir() => at.remove_empty_dir(),
+        Some(stat) if stat.is_symlink() => at.remove_file(),
         Some(_) => Ok(()),
-    }
-}
-
-/// Removes the (empty) target directory; one with content is left, with a warning, for an admin.
-fn remove_empty_dir(target: &Path) -> Result<()> {
-    match fs::remove_dir(target) {
-        Ok(()) => Ok(()),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => {
-            warn!(target = %target.display(), "target is not mounted but not empty; leaving it in place");
-            Ok(())
-        }
-        Err(err) => Err(Error::host(format!("removing {}", target.display()), err)),
     }
 }
 
