@@ -239,8 +239,9 @@ impl Store {
     }
 
     pub fn finish_remove(&self, id: &VolumeId, removal: Option<Appended>) -> io::Result<()> {
-        remove_file_if_present(&self.publications_path(id))?;
-        self.records.finish_remove(id, removal)
+        // The wait first: returning before it would leave the removal unacknowledged.
+        self.records.finish_remove(id, removal)?;
+        remove_file_if_present(&self.publications_path(id))
     }
 }
 
