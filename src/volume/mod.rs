@@ -12,6 +12,7 @@ pub mod cow;
 mod create;
 mod devices;
 mod expand;
+mod full;
 pub mod guard;
 pub mod id;
 pub mod inventory;
@@ -256,6 +257,7 @@ impl Volumes {
             usage_cache: throttle::UsageCache::default(),
             node: NodeTag::of(node_id),
         };
+        volumes.report_full_pools();
         volumes.recover(report)?;
         for torn in &snapshot_report.torn {
             tracing::warn!(what = %torn, "ignored the torn tail of the snapshot journal");
