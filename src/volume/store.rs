@@ -301,6 +301,24 @@ mod tests {
         }
     }
 
+    /// The bounds CreateVolume applies (`request`) keep every record within what the journal
+    /// writes and reads back, however its bytes are escaped.
+    #[test]
+    fn the_largest_record_a_request_can_make_fits_a_journal_frame() {
+        use crate::request::{MAX_NAME_BYTES, MAX_PARAMETER_BYTES};
+        use crate::volume::journal_file::MAX_PAYLOAD;
+        let mut big = record(&"\u{1}".repeat(MAX_NAME_BYTES));
+        let key = "csi.storage.k8s.io/pv/name".to_string();
+        big.parameters = [(key.clone(), "\u{1}".repeat(MAX_PARAMETER_BYTES - key.len()))].into();
+        let json = serde_json::to_vec_pretty(&big).unwrap();
+        assert!(
+            json.len() > 6 * MAX_PARAMETER_BYTES - 1024,
+            "escaped: {}",
+            json.len()
+        );
+        assert!(json.len() < MAX_PAYLOAD / 4, "{} bytes", json.len());
+    }
+
     #[test]
     fn publications_live_beside_the_record_and_a_torn_file_means_none() {
         let dir = tempfile::tempdir().unwrap();
