@@ -12,7 +12,7 @@ pub mod cow;
 mod create;
 mod devices;
 mod expand;
-mod full;
+pub mod full;
 pub mod guard;
 pub mod id;
 pub mod inventory;
