@@ -1187,4 +1187,80 @@ mod tests {
         let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         assert!(replay.entries.is_empty());
     }
+
+    /// A small tmpfs, unmounted at drop (also when the test panicked).
+    struct SmallFs(PathBuf);
+
+    impl SmallFs {
+        fn new(path: PathBuf, size: &str) -> SmallFs {
+            use nix::mount::{MsFlags, mount};
+            fs::create_dir_all(&path).unwrap();
+            let options = format!("size={size}");
+            mount(
+                Some("tmpfs"),
+                &path,
+                Some("tmpfs"),
+                MsFlags::empty(),
+                Some(options.as_str()),
+            )
+            .expect("mounting a tmpfs (tests run as root)");
+            SmallFs(path)
+        }
+    }
+
+    impl Drop for SmallFs {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    /// Fills the filesystem of `dir` with a file, to the last byte.
+    fn fill(dir: &Path) -> PathBuf {
+        use std::io::Write;
+        let path = dir.join("filler");
+        let mut file = File::create(&path).unwrap();
+        let chunk = vec![7u8; 4096];
+        while file.write_all(&chunk).is_ok() {}
+        path
+    }
+
+    #[test]
+    fn on_a_full_filesystem_commits_fill_the_preallocated_room_then_are_refused_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = SmallFs::new(dir.path().join("fs"), "1m");
+        let options = Options {
+            max_bytes: 64 << 10,
+            ..manual()
+        };
+        let (journal, _) = Journal::open(&small.0, "j", &small.0, options.clone()).unwrap();
+        let filler = fill(&small.0);
+        let json = "x".repeat(1000);
+        let mut acknowledged = Vec::new();
+        let refused = loop {
+            let entry = put(&format!("v{}", acknowledged.len()), &json);
+            match journal.commit(entry.clone()) {
+                Ok(()) => acknowledged.push(entry),
+                Err(err) => break err,
+            }
+            assert!(acknowledged.len() < 1000, "the filesystem never filled");
+        };
+        assert_eq!(refused.kind(), io::ErrorKind::StorageFull, "{refused}");
+        assert!(
+            acknowledged.len() >= 60,
+            "{} commits fit",
+            acknowledged.len()
+        );
+        assert_eq!(journal.health(), Ok(()), "a refusal is not a failure");
+        // Space returns: commits go on, past the preallocated end.
+        fs::remove_file(filler).unwrap();
+        for i in 0..3 {
+            let entry = put(&format!("after{i}"), &json);
+            journal.commit(entry.clone()).unwrap();
+            acknowledged.push(entry);
+        }
+        crash(journal);
+        let (_, replay) = Journal::open(&small.0, "j", &small.0, options).unwrap();
+        assert_eq!(replay.entries, acknowledged);
+        assert!(replay.torn.is_empty(), "{:?}", replay.torn);
+    }
 }
