@@ -754,7 +754,12 @@ impl Shared {
                 let result = file::prepare(&self.dir, &self.name, self.options.max_bytes);
                 state = self.lock();
                 match result {
-                    Ok(file) => prepared = Some(file),
+                    Ok(file) => {
+                        prepared = Some(file);
+                        if std::mem::take(&mut state.out_of_space) {
+                            info!(journal = %self.name, "the journal has space again");
+                        }
+                    }
                     Err(err) if is_out_of_space(&err) => {
                         self.note_out_of_space(&mut state, "preparing a new generation of");
                         state = self.sleep(state, Duration::from_secs(5));
