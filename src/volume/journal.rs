@@ -299,10 +299,11 @@ impl Journal {
                 unwritten,
             });
         }
-        // The newest generation is continued in place when it has room: no new file, so a
-        // start needs no free block (a full filesystem must not keep the driver down).
+        // The newest generation is continued in place: no new file, so a start needs no free
+        // block (a full filesystem must not keep the driver down). One with no room left is
+        // rotated by the compactor as soon as it can.
         let continued = match newest {
-            Some((end, unwritten)) if end.offset < end.len => {
+            Some((end, unwritten)) => {
                 let generation = *generations.last().expect("a newest generation");
                 let path = generation_path(dir, name, generation);
                 pending.pop();
