@@ -12,6 +12,7 @@ use crate::host::fsstat::{self, FsKind};
 use crate::host::mountinfo::{self, MountEntry};
 use crate::host::{btrfs, projquota};
 use crate::volume::cow::Mechanism;
+use crate::volume::full::FULL_BELOW_BYTES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -142,7 +143,7 @@ fn loop_control() -> Check {
 fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
     // The driver creates the data dir at start; before that, judge the nearest existing ancestor.
     let existing = nearest_existing(data_dir);
-    let mut checks = vec![writable(label, data_dir, &existing)];
+    let mut checks = vec![writable(label, data_dir, &existing, true)];
     let kind = match fsstat::filesystem_kind(&existing) {
         Ok(kind) => kind,
         Err(err) => {
@@ -193,14 +194,29 @@ fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
 }
 
 /// Whether `wanted` takes writes and has room, judged by `existing`: itself, or before it is
-/// created its nearest existing ancestor.
-fn writable(label: &str, wanted: &Path, existing: &Path) -> Check {
+/// created its nearest existing ancestor. A full `data` directory (or pool) is a warning.
+fn writable(label: &str, wanted: &Path, existing: &Path, data: bool) -> Check {
     let writable = nix::unistd::access(existing, nix::unistd::AccessFlags::W_OK).is_ok();
     match (fsstat::space(existing), writable) {
-        (Ok(space), true) if !space.read_only && space.available_bytes == 0 => check(
+        // A full run directory fails every publish. A full data directory only warns: the
+        // driver starts and frees space on it (see `volume::full`), which a failure here, in
+        // an init container, would prevent.
+        (Ok(space), true) if !space.read_only && space.available_bytes == 0 && !data => check(
             Outcome::Fail,
             format!("{label} {} has no free space", shown(wanted, existing)),
         ),
+        (Ok(space), true)
+            if !space.read_only && space.available_bytes < FULL_BELOW_BYTES && data =>
+        {
+            check(
+                Outcome::Warn,
+                format!(
+                    "{label} {} is full ({} bytes free): new volumes are refused until space is freed (delete volumes, or files a tenant wrote where sizes are not enforced)",
+                    shown(wanted, existing),
+                    space.available_bytes
+                ),
+            )
+        }
         (Ok(space), true) if !space.read_only => check(
             Outcome::Ok,
             format!(
@@ -266,7 +282,10 @@ fn run_directory(config: &DoctorConfig) -> Vec<Check> {
             format!("cannot tell the filesystem of the run directory: {err}"),
         ),
     };
-    vec![writable("run directory", run_dir, &existing), filesystem]
+    vec![
+        writable("run directory", run_dir, &existing, false),
+        filesystem,
+    ]
 }
 
 /// Whether the quota the filesystem's enforcement needs is on, asked the way `serve` asks

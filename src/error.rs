@@ -113,9 +113,15 @@ impl Error {
     }
 }
 
-/// Host failures: a full disk is the caller's capacity problem, a busy resource is worth a retry
+/// Host failures: a full disk (also our journal's own "full" error) is the caller's capacity problem, a busy resource is worth a retry
 /// (kubelet retries UNAVAILABLE as "uncertain"), anything else is our fault.
 fn host_code(err: &io::Error) -> Code {
+    if matches!(
+        err.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) {
+        return Code::ResourceExhausted;
+    }
     match err.raw_os_error() {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
         Some(libc::EBUSY) | Some(libc::EAGAIN) | Some(libc::EINTR) => Code::Unavailable,

@@ -181,6 +181,7 @@ pub struct Metrics {
     data_dir_free: Gauge,
     pool_available: Family<PoolLabels, Gauge>,
     pool_unwritten: Family<PoolLabels, Gauge>,
+    pool_full: Family<PoolLabels, Gauge>,
     snapshots: Family<PoolLabels, Gauge>,
     pool_snapshot_bytes: Family<PoolLabels, Gauge>,
     journals: Arc<JournalCollector>,
@@ -253,6 +254,13 @@ impl Metrics {
             "Bytes a pool's volumes may still write within their sizes, as last measured",
             pool_unwritten.clone(),
         );
+        let pool_full = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_filesystem_full",
+            "1 when a pool's filesystem has less than 4 MiB free: new volumes are refused, and on \
+             the data dir's the state journal cannot rotate (see docs/operations.md)",
+            pool_full.clone(),
+        );
         let snapshots = Family::<PoolLabels, Gauge>::default();
         registry.register(
             "snapshots",
@@ -287,6 +295,7 @@ impl Metrics {
             journals,
             pool_available,
             pool_unwritten,
+            pool_full,
             snapshots,
             pool_snapshot_bytes,
             rpc_requests,
@@ -380,6 +389,14 @@ impl Metrics {
                 self.pool_unwritten
                     .get_or_create(&labels)
                     .set(i64::try_from(pool.unwritten()).unwrap_or(i64::MAX));
+                match pool.is_full() {
+                    Ok(full) => {
+                        self.pool_full.get_or_create(&labels).set(full as i64);
+                    }
+                    Err(err) => {
+                        warn!(pool = %pool.name, error = %err, "metrics: cannot read pool space")
+                    }
+                }
                 match pool.available() {
                     Ok(bytes) => {
                         self.pool_available

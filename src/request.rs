@@ -154,9 +154,28 @@ pub fn csi_content_source(source: &ContentSource) -> csi::VolumeContentSource {
     }
 }
 
+/// Most parameters a class may pass, and most bytes of their keys and values together: what
+/// the Kubernetes API allows a StorageClass. They are kept in the volume's record, whose journal
+/// entry must stay far below the journal's frame limit even with every byte JSON-escaped.
+pub const MAX_PARAMETERS: usize = 512;
+pub const MAX_PARAMETER_BYTES: usize = 256 << 10;
+
+/// Refuses a parameter map larger than the bounds above.
+fn bounded(what: &str, params: &HashMap<String, String>) -> Result<()> {
+    let bytes: usize = params.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if params.len() > MAX_PARAMETERS || bytes > MAX_PARAMETER_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "{what} parameters: {} keys of {bytes} bytes; at most {MAX_PARAMETERS} keys of {MAX_PARAMETER_BYTES} bytes are accepted",
+            params.len()
+        )));
+    }
+    Ok(())
+}
+
 /// VolumeSnapshotClass parameters: none of our own yet; csi-snapshotter's `csi.storage.k8s.io/*`
 /// keys pass, anything else is refused so a typo never goes unnoticed.
 pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
+    bounded("VolumeSnapshotClass", params)?;
     let mut keys: Vec<_> = params.keys().collect();
     keys.sort();
     if let Some(key) = keys
@@ -274,6 +293,7 @@ pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
 
 /// Validates StorageClass parameters: provisioner-added keys pass, ours are checked, others refused.
 pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
+    bounded("StorageClass", params)?;
     let mut keys: Vec<_> = params.keys().collect();
     keys.sort();
     for key in keys {
@@ -525,6 +545,26 @@ mod tests {
         let err = parameters(&params).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.to_string().contains("sizeLimit"));
+    }
+
+    #[test]
+    fn parameter_maps_are_bounded_in_count_and_bytes() {
+        let key = |i: usize| format!("{PROVISIONER_PARAMETER_PREFIX}k{i}");
+        let at_most: HashMap<_, _> = (0..MAX_PARAMETERS).map(|i| (key(i), "v".into())).collect();
+        assert!(parameters(&at_most).is_ok());
+        assert!(snapshot_parameters(&at_most).is_ok());
+        let mut too_many = at_most.clone();
+        too_many.insert(key(MAX_PARAMETERS), "v".into());
+        for err in [
+            parameters(&too_many).err().unwrap(),
+            snapshot_parameters(&too_many).err().unwrap(),
+        ] {
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        }
+        let value = |len| HashMap::from([(key(0), "x".repeat(len - key(0).len()))]);
+        assert!(parameters(&value(MAX_PARAMETER_BYTES)).is_ok());
+        let err = parameters(&value(MAX_PARAMETER_BYTES + 1)).err().unwrap();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
     }
 
     #[test]

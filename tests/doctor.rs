@@ -265,8 +265,9 @@ fn a_read_only_data_directory_fails() {
     }
 }
 
+/// A warning, not a failure: the driver must start on a full data dir to free it.
 #[test]
-fn a_full_data_directory_fails() {
+fn a_full_data_directory_warns() {
     let dir = scratch();
     let (_shared, kubelet) = shared_kubelet(&dir.root);
     let full = TmpfsMount::new(&dir.root.join("full"), "256k", MsFlags::empty());
@@ -274,10 +275,10 @@ fn a_full_data_directory_fails() {
     assert_eq!(available_bytes(full.path()), 0);
     let report = run_doctor(&kubelet, full.path());
     assert_consistent(&report);
-    let data_check = report.check("has no free space");
-    assert_eq!(data_check.outcome, Outcome::Fail, "{}", report.stdout);
-    assert_eq!(report.failures(), 1, "{}", report.stdout);
-    assert!(!report.status.success());
+    let data_check = report.check("is full");
+    assert_eq!(data_check.outcome, Outcome::Warn, "{}", report.stdout);
+    assert_eq!(report.failures(), 0, "{}", report.stdout);
+    assert!(report.status.success());
 }
 
 #[test]

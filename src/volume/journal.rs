@@ -98,6 +98,18 @@ pub struct Entry {
 #[must_use = "an appended entry is not durable until waited for"]
 pub struct Appended {
     sequence: u64,
+    /// Until waited for. Dropped unwaited (its caller returned early with an error), it still
+    /// releases its hold on the generation: else rotation would wait for it forever.
+    journal: Option<Arc<Shared>>,
+}
+
+impl Drop for Appended {
+    fn drop(&mut self) {
+        if let Some(shared) = self.journal.take() {
+            shared.lock().unwaited -= 1;
+            shared.wake_compactor.notify_one();
+        }
+    }
 }
 
 /// Something to make durable before an old generation is dropped (see the module comment).
@@ -236,6 +248,8 @@ struct State {
     generation: u64,
     /// Where the next entry goes in the current generation's file.
     size: u64,
+    /// The current file's length: entries below it overwrite blocks that exist.
+    allocated: u64,
     /// When the current generation got its first entry.
     first_entry_at: Option<Instant>,
     /// Sequence numbers of the last entry appended, and of the last one known durable.
@@ -248,6 +262,8 @@ struct State {
     /// Set by a failed write or flush: what is on disk is unknown, so no commit is accepted
     /// until a restart replays the journal.
     failed: Option<String>,
+    /// The last append or new generation failed for want of space (logged once per episode).
+    out_of_space: bool,
     /// The newest entry of each record changed in the current generation, to write back.
     unwritten: Changes,
     /// Old generations waiting for compaction, oldest first.
@@ -267,23 +283,59 @@ impl Journal {
         options: Options,
     ) -> io::Result<(Journal, Replay)> {
         fs::create_dir_all(dir)?;
-        let generations = generations(dir, name)?;
+        let mut generations = generations(dir, name)?;
         let mut replay = Replay::default();
         let mut pending = Vec::with_capacity(generations.len());
+        let mut newest = None;
         for &generation in &generations {
             let path = generation_path(dir, name, generation);
             let before = replay.entries.len();
-            file::read_generation(&path, &mut replay)?;
+            let end = file::read_generation(&path, &mut replay)?;
             // Written back by their compaction, like the changes of a running generation.
             let unwritten = newest_per_id(&replay.entries[before..]);
+            newest = end.map(|end| (end, unwritten.clone()));
             pending.push(Old {
                 generation,
                 unwritten,
             });
         }
-        let generation = generations.last().map_or(1, |g| g + 1);
-        let file = file::prepare(dir, name, options.max_bytes)?;
-        file::install(dir, name, generation)?;
+        // The newest generation is continued in place: no new file, so a start needs no free
+        // block (a full filesystem must not keep the driver down). One with no room left is
+        // rotated by the compactor as soon as it can.
+        let continued = match newest {
+            Some((end, unwritten)) => {
+                let generation = *generations.last().expect("a newest generation");
+                let path = generation_path(dir, name, generation);
+                pending.pop();
+                Some((file::reopen(&path, &end)?, generation, end, unwritten))
+            }
+            _ => None,
+        };
+        let (file, generation, size, allocated, sequence, unwritten) = match continued {
+            Some((file, generation, end, unwritten)) => (
+                file,
+                generation,
+                end.offset,
+                end.len,
+                end.last_sequence,
+                unwritten,
+            ),
+            None => {
+                let generation = generations.last().map_or(1, |g| g + 1);
+                let file = file::prepare(dir, name, options.max_bytes)
+                    .map_err(|err| out_of_space_at_start(dir, err))?;
+                file::install(dir, name, generation)?;
+                generations.push(generation);
+                let allocated = file.metadata()?.len();
+                let size = file::MAGIC.len() as u64;
+                (file, generation, size, allocated, 0, Changes::new())
+            }
+        };
+        let first_entry_at = (!unwritten.is_empty()).then(Instant::now);
+        let unwritten = match options.write_back {
+            Some(_) => unwritten,
+            None => Changes::new(),
+        };
         let file = Arc::new(file);
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
@@ -293,14 +345,16 @@ impl Journal {
             state: Mutex::new(State {
                 file: file.clone(),
                 generation,
-                size: file::MAGIC.len() as u64,
-                first_entry_at: None,
-                written: 0,
-                durable: 0,
+                size,
+                allocated,
+                first_entry_at,
+                written: sequence,
+                durable: sequence,
                 unwaited: 0,
                 flushing: false,
                 failed: None,
-                unwritten: Changes::new(),
+                out_of_space: false,
+                unwritten,
                 pending,
                 compacting: false,
                 closed: false,
@@ -310,7 +364,7 @@ impl Journal {
             wake_flusher: Condvar::new(),
             health: Mutex::new(Health { failed: None, file }),
             counters: Counters {
-                generations: AtomicU64::new(generations.len() as u64 + 1),
+                generations: AtomicU64::new(generations.len() as u64),
                 ..Counters::default()
             },
         });
@@ -350,6 +404,7 @@ impl Journal {
 
     /// Writes `entry`'s frame.
     fn append_entry(&self, entry: Entry) -> io::Result<Appended> {
+        file::check_size(&entry)?;
         let shared = &*self.shared;
         let mut state = shared.lock();
         if let Some(why) = &state.failed {
@@ -361,12 +416,21 @@ impl Journal {
         };
         let frame = file::frame(&entry, order);
         if let Err(err) = file::write_frame(&state.file, state.size, &frame) {
+            if is_out_of_space(&err) && shared.undo_partial_frame(&state, frame.len()).is_ok() {
+                // Nothing was appended: the journal goes on, this change is refused.
+                shared.note_out_of_space(&mut state, "appending to");
+                return Err(shared.out_of_space(&err));
+            }
             // A partial frame is a torn tail at the next start: nothing may follow it.
             shared.fail(&mut state, format!("appending to the journal: {err}"));
             shared.changed.notify_all();
             return Err(err);
         }
         state.size += frame.len() as u64;
+        state.allocated = state.allocated.max(state.size);
+        if std::mem::take(&mut state.out_of_space) {
+            info!(journal = %shared.name, "the journal has space again");
+        }
         state.first_entry_at.get_or_insert_with(Instant::now);
         if shared.options.write_back.is_some() {
             state.unwritten.insert(entry.id.clone(), entry);
@@ -376,11 +440,14 @@ impl Journal {
         shared.counters.commits.fetch_add(1, Ordering::Relaxed);
         Ok(Appended {
             sequence: state.written,
+            journal: Some(self.shared.clone()),
         })
     }
 
     /// Returns once the entry `appended` is durable.
-    pub fn wait(&self, appended: Appended) -> io::Result<()> {
+    pub fn wait(&self, mut appended: Appended) -> io::Result<()> {
+        // Counted out here, not by its drop.
+        appended.journal = None;
         let shared = &*self.shared;
         let mut state = shared.lock();
         state.unwaited -= 1;
@@ -460,7 +527,7 @@ impl Journal {
         state.compacting = true;
         let pending = std::mem::take(&mut state.pending);
         drop(state);
-        let result = shared.compact(&pending);
+        let result = shared.compact(&pending, None);
         let mut state = shared.lock();
         state.compacting = false;
         if result.is_err() {
@@ -499,8 +566,15 @@ impl Drop for Journal {
             generation: state.generation,
             unwritten: std::mem::take(&mut state.unwritten),
         });
+        let (current, file, size) = (state.generation, state.file.clone(), state.size);
         drop(state);
-        if let Err(err) = self.shared.compact(&all) {
+        // The current generation is kept, emptied: the next start continues in it and so
+        // needs no new file (it may find the filesystem full).
+        let result = self
+            .shared
+            .compact(&all, Some(current))
+            .and_then(|()| file::clear(&file, size));
+        if let Err(err) = result {
             warn!(journal = %self.shared.name, error = %err, "could not compact the journal at stop; it is replayed at the next start");
         }
     }
@@ -521,6 +595,32 @@ impl Shared {
         state.failed = Some(why);
     }
 
+    /// After an append failed for want of space: zeroes what of its frame landed in the
+    /// file's blocks and cuts off what it added past them, so no part of it is read back.
+    fn undo_partial_frame(&self, state: &State, len: usize) -> io::Result<()> {
+        let end = state.size + len as u64;
+        state.file.set_len(state.allocated.max(state.size))?;
+        file::zero(&state.file, state.size, end.min(state.allocated))
+    }
+
+    /// Says once per episode, loudly, what is wrong and what to do.
+    fn note_out_of_space(&self, state: &mut State, doing: &str) {
+        if !std::mem::replace(&mut state.out_of_space, true) {
+            error!(journal = %self.name, filesystem = %self.dir.display(), "{doing} the state journal failed: the filesystem holding {} is full. Changes that need new journal space are refused with RESOURCE_EXHAUSTED; deletions and unpublishes still work in the space the journal reserved. Free space on that filesystem (delete volumes, or a tenant's files in a pool without size enforcement); the journal compacts by itself once it can", self.dir.display());
+        }
+    }
+
+    /// The error a change refused for want of journal space answers with.
+    fn out_of_space(&self, err: &io::Error) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::StorageFull,
+            format!(
+                "the filesystem holding the state journal {} is full ({err}); the change was not made: free space there",
+                self.dir.display()
+            ),
+        )
+    }
+
     fn wait<'a>(&self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.changed.wait(state).unwrap_or_else(|e| e.into_inner())
     }
@@ -535,6 +635,7 @@ impl Shared {
             Some(file) => file,
             None => file::prepare(&self.dir, &self.name, self.options.max_bytes)?,
         };
+        let allocated = file.metadata()?.len();
         file::install(&self.dir, &self.name, next)?;
         self.counters.generations.fetch_add(1, Ordering::Relaxed);
         state.pending.push(Old {
@@ -545,24 +646,26 @@ impl Shared {
         self.lock_health().file = state.file.clone();
         state.generation = next;
         state.size = file::MAGIC.len() as u64;
+        state.allocated = allocated;
         state.first_entry_at = None;
         Ok(())
     }
 
-    /// Steps 2 and 3 for the generations `old` (oldest first), counted.
-    fn compact(&self, old: &[Old]) -> io::Result<()> {
+    /// Steps 2 and 3 for the generations `old` (oldest first), counted; the file of `keep`
+    /// stays.
+    fn compact(&self, old: &[Old], keep: Option<u64>) -> io::Result<()> {
         if old.is_empty() {
             return Ok(());
         }
         let started = Instant::now();
-        let result = self.write_back_and_drop(old);
+        let result = self.write_back_and_drop(old, keep);
         let counters = &self.counters;
         let took = started.elapsed().as_nanos() as u64;
         counters.compaction_nanos.fetch_add(took, Ordering::Relaxed);
         match &result {
             Ok(()) => {
                 counters.compactions.fetch_add(1, Ordering::Relaxed);
-                let dropped = old.len() as u64;
+                let dropped = old.iter().filter(|o| Some(o.generation) != keep).count() as u64;
                 counters.generations.fetch_sub(dropped, Ordering::Relaxed);
             }
             Err(_) => {
@@ -572,7 +675,7 @@ impl Shared {
         result
     }
 
-    fn write_back_and_drop(&self, old: &[Old]) -> io::Result<()> {
+    fn write_back_and_drop(&self, old: &[Old], keep: Option<u64>) -> io::Result<()> {
         // Step 2: write the records back (the newest entry of each wins), flush them and the
         // state directory's entries, then the pools' data.
         if let Some(write_back) = &self.options.write_back {
@@ -588,6 +691,9 @@ impl Shared {
         }
         // Step 3.
         for generation in old.iter().map(|o| o.generation) {
+            if Some(generation) == keep {
+                continue;
+            }
             remove_file_if_present(&generation_path(&self.dir, &self.name, generation))?;
         }
         sync_dir(&self.dir)
@@ -649,7 +755,16 @@ impl Shared {
                 let result = file::prepare(&self.dir, &self.name, self.options.max_bytes);
                 state = self.lock();
                 match result {
-                    Ok(file) => prepared = Some(file),
+                    Ok(file) => {
+                        prepared = Some(file);
+                        if std::mem::take(&mut state.out_of_space) {
+                            info!(journal = %self.name, "the journal has space again");
+                        }
+                    }
+                    Err(err) if is_out_of_space(&err) => {
+                        self.note_out_of_space(&mut state, "preparing a new generation of");
+                        state = self.sleep(state, Duration::from_secs(5));
+                    }
                     Err(err) => {
                         error!(journal = %self.name, error = %err, "cannot prepare a new journal generation; retrying later");
                         state = self.sleep(state, Duration::from_secs(5));
@@ -672,7 +787,7 @@ impl Shared {
                 state.compacting = true;
                 let pending = std::mem::take(&mut state.pending);
                 drop(state);
-                let result = self.compact(&pending);
+                let result = self.compact(&pending, None);
                 state = self.lock();
                 state.compacting = false;
                 self.changed.notify_all();
@@ -715,6 +830,24 @@ fn failed(why: &str) -> io::Error {
     io::Error::other(format!(
         "the state journal failed earlier ({why}); restart the driver"
     ))
+}
+
+fn is_out_of_space(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// A start that needs a new generation (none to continue) on a full filesystem: say so.
+fn out_of_space_at_start(dir: &Path, err: io::Error) -> io::Error {
+    if !is_out_of_space(&err) {
+        return err;
+    }
+    io::Error::new(
+        err.kind(),
+        format!(
+            "cannot make a journal generation in {}: its filesystem is full ({err}); free space on it",
+            dir.display()
+        ),
+    )
 }
 
 fn newest_per_id(entries: &[Entry]) -> Changes {
@@ -889,10 +1022,12 @@ mod tests {
         crash(journal);
         let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         assert!(replay.entries.is_empty());
-        // A clean stop compacts everything.
+        // A clean stop compacts everything, keeping the current generation emptied.
         journal.commit(put("a", "4")).unwrap();
         drop(journal);
-        assert!(generations(dir.path(), "j").unwrap().is_empty());
+        assert_eq!(generations(dir.path(), "j").unwrap().len(), 1);
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert!(replay.entries.is_empty());
     }
 
     #[test]
@@ -977,5 +1112,161 @@ mod tests {
             assert!(Instant::now() < deadline, "no compaction happened");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    #[test]
+    fn an_appended_entry_dropped_unwaited_does_not_stop_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = Options {
+            max_age: Duration::from_millis(50),
+            ..Options::default()
+        };
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
+        let before = generations(dir.path(), "j").unwrap();
+        // Its caller failed before waiting (say, removing a side file) and returned.
+        drop(journal.append(put("a", "1")).unwrap());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while generations(dir.path(), "j").unwrap() == before {
+            assert!(
+                Instant::now() < deadline,
+                "no rotation: the journal waits forever for an entry nobody will wait for"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        journal.commit(put("b", "2")).unwrap();
+    }
+
+    #[test]
+    fn the_largest_entry_the_reader_takes_is_written_and_a_larger_one_refused_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(put("a", "1")).unwrap();
+        // Payload = sequence, durable, op, id length, id, json.
+        let fits = file::MAX_PAYLOAD - (16 + 3 + 1);
+        let big = Entry {
+            op: Op::Update,
+            id: "b".into(),
+            json: vec![b'x'; fits],
+        };
+        journal.commit(big.clone()).unwrap();
+        let too_big = Entry {
+            json: vec![b'x'; fits + 1],
+            ..big.clone()
+        };
+        let err = journal.commit(too_big).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        // The journal goes on, and every acknowledged entry reads back.
+        journal.commit(put("c", "3")).unwrap();
+        crash(journal);
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1"), big, put("c", "3")]);
+        assert!(replay.torn.is_empty(), "{:?}", replay.torn);
+    }
+
+    #[test]
+    fn a_start_continues_the_newest_generation_in_place_over_its_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        journal.commit(put("a", "1")).unwrap();
+        journal
+            .commit(put("b", "a longer record than the next"))
+            .unwrap();
+        crash(journal);
+        let before = generations(dir.path(), "j").unwrap();
+        file::tear_last_entry(&last_generation(dir.path()));
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(generations(dir.path(), "j").unwrap(), before, "no new file");
+        // Shorter than the torn entry: its remains must not be read after it.
+        journal.commit(put("c", "3")).unwrap();
+        journal.commit(put("d", "4")).unwrap();
+        crash(journal);
+        let (journal, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert_eq!(
+            replay.entries,
+            vec![put("a", "1"), put("c", "3"), put("d", "4")]
+        );
+        assert!(replay.torn.is_empty(), "{:?}", replay.torn);
+        // A clean stop leaves that generation empty, not gone: the next start needs no space.
+        drop(journal);
+        assert_eq!(generations(dir.path(), "j").unwrap(), before);
+        let (_, replay) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
+        assert!(replay.entries.is_empty());
+    }
+
+    /// A small tmpfs, unmounted at drop (also when the test panicked).
+    struct SmallFs(PathBuf);
+
+    impl SmallFs {
+        fn new(path: PathBuf, size: &str) -> SmallFs {
+            use nix::mount::{MsFlags, mount};
+            fs::create_dir_all(&path).unwrap();
+            let options = format!("size={size}");
+            mount(
+                Some("tmpfs"),
+                &path,
+                Some("tmpfs"),
+                MsFlags::empty(),
+                Some(options.as_str()),
+            )
+            .expect("mounting a tmpfs (tests run as root)");
+            SmallFs(path)
+        }
+    }
+
+    impl Drop for SmallFs {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    /// Fills the filesystem of `dir` with a file, to the last byte.
+    fn fill(dir: &Path) -> PathBuf {
+        use std::io::Write;
+        let path = dir.join("filler");
+        let mut file = File::create(&path).unwrap();
+        let chunk = vec![7u8; 4096];
+        while file.write_all(&chunk).is_ok() {}
+        path
+    }
+
+    #[test]
+    fn on_a_full_filesystem_commits_fill_the_preallocated_room_then_are_refused_unwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = SmallFs::new(dir.path().join("fs"), "1m");
+        let options = Options {
+            max_bytes: 64 << 10,
+            ..manual()
+        };
+        let (journal, _) = Journal::open(&small.0, "j", &small.0, options.clone()).unwrap();
+        let filler = fill(&small.0);
+        let json = "x".repeat(1000);
+        let mut acknowledged = Vec::new();
+        let refused = loop {
+            let entry = put(&format!("v{}", acknowledged.len()), &json);
+            match journal.commit(entry.clone()) {
+                Ok(()) => acknowledged.push(entry),
+                Err(err) => break err,
+            }
+            assert!(acknowledged.len() < 1000, "the filesystem never filled");
+        };
+        assert_eq!(refused.kind(), io::ErrorKind::StorageFull, "{refused}");
+        assert!(
+            acknowledged.len() >= 60,
+            "{} commits fit",
+            acknowledged.len()
+        );
+        assert_eq!(journal.health(), Ok(()), "a refusal is not a failure");
+        // Space returns: commits go on, past the preallocated end.
+        fs::remove_file(filler).unwrap();
+        for i in 0..3 {
+            let entry = put(&format!("after{i}"), &json);
+            journal.commit(entry.clone()).unwrap();
+            acknowledged.push(entry);
+        }
+        crash(journal);
+        let (_, replay) = Journal::open(&small.0, "j", &small.0, options).unwrap();
+        assert_eq!(replay.entries, acknowledged);
+        assert!(replay.torn.is_empty(), "{:?}", replay.torn);
     }
 }

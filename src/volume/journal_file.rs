@@ -16,11 +16,16 @@
 //! bad frame and everything after it were never acknowledged (a crash before the flush; the
 //! kernel may write a file's pages back in any order) and are ignored.
 //!
+//! **Full filesystems.** Overwriting the zeros of a prepared file needs no new block on XFS
+//! or ext4, so it works on a full filesystem; btrfs copies on write, so its files are made
+//! NOCOW (they carry their own checksums) to overwrite in place too. A new file or an append
+//! past the end does need blocks: those fail with ENOSPC on a full filesystem.
+//!
 //! **Version 1** files (no magic, frames without `sequence`/`durable`, appended, nothing
 //! after the last frame) were written by the previous release and are still read.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -33,14 +38,29 @@ pub const MAGIC: &[u8; 8] = b"SVJRNL2\n";
 const HEADER: usize = 8;
 /// `sequence` and `durable`.
 const ORDER: usize = 16;
-/// Far above any record; a larger declared length is garbage.
-const MAX_PAYLOAD: usize = 16 << 20;
+/// Far above any record; a larger declared length is garbage, so the writer refuses to write
+/// one (`check_size`).
+pub const MAX_PAYLOAD: usize = 16 << 20;
+/// chattr +C (linux/fs.h); libc lacks it.
+const FS_NOCOW_FL: libc::c_long = 0x0080_0000;
 
 /// Where a frame sits in the order of commits (see the module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Order {
     pub sequence: u64,
     pub durable: u64,
+}
+
+/// Where the entries of a version 2 generation end, so it can be continued in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    /// Just past the last good entry.
+    pub offset: u64,
+    /// The sequence of the last good entry (0: none).
+    pub last_sequence: u64,
+    /// Just past the last non-zero byte (a torn tail's remains reach up to here).
+    pub dirty_until: u64,
+    pub len: u64,
 }
 
 /// What reading the generations found.
@@ -80,26 +100,71 @@ pub fn generations(dir: &Path, name: &str) -> io::Result<Vec<u64>> {
 }
 
 /// Makes the file of a next generation: the magic, zeros up to `bytes`, flushed. Slow (it
-/// writes `bytes`), so the compactor does it before it takes the journal's lock.
+/// writes `bytes`), so the compactor does it before it takes the journal's lock. A spare left
+/// by an earlier attempt is overwritten in place, which needs no new blocks.
 pub fn prepare(dir: &Path, name: &str, bytes: u64) -> io::Result<File> {
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .open(spare_path(dir, name))?;
-    file.write_all(MAGIC)?;
-    let zeros = [0u8; 64 << 10];
-    let mut left = bytes.saturating_sub(MAGIC.len() as u64);
-    while left > 0 {
-        let chunk = left.min(zeros.len() as u64) as usize;
-        file.write_all(&zeros[..chunk])?;
-        left -= chunk as u64;
+    if file.metadata()?.len() == 0 {
+        set_nocow(&file);
     }
+    file.write_all_at(MAGIC, 0)?;
+    zero(&file, MAGIC.len() as u64, bytes)?;
+    file.set_len(bytes.max(MAGIC.len() as u64))?;
     // The zeros' blocks and the file's size durable before any entry lands in them: else each
     // entry's fdatasync would also write the size and block map, the cost this layout avoids.
     file.sync_all()?;
     Ok(file)
+}
+
+/// Opens generation `path`, whose entries end at `end`, to append after them: the remains of
+/// a torn tail are zeroed first (else an old frame beyond a new one could be read back as
+/// new), then everything read is flushed, so it may be counted durable.
+pub fn reopen(path: &Path, end: &End) -> io::Result<File> {
+    let file = OpenOptions::new().read(true).write(true).open(path)?;
+    zero(&file, end.offset, end.dirty_until)?;
+    file.sync_data()?;
+    Ok(file)
+}
+
+/// Empties a generation in place (its entries written back): its first frame header first and
+/// flushed, so a crash midway leaves a generation that reads as empty, never a damaged one.
+pub fn clear(file: &File, size: u64) -> io::Result<()> {
+    let first = MAGIC.len() as u64;
+    zero(file, first, size.min(first + HEADER as u64))?;
+    file.sync_data()?;
+    zero(file, first + HEADER as u64, size)?;
+    file.sync_data()
+}
+
+/// Writes zeros over `from..to`.
+pub fn zero(file: &File, from: u64, to: u64) -> io::Result<()> {
+    let zeros = [0u8; 64 << 10];
+    let mut at = from;
+    while at < to {
+        let chunk = (to - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..chunk], at)?;
+        at += chunk as u64;
+    }
+    Ok(())
+}
+
+/// Marks an empty file NOCOW where the filesystem knows the flag (btrfs), so overwriting its
+/// zeros needs no new blocks; elsewhere the ioctl fails and nothing changes.
+fn set_nocow(file: &File) {
+    use std::os::fd::AsRawFd;
+    let mut flags: libc::c_long = 0;
+    // SAFETY: both ioctls take a pointer to a long, valid for the call.
+    unsafe {
+        if libc::ioctl(file.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) == 0 {
+            flags |= FS_NOCOW_FL;
+            libc::ioctl(file.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags);
+        }
+    }
 }
 
 /// Makes a prepared file generation `generation`, its directory entry durable before any
@@ -115,6 +180,22 @@ pub fn install(dir: &Path, name: &str, generation: u64) -> io::Result<()> {
 /// Writes `frame` at `offset` of a generation's file.
 pub fn write_frame(file: &File, offset: u64, frame: &[u8]) -> io::Result<()> {
     file.write_all_at(frame, offset)
+}
+
+/// Refuses an entry whose frame the reader would not take back (its id length must fit the
+/// u16, its payload `MAX_PAYLOAD`), before anything is written.
+pub fn check_size(entry: &Entry) -> io::Result<()> {
+    let payload = ORDER + 3 + entry.id.len() + entry.json.len();
+    if entry.id.len() > u16::MAX as usize || payload > MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the record of {:.64} is {payload} bytes, more than the journal takes ({MAX_PAYLOAD})",
+                entry.id
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The frame of `entry` as the `order`-th commit.
@@ -173,24 +254,40 @@ fn v2_frame_at(bytes: &[u8], at: usize) -> Option<(Entry, Order, usize)> {
 }
 
 /// Appends the good entries of the generation at `path` to `replay`, ignoring (and logging) a
-/// torn tail; damage before good entries is an error.
-pub fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<()> {
+/// torn tail; damage before good entries is an error. Where a version 2 file's entries end.
+pub fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<Option<End>> {
     let bytes = fs::read(path)?;
     match bytes.strip_prefix(MAGIC.as_slice()) {
-        Some(_) => read_v2(path, &bytes, replay),
-        None => read_v1(path, &bytes, replay),
+        Some(_) => {
+            let mut end = End {
+                offset: MAGIC.len() as u64,
+                last_sequence: 0,
+                dirty_until: 0,
+                len: bytes.len() as u64,
+            };
+            read_v2(path, &bytes, replay, &mut end)?;
+            end.dirty_until = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
+            end.dirty_until = end.dirty_until.max(end.offset);
+            Ok(Some(end))
+        }
+        None => read_v1(path, &bytes, replay).map(|()| None),
     }
 }
 
-fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<()> {
+fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay, end: &mut End) -> io::Result<()> {
     let mut at = MAGIC.len();
     while let Some(len) = declared_length(bytes, at) {
         if len == 0 && bytes[at + 4..at + HEADER] == [0; 4] {
             return Ok(()); // The zeros after the last entry.
         }
-        if let Some((entry, _, end)) = v2_frame_at(bytes, at) {
+        if let Some((entry, order, next)) = v2_frame_at(bytes, at) {
             replay.entries.push(entry);
-            at = end;
+            at = next;
+            *end = End {
+                offset: at as u64,
+                last_sequence: order.sequence,
+                ..*end
+            };
             continue;
         }
         let next = (len <= MAX_PAYLOAD)
@@ -321,7 +418,7 @@ mod tests {
 
     fn read(path: &Path) -> io::Result<Replay> {
         let mut replay = Replay::default();
-        read_generation(path, &mut replay).map(|()| replay)
+        read_generation(path, &mut replay).map(|_| replay)
     }
 
     /// Flips a byte of the payload of `frame` (its checksum no longer matches).

@@ -12,6 +12,7 @@ pub mod cow;
 mod create;
 mod devices;
 mod expand;
+pub mod full;
 pub mod guard;
 pub mod id;
 pub mod inventory;
@@ -275,6 +276,7 @@ impl Volumes {
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };
+        volumes.report_full_pools();
         volumes.recover(report)?;
         for torn in &snapshot_report.torn {
             tracing::warn!(what = %torn, "ignored the torn tail of the snapshot journal");

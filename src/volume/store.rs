@@ -239,8 +239,9 @@ impl Store {
     }
 
     pub fn finish_remove(&self, id: &VolumeId, removal: Option<Appended>) -> io::Result<()> {
-        remove_file_if_present(&self.publications_path(id))?;
-        self.records.finish_remove(id, removal)
+        // The wait first: returning before it would leave the removal unacknowledged.
+        self.records.finish_remove(id, removal)?;
+        remove_file_if_present(&self.publications_path(id))
     }
 }
 
@@ -298,6 +299,24 @@ mod tests {
             loop_device: None,
             loop_backing_file: None,
         }
+    }
+
+    /// The bounds CreateVolume applies (`request`) keep every record within what the journal
+    /// writes and reads back, however its bytes are escaped.
+    #[test]
+    fn the_largest_record_a_request_can_make_fits_a_journal_frame() {
+        use crate::request::{MAX_NAME_BYTES, MAX_PARAMETER_BYTES};
+        use crate::volume::journal_file::MAX_PAYLOAD;
+        let mut big = record(&"\u{1}".repeat(MAX_NAME_BYTES));
+        let key = "csi.storage.k8s.io/pv/name".to_string();
+        big.parameters = [(key.clone(), "\u{1}".repeat(MAX_PARAMETER_BYTES - key.len()))].into();
+        let json = serde_json::to_vec_pretty(&big).unwrap();
+        assert!(
+            json.len() > 6 * MAX_PARAMETER_BYTES - 1024,
+            "escaped: {}",
+            json.len()
+        );
+        assert!(json.len() < MAX_PAYLOAD / 4, "{} bytes", json.len());
     }
 
     #[test]

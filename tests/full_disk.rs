@@ -1,0 +1,164 @@
+//! A tenant fills the pool's filesystem, which also holds the state directory and its
+//! journals, to the last block (a pool without size enforcement): the driver must still start
+//! after a restart, serve Probe, NodeUnpublish and DeleteVolume (which frees the space), refuse
+//! what it cannot record with RESOURCE_EXHAUSTED, say what is wrong, and recover by itself.
+//! Run on scratch XFS and btrfs filesystems, which differ: XFS overwrites allocated blocks in
+//! place, btrfs copies on write unless the file is NOCOW.
+
+mod common;
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::scratchfs::ScratchFs;
+use common::*;
+use tonic::Code;
+
+fn snw_mount() -> csi::VolumeCapability {
+    mount_cap(Mode::SingleNodeWriter)
+}
+
+/// Writes into `path` (the pod's side of a volume) until the filesystem refuses even 4 KiB:
+/// big chunks first, then small ones, each synced so that delayed allocation cannot hide room.
+fn fill_to_the_last_block(path: &Path) -> u64 {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    let mut written = 0u64;
+    for chunk in [MIB as usize, 64 << 10, 4 << 10] {
+        let data = pattern(chunk, 3);
+        // Twice: btrfs may give back reserved metadata space after a sync.
+        for _ in 0..2 {
+            loop {
+                match file.write_all(&data).and_then(|()| file.sync_data()) {
+                    Ok(()) => written += chunk as u64,
+                    Err(err) => {
+                        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    written
+}
+
+/// Every volume id ListVolumes returns.
+async fn listed(driver: &TestDriver) -> Vec<String> {
+    let mut ids: Vec<String> = driver
+        .list_all()
+        .await
+        .into_iter()
+        .filter_map(|e| e.volume.map(|v| v.volume_id))
+        .collect();
+    ids.sort();
+    ids
+}
+
+async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
+    // Declared before the driver, so dropped after it (its mounts go first).
+    let fs = ScratchFs::new(fs_type, size, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make a {fs_type} filesystem for this test: {why}"));
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.mount_point.join("data");
+    driver.options_mut().metrics_address = Some(free_local_address());
+    driver.add_args(["--enforcement", "default=none"]);
+    driver.start_again().await;
+
+    let kept = driver.create_fs_volume().await;
+    let kept_target = driver.publish_at_new_target(&kept, snw_mount()).await;
+    let filler = driver.create_fs_volume().await;
+    let filler_target = driver.publish_at_new_target(&filler, snw_mount()).await;
+    let filled = fill_to_the_last_block(&filler_target.join("fill"));
+    assert!(filled > 100 * MIB as u64, "only {filled} bytes went in");
+    let free_before = available_bytes(&fs.mount_point);
+
+    // A clean stop (its compaction cannot write the records back), then a crash: both starts
+    // find the filesystem full.
+    driver.stop().await;
+    driver.start_again().await;
+    driver.kill9_and_restart().await;
+    assert!(
+        fill_to_the_last_block(&filler_target.join("fill")) < 4 * MIB as u64,
+        "the filesystem was not full"
+    );
+    let mut expected = vec![kept.volume_id.clone(), filler.volume_id.clone()];
+    expected.sort();
+    assert_eq!(listed(&driver).await, expected);
+    let log = driver.log_text();
+    assert!(
+        log.contains("is full") && log.contains(&fs.mount_point.display().to_string()),
+        "no error naming the full filesystem:\n{log}"
+    );
+    let scrape = driver.scrape();
+    assert_eq!(
+        scrape.value("stickyvol_pool_filesystem_full", &[("pool", "default")]),
+        1.0
+    );
+
+    // What cannot be recorded is refused, and not acknowledged.
+    let refused = driver
+        .controller()
+        .create_volume(create_request(&new_name(), snw_mount(), MIB))
+        .await;
+    expect_code(refused, Code::ResourceExhausted);
+
+    // What frees space works.
+    driver.unpublish_ok(&kept, &kept_target).await;
+    driver.unpublish_ok(&filler, &filler_target).await;
+    driver
+        .delete(&filler.volume_id)
+        .await
+        .expect("DeleteVolume on a full filesystem");
+    let free_after = available_bytes(&fs.mount_point);
+    assert!(
+        free_after > free_before + filled / 2,
+        "the deletion freed too little: {free_before} → {free_after}"
+    );
+    let created = driver.create_fs_volume().await;
+
+    // The journal recovers by itself: it rotates and compacts once a new generation fits.
+    let compactions = |log: &str| log.matches("journal compacted").count();
+    let before = compactions(&driver.log_text());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while compactions(&driver.log_text()) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the journal did not compact once space returned:\n{}",
+            driver.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        driver
+            .scrape()
+            .value("stickyvol_pool_filesystem_full", &[("pool", "default")]),
+        0.0
+    );
+
+    // Every acknowledged record is there after a crash and after a clean restart.
+    let mut expected = vec![kept.volume_id.clone(), created.volume_id.clone()];
+    expected.sort();
+    driver.kill9_and_restart().await;
+    assert_eq!(listed(&driver).await, expected);
+    driver.restart().await;
+    assert_eq!(listed(&driver).await, expected);
+    driver.delete(&kept.volume_id).await.unwrap();
+    driver.delete(&created.volume_id).await.unwrap();
+    driver.restart().await;
+    assert!(listed(&driver).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_driver_survives_a_full_xfs_pool() {
+    survives_a_full_filesystem("xfs", 320 * MIB as u64).await;
+}
+
+#[tokio::test]
+async fn the_driver_survives_a_full_btrfs_pool() {
+    survives_a_full_filesystem("btrfs", 256 * MIB as u64).await;
+}
