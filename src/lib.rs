@@ -12,6 +12,8 @@ pub mod controller;
 pub mod doctor;
 pub mod driver;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod host;
 pub mod identity;
 pub mod metrics;

@@ -96,11 +96,15 @@ pub fn read_self() -> io::Result<Vec<MountEntry>> {
     // takes a node's mount table in one or two.
     let mut bytes = Vec::with_capacity(64 << 10);
     fs::File::open(SELF_MOUNTINFO)?.read_to_end(&mut bytes)?;
+    parse_bytes(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Parses mountinfo as the kernel gives it: bytes, not necessarily UTF-8.
+pub(crate) fn parse_bytes(bytes: &[u8]) -> Result<Vec<MountEntry>, ParseError> {
     // Mount points need not be UTF-8. Writing such bytes as \ooo escapes keeps them
     // byte-exact: parsing decodes them like the kernel's own escapes, and no literal text can
     // be mistaken for one because the kernel escapes every backslash.
-    let text = escape_bytes(&bytes, |_| false);
-    parse(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    parse(&escape_bytes(bytes, |_| false))
 }
 
 /// Entries whose mount point is `dir` itself or lies beneath it, compared component-wise

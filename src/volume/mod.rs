@@ -17,7 +17,7 @@ pub mod guard;
 pub mod id;
 pub mod inventory;
 pub mod journal;
-mod journal_file;
+pub(crate) mod journal_file;
 pub mod limits;
 pub mod pool;
 mod publish;

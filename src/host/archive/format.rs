@@ -339,6 +339,24 @@ impl<R: Read> FrameReader<R> {
         Ok(())
     }
 
+    /// Reads a payload of `len` bytes (checked: at most MAX_PAYLOAD) into `payload`, the
+    /// buffer kept between frames. The buffer grows only with what arrives, by doubling from
+    /// READ_BUFFER: a length field alone, in a stream that ends or stalls, never makes the
+    /// reader allocate more than the bytes it really got justify.
+    fn fill_payload(&mut self, payload: &mut Vec<u8>, len: usize) -> Result<(), ArchiveError> {
+        let mut got = 0;
+        while got < len {
+            let want = len.min(READ_BUFFER.max(2 * got));
+            if payload.len() < want {
+                payload.reserve_exact(want - payload.len());
+                payload.resize(want, 0);
+            }
+            self.fill(&mut payload[got..want])?;
+            got = want;
+        }
+        Ok(())
+    }
+
     /// The next frame. After a TRAILER, call `finish`.
     pub(super) fn next(&mut self) -> Result<(Tag, &[u8]), ArchiveError> {
         let mut head = [0u8; FRAME_HEADER];
@@ -361,14 +379,8 @@ impl<R: Read> FrameReader<R> {
         } else {
             self.hasher.update(&head);
         }
-        if self.payload.len() < len {
-            // Grown to what frames need, never beyond MAX_PAYLOAD.
-            let size = len.next_power_of_two().min(MAX_PAYLOAD);
-            self.payload.reserve_exact(size - self.payload.len());
-            self.payload.resize(size, 0);
-        }
         let mut payload = std::mem::take(&mut self.payload);
-        let filled = self.fill(&mut payload[..len]);
+        let filled = self.fill_payload(&mut payload, len);
         self.payload = payload;
         filled?;
         self.len = len;
@@ -701,6 +713,36 @@ mod tests {
         bytes[trailer_at] = 0x7f;
         let (mut reader, _) = FrameReader::start(&bytes[..]).unwrap();
         assert!(matches!(reader.next(), Err(ArchiveError::Corrupt(m)) if m.contains("0x7f")));
+    }
+
+    /// Found by fuzz/fuzz_targets/export_stream.rs (minimized): a header frame that claims
+    /// MAX_PAYLOAD bytes in a stream of 25 made the reader allocate its whole payload buffer
+    /// (1.06 MiB) before reading any of it. The buffer now grows with what arrives.
+    #[test]
+    fn a_length_field_alone_allocates_nothing_beyond_one_read_buffer() {
+        let claim = b"stickyvol-export\x01\0\0\0H\0\0\x11\0";
+        assert_eq!(MAX_PAYLOAD, 0x11_0000);
+        let mut reader = FrameReader {
+            input: BufReader::with_capacity(READ_BUFFER, &claim[..]),
+            hasher: StreamHash::new(),
+            consumed: 0,
+            payload: Vec::new(),
+            len: 0,
+            before_trailer: None,
+        };
+        reader.fill(&mut [0u8; 20]).unwrap();
+        assert!(matches!(reader.next(), Err(ArchiveError::Truncated(25))));
+        assert!(reader.buffer_capacity() <= READ_BUFFER);
+        assert!(matches!(
+            FrameReader::start(&claim[..]),
+            Err(ArchiveError::Truncated(25))
+        ));
+
+        // A frame that arrives whole still reads whole, past several doublings.
+        let big = vec![7u8; MAX_PAYLOAD];
+        let bytes = stream(&[(Tag::EndDir, big.clone())], 1, 2);
+        let (frames, _) = read_all(&bytes).unwrap();
+        assert_eq!(frames, vec![(Tag::EndDir, big)]);
     }
 
     #[test]
