@@ -173,23 +173,60 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     UnixListener::from_std(listener).map_err(err)
 }
 
-/// Binds `path` so that the socket file is created with `mode`, instead of a chmod by path
-/// after bind, which a swap of the path in between would redirect to another file. bind(2)
-/// gives the file the mode less the umask, so the bind runs on a thread with a file-system
-/// context (umask, cwd) of its own (unshare CLONE_FS): the process's umask never changes.
+/// Binds `path` so that the socket file has `mode` before anyone can reach it, with no chmod of
+/// `path` (a swap of the path between bind and chmod would redirect the chmod): the socket is
+/// bound in a fresh directory beside `path` that only root may enter, given its mode there,
+/// then renamed into place (never over an existing file). No umask games: a process-wide
+/// umask would race with other threads, and a thread-own one needs unshare(2), which the
+/// container runtime's default seccomp profile refuses (the controller pod runs under it).
 fn bind_with_mode(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
-    let path = path.to_path_buf();
-    std::thread::spawn(move || {
-        // SAFETY: unshare(CLONE_FS) only detaches this thread's umask, cwd and root.
-        if unsafe { libc::unshare(libc::CLONE_FS) } != 0 {
-            return Err(io::Error::last_os_error());
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a socket path",
+        ));
+    };
+    remove_stale_bind_dirs(parent);
+    let private = parent.join(format!(
+        "{BIND_DIR_PREFIX}{}",
+        uuid::Uuid::now_v7().simple()
+    ));
+    fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = (|| {
+        let staged = private.join(name);
+        let listener = std::os::unix::net::UnixListener::bind(&staged)?;
+        fs::set_permissions(&staged, fs::Permissions::from_mode(mode))?;
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &staged,
+            nix::fcntl::AT_FDCWD,
+            path,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )?;
+        Ok(listener)
+    })();
+    let _ = crate::host::safe_delete::remove_all(&private);
+    bound
+}
+
+/// Where `bind_with_mode` binds before the rename.
+const BIND_DIR_PREFIX: &str = ".stickyvol-bind-";
+
+/// Directories of an earlier bind a crash interrupted (they hold at most a dead socket).
+fn remove_stale_bind_dirs(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(BIND_DIR_PREFIX)
+        {
+            let _ = crate::host::safe_delete::remove_all(&entry.path());
         }
-        let mask = nix::sys::stat::Mode::from_bits_truncate(!mode & 0o777);
-        nix::sys::stat::umask(mask);
-        std::os::unix::net::UnixListener::bind(&path)
-    })
-    .join()
-    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
 }
 
 /// Observes every RPC once: logs method, gRPC code, duration and the error message if any, and

@@ -183,7 +183,10 @@ impl Drop for KilledOnDrop {
 #[tokio::test]
 async fn the_socket_is_created_with_its_mode_and_never_changed_by_path() {
     let driver = TestDriver::prepare(Options::default());
-    let events = DirEvents::watch(&driver.root, libc::IN_CREATE | libc::IN_ATTRIB);
+    let events = DirEvents::watch(
+        &driver.root,
+        libc::IN_CREATE | libc::IN_ATTRIB | libc::IN_MOVED_TO,
+    );
     // A umask that would strip the group's write bit from a plain bind.
     let serving = KilledOnDrop(
         std::process::Command::new("sh")
@@ -202,9 +205,16 @@ async fn the_socket_is_created_with_its_mode_and_never_changed_by_path() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let name = driver.socket.file_name().unwrap().to_str().unwrap();
-    // A chmod (or chown) by path after bind would show as IN_ATTRIB: the window in which a
-    // swap of the path could redirect it.
-    assert_eq!(events.of(name), [libc::IN_CREATE], "IN_CREATE only");
+    // The socket appears at its path whole, renamed from a directory only root may enter; a
+    // chmod (or chown) by path after bind would show as IN_ATTRIB: the window in which a swap
+    // of the path could redirect it.
+    assert_eq!(events.of(name), [libc::IN_MOVED_TO], "IN_MOVED_TO only");
+    let leftovers: Vec<_> = fs::read_dir(&driver.root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".stickyvol-bind-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     let meta = fs::symlink_metadata(&driver.socket).unwrap();
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o660);
