@@ -925,6 +925,29 @@ fn a_hand_made_stream_imports() {
 }
 
 #[test]
+fn the_header_of_sparse_files_claiming_more_than_u64_saturates() {
+    // XFS takes files of 2^63 - 1 bytes (sparse); three sum past u64::MAX, which a plain `+=`
+    // overflows (a panic in debug builds).
+    let fs = match common::scratchfs::ScratchFs::new("xfs", 512 << 20, &["-q"], "") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("SKIPPED: no XFS scratch filesystem: {why}");
+            return;
+        }
+    };
+    let root = fs.mount_point.join("tree");
+    fs::create_dir(&root).unwrap();
+    for i in 0..3 {
+        File::create(root.join(format!("huge{i}")))
+            .unwrap()
+            .set_len(i64::MAX as u64)
+            .unwrap();
+    }
+    let header = archive::tree_header(&root, "test").unwrap();
+    assert_eq!(header.size_bytes, u64::MAX);
+}
+
+#[test]
 fn a_stream_nesting_deeper_than_walks_enter_is_refused_at_the_limit() {
     if !is_root() {
         return;
