@@ -48,6 +48,18 @@ impl Driver {
         }
     }
 
+    /// Waits, at most `timeout`, until no background work (a snapshot copy, a removal) holds
+    /// the volumes any more.
+    pub fn wait_for_background_work(&self, timeout: std::time::Duration) {
+        let Some(volumes) = &self.volumes else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        while Arc::strong_count(volumes) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// The node's volumes, or UNIMPLEMENTED when this instance does no host work.
     pub fn volumes(&self) -> Result<Arc<Volumes>> {
         self.volumes.clone().ok_or_else(|| {

@@ -139,8 +139,18 @@ async fn serve_on(
     // beside them (each on a thread of its own), not before.
     driver.resume_interrupted_work();
     serving.await?;
+    // The clean stop's write-back of the records runs where the volumes are dropped last: not
+    // in a background thread (a snapshot copy just done) that the process exit cuts short.
+    let idle = driver.clone();
+    tokio::task::spawn_blocking(move || idle.wait_for_background_work(BACKGROUND_WORK_GRACE))
+        .await
+        .expect("waiting for background work");
     Ok(())
 }
+
+/// How long a stop waits for background work to let go of the volumes (the DaemonSet gives
+/// the pod 30 s from SIGTERM to SIGKILL).
+const BACKGROUND_WORK_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Binds the socket, replacing a stale one but never a live one or a non-socket file.
 fn bind(path: &Path) -> Result<UnixListener, ServeError> {

@@ -248,6 +248,25 @@ async fn usage_measured_by_stats_releases_promised_space() {
     assert_eq!(unwritten(&driver), SIZE - used);
 }
 
+/// A class naming `pool` gets no capacity here, and a create RESOURCE_EXHAUSTED naming it
+/// (which sends the claim back to the scheduler).
+async fn assert_node_lacks_pool(driver: &TestDriver, pool: &str) {
+    let in_pool = [("pool", pool)];
+    assert_eq!(driver.available_capacity(&in_pool, snw_mount()).await, 0);
+    let status = expect_code(
+        driver
+            .controller()
+            .create_volume(request_in(&in_pool, snw_mount(), SIZE))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        status.message().contains(&format!("no pool {pool:?}")),
+        "{}",
+        status.message()
+    );
+}
+
 #[tokio::test]
 async fn volumes_live_in_the_pool_their_class_names() {
     let mut driver = TestDriver::prepare(Options::default());
@@ -269,20 +288,7 @@ async fn volumes_live_in_the_pool_their_class_names() {
     assert!(driver.available_capacity(&in_fast, snw_mount()).await > 0);
 
     // A pool this node lacks: no capacity, and a create goes elsewhere.
-    let missing = [("pool", "nvme")];
-    assert_eq!(driver.available_capacity(&missing, snw_mount()).await, 0);
-    let status = expect_code(
-        driver
-            .controller()
-            .create_volume(request_in(&missing, snw_mount(), SIZE))
-            .await,
-        Code::ResourceExhausted,
-    );
-    assert!(
-        status.message().contains("no pool \"nvme\""),
-        "{}",
-        status.message()
-    );
+    assert_node_lacks_pool(&driver, "nvme").await;
     // A publication left in place while the pool goes away.
     let kept = driver.publish_at_new_target(&volume, snw_mount()).await;
 
@@ -328,19 +334,7 @@ async fn an_optional_pool_exists_only_where_its_directory_does() {
     ]);
     driver.start_again().await;
     let in_fast = [("pool", "fast")];
-    assert_eq!(driver.available_capacity(&in_fast, snw_mount()).await, 0);
-    let status = expect_code(
-        driver
-            .controller()
-            .create_volume(request_in(&in_fast, snw_mount(), SIZE))
-            .await,
-        Code::ResourceExhausted,
-    );
-    assert!(
-        status.message().contains("no pool \"fast\""),
-        "{}",
-        status.message()
-    );
+    assert_node_lacks_pool(&driver, "fast").await;
     assert!(!disk.exists(), "the absent pool's directory was created");
     assert!(
         driver.log_text().contains("optional pool absent"),
