@@ -267,6 +267,20 @@ async fn assert_node_lacks_pool(driver: &TestDriver, pool: &str) {
     );
 }
 
+/// A volume whose pool this node lacks now: reported abnormal naming the pool, and not deleted
+/// (FAILED_PRECONDITION) until the pool is back.
+async fn assert_kept_without_its_pool(driver: &TestDriver, volume: &csi::Volume, pool: &str) {
+    let condition = driver.condition_of(&volume.volume_id).await;
+    assert!(
+        condition.abnormal && condition.message.contains(pool),
+        "{condition:?}"
+    );
+    expect_code(
+        driver.delete(&volume.volume_id).await,
+        Code::FailedPrecondition,
+    );
+}
+
 #[tokio::test]
 async fn volumes_live_in_the_pool_their_class_names() {
     let mut driver = TestDriver::prepare(Options::default());
@@ -297,15 +311,7 @@ async fn volumes_live_in_the_pool_their_class_names() {
     driver.stop().await;
     let args = std::mem::take(&mut driver.options_mut().extra_args);
     driver.start_again().await;
-    let condition = driver.condition_of(&volume.volume_id).await;
-    assert!(
-        condition.abnormal && condition.message.contains("fast"),
-        "{condition:?}"
-    );
-    expect_code(
-        driver.delete(&volume.volume_id).await,
-        Code::FailedPrecondition,
-    );
+    assert_kept_without_its_pool(&driver, &volume, "fast").await;
     assert!(data.join("hello").exists());
     // Kubelet can still tear the pod down: a live mount is refused, a gone one is fine.
     expect_code(
@@ -356,15 +362,7 @@ async fn an_optional_pool_exists_only_where_its_directory_does() {
     let unmounted = driver.root.join("disk-unmounted");
     fs::rename(&disk, &unmounted).unwrap();
     driver.start_again().await;
-    let condition = driver.condition_of(&volume.volume_id).await;
-    assert!(
-        condition.abnormal && condition.message.contains("fast"),
-        "{condition:?}"
-    );
-    expect_code(
-        driver.delete(&volume.volume_id).await,
-        Code::FailedPrecondition,
-    );
+    assert_kept_without_its_pool(&driver, &volume, "fast").await;
     assert!(!disk.exists());
     driver.stop().await;
     fs::rename(&unmounted, &disk).unwrap();

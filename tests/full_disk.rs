@@ -47,18 +47,6 @@ fn fill_to_the_last_block(path: &Path) -> u64 {
     written
 }
 
-/// Every volume id ListVolumes returns.
-async fn listed(driver: &TestDriver) -> Vec<String> {
-    let mut ids: Vec<String> = driver
-        .list_all()
-        .await
-        .into_iter()
-        .filter_map(|e| e.volume.map(|v| v.volume_id))
-        .collect();
-    ids.sort();
-    ids
-}
-
 async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
     // Declared before the driver, so dropped after it (its mounts go first).
     let fs = ScratchFs::new(fs_type, size, &["-q"], "")
@@ -88,7 +76,7 @@ async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
     );
     let mut expected = vec![kept.volume_id.clone(), filler.volume_id.clone()];
     expected.sort();
-    assert_eq!(listed(&driver).await, expected);
+    assert_eq!(driver.listed_ids().await, expected);
     let log = driver.log_text();
     assert!(
         log.contains("is full") && log.contains(&fs.mount_point.display().to_string()),
@@ -144,13 +132,13 @@ async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
     let mut expected = vec![kept.volume_id.clone(), created.volume_id.clone()];
     expected.sort();
     driver.kill9_and_restart().await;
-    assert_eq!(listed(&driver).await, expected);
+    assert_eq!(driver.listed_ids().await, expected);
     driver.restart().await;
-    assert_eq!(listed(&driver).await, expected);
+    assert_eq!(driver.listed_ids().await, expected);
     driver.delete(&kept.volume_id).await.unwrap();
     driver.delete(&created.volume_id).await.unwrap();
     driver.restart().await;
-    assert!(listed(&driver).await.is_empty());
+    assert!(driver.listed_ids().await.is_empty());
 }
 
 #[tokio::test]

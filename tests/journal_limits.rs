@@ -7,17 +7,6 @@ mod common;
 use common::*;
 use tonic::Code;
 
-async fn listed(driver: &TestDriver) -> Vec<String> {
-    let mut ids: Vec<String> = driver
-        .list_all()
-        .await
-        .into_iter()
-        .filter_map(|e| e.volume.map(|v| v.volume_id))
-        .collect();
-    ids.sort();
-    ids
-}
-
 #[tokio::test]
 async fn a_parameter_map_too_big_for_the_journal_is_refused_and_nothing_is_lost() {
     let mut driver = TestDriver::start().await;
@@ -42,5 +31,5 @@ async fn a_parameter_map_too_big_for_the_journal_is_refused_and_nothing_is_lost(
     let mut expected = vec![before.volume_id, after.volume_id];
     expected.sort();
     driver.kill9_and_restart().await;
-    assert_eq!(listed(&driver).await, expected);
+    assert_eq!(driver.listed_ids().await, expected);
 }

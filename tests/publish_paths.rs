@@ -89,16 +89,23 @@ fn mountinfo_under(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// A directory outside the kubelet dir, and a pod's directory inside it where the tests plant
+/// their symlinks.
+fn pod_dir_and_outside(driver: &TestDriver) -> (std::path::PathBuf, std::path::PathBuf) {
+    let outside = driver.root.join("outside");
+    fs::create_dir(&outside).unwrap();
+    let pod = driver.kubelet.join("pods/evil");
+    fs::create_dir_all(&pod).unwrap();
+    (outside, pod)
+}
+
 /// A dangling symlink where a missing parent would be made: following it would create the
 /// directory (and mount) outside the kubelet dir.
 #[tokio::test]
 async fn publish_never_makes_a_parent_through_a_dangling_symlink() {
     let driver = TestDriver::start().await;
     let volume = driver.create_fs_volume().await;
-    let outside = driver.root.join("outside");
-    fs::create_dir(&outside).unwrap();
-    let pod = driver.kubelet.join("pods/evil");
-    fs::create_dir_all(&pod).unwrap();
+    let (outside, pod) = pod_dir_and_outside(&driver);
     symlink(outside.join("made"), pod.join("volumes")).unwrap();
     for target in [pod.join("volumes/mount"), pod.join("volumes/pv/mount")] {
         let status = driver.publish(&volume, &target, snw(), false).await;
@@ -113,10 +120,7 @@ async fn publish_never_makes_a_parent_through_a_dangling_symlink() {
 async fn publish_refuses_a_target_that_is_a_symlink() {
     let driver = TestDriver::start().await;
     let volume = driver.create_fs_volume().await;
-    let outside = driver.root.join("outside");
-    fs::create_dir(&outside).unwrap();
-    let pod = driver.kubelet.join("pods/evil");
-    fs::create_dir_all(&pod).unwrap();
+    let (outside, pod) = pod_dir_and_outside(&driver);
     symlink(&outside, pod.join("mount")).unwrap();
     expect_code(
         driver

@@ -568,6 +568,18 @@ impl TestDriver {
     }
 
     /// Every volume, in one ListVolumes call.
+    /// Every volume id ListVolumes returns, sorted.
+    pub async fn listed_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .list_all()
+            .await
+            .into_iter()
+            .filter_map(|e| e.volume.map(|v| v.volume_id))
+            .collect();
+        ids.sort();
+        ids
+    }
+
     pub async fn list_all(&self) -> Vec<csi::list_volumes_response::Entry> {
         let response = self
             .controller()
