@@ -601,3 +601,32 @@ async fn probe_answers_promptly_while_the_metrics_port_is_flooded() {
         "Probe took {slowest:?} under the flood"
     );
 }
+
+/// The metrics server holds the driver weakly: a clean stop still drops the volumes and
+/// writes their records back, which a stop with a metrics port used to skip (the thread kept
+/// the driver alive past the exit).
+#[tokio::test]
+async fn a_clean_stop_with_a_metrics_port_writes_the_records_back() {
+    let mut driver = TestDriver::start_with_metrics(Options::default()).await;
+    driver.scrape();
+    // In the journal only (compaction is minutes away): only the stop's write-back puts it in
+    // a record file.
+    let volume = driver.create_fs_volume().await;
+    driver.stop().await;
+    let record = driver
+        .data
+        .join("state")
+        .join(format!("{}.json", volume.volume_id));
+    assert!(
+        record.exists(),
+        "no record file written back for {record:?}"
+    );
+    // The record files alone (the old layout, no journal) hold the volume.
+    std::fs::remove_dir_all(driver.data.join("state/journal")).unwrap();
+    driver.start_again().await;
+    assert_eq!(
+        driver.listed_ids().await,
+        std::slice::from_ref(&volume.volume_id)
+    );
+    driver.delete(&volume.volume_id).await.unwrap();
+}

@@ -15,8 +15,8 @@ use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -65,7 +65,9 @@ impl Default for Limits {
 }
 
 /// Listens on `address`, then serves GET /metrics from a thread of its own until the process
-/// ends. Returns once listening, or with the error that kept it from listening.
+/// ends. Returns once listening, or with the error that kept it from listening. The thread
+/// holds the driver weakly: a stop drops the volumes (their records' write-back) whatever a
+/// scrape is doing, and a scrape after that answers 503.
 pub async fn serve(
     address: SocketAddr,
     limits: Limits,
@@ -73,6 +75,7 @@ pub async fn serve(
     driver: Arc<Driver>,
 ) -> io::Result<()> {
     let (listening, listened) = oneshot::channel();
+    let driver = Arc::downgrade(&driver);
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
@@ -115,7 +118,7 @@ async fn accept_loop(
     listener: TcpListener,
     limits: Limits,
     metrics: Arc<Metrics>,
-    driver: Arc<Driver>,
+    driver: Weak<Driver>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut refused_since_log = 0u64;
@@ -161,7 +164,7 @@ async fn serve_connection(
     peer: SocketAddr,
     limits: Limits,
     metrics: Arc<Metrics>,
-    driver: Arc<Driver>,
+    driver: Weak<Driver>,
 ) {
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Watched {
@@ -211,7 +214,7 @@ async fn serve_connection(
 async fn respond(
     request: Request<Incoming>,
     metrics: Arc<Metrics>,
-    driver: Arc<Driver>,
+    driver: Weak<Driver>,
 ) -> Response<Full<Bytes>> {
     if request.method() != Method::GET || request.uri().path() != "/metrics" {
         return Response::builder()
@@ -221,6 +224,12 @@ async fn respond(
             )))
             .expect("static response");
     }
+    let Some(driver) = driver.upgrade() else {
+        return Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .body(Full::new(Bytes::from_static(b"the driver is stopping\n")))
+            .expect("static response");
+    };
     // statvfs and the index walk are blocking work: on this runtime's own blocking thread.
     let text = tokio::task::spawn_blocking(move || metrics.render(&driver))
         .await
