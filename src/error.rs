@@ -6,6 +6,8 @@
 use std::io;
 use tonic::{Code, Status};
 
+use crate::host::tree::{beyond_limit, is_beyond_limit};
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request itself is wrong; retrying it unchanged cannot succeed.
@@ -71,6 +73,7 @@ impl Error {
                 context: context.clone(),
                 source: match source.raw_os_error() {
                     Some(errno) => io::Error::from_raw_os_error(errno),
+                    None if is_beyond_limit(source) => beyond_limit(source.to_string()),
                     None => io::Error::new(source.kind(), source.to_string()),
                 },
             },
@@ -113,9 +116,14 @@ impl Error {
     }
 }
 
-/// Host failures: a full disk (also our journal's own "full" error) is the caller's capacity problem, a busy resource is worth a retry
-/// (kubelet retries UNAVAILABLE as "uncertain"), anything else is our fault.
+/// Host failures: a full disk (also our journal's own "full" error) is the caller's capacity
+/// problem, a busy resource is worth a retry (kubelet retries UNAVAILABLE as "uncertain"), a
+/// tree beyond our documented bounds waits for its owner to change it, anything else is our
+/// fault.
 fn host_code(err: &io::Error) -> Code {
+    if is_beyond_limit(err) {
+        return Code::FailedPrecondition;
+    }
     if matches!(
         err.kind(),
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
@@ -131,8 +139,29 @@ fn host_code(err: &io::Error) -> Code {
 
 impl From<Error> for Status {
     fn from(err: Error) -> Status {
-        Status::new(err.code(), err.to_string())
+        Status::new(err.code(), bounded_message(err.to_string()))
     }
+}
+
+/// The most bytes of an error message a Status carries. It travels in an HTTP/2 header, and
+/// a pod's tree can put a path of hundreds of KiB into a message (1,000 levels of 255-byte
+/// names), which the transport refuses whole: the caller would see a protocol error instead.
+pub const MAX_STATUS_MESSAGE: usize = 4096;
+
+/// `message` cut to `MAX_STATUS_MESSAGE` bytes: its start and its end (where the reason is)
+/// with what was left out counted between them.
+fn bounded_message(message: String) -> String {
+    if message.len() <= MAX_STATUS_MESSAGE {
+        return message;
+    }
+    let head = message.floor_char_boundary(MAX_STATUS_MESSAGE / 2);
+    let tail = message.ceil_char_boundary(message.len() - MAX_STATUS_MESSAGE / 2 + 64);
+    format!(
+        "{} … ({} bytes left out) … {}",
+        &message[..head],
+        tail - head,
+        &message[tail..]
+    )
 }
 
 /// Adds context to io results in one call: `fs::create_dir(p).context(|| format!(...))?`.
@@ -143,5 +172,36 @@ pub trait IoContext<T> {
 impl<T> IoContext<T> for io::Result<T> {
     fn context<C: Into<String>>(self, context: impl FnOnce() -> C) -> Result<T> {
         self.map_err(|source| Error::host(context(), source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_message_keeps_its_start_and_its_reason_within_the_bound() {
+        let path = "/é".repeat(100_000);
+        let err = Error::host(
+            format!("importing {path}"),
+            beyond_limit("more than 262144 hard-linked files await their other names".into()),
+        );
+        let status = Status::from(err);
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        let message = status.message();
+        assert!(message.len() <= MAX_STATUS_MESSAGE, "{}", message.len());
+        assert!(message.starts_with("importing /é/é"), "{message}");
+        assert!(message.ends_with("await their other names"), "{message}");
+        assert!(message.contains("bytes left out"), "{message}");
+        let short = Status::from(Error::NotFound("volume sv-x".into()));
+        assert_eq!(short.message(), "volume sv-x");
+    }
+
+    #[test]
+    fn a_duplicate_of_a_tree_beyond_our_limits_keeps_its_code() {
+        let err = Error::host("copying", beyond_limit("too many".into()));
+        assert_eq!(err.duplicate().code(), Code::FailedPrecondition);
+        let other = Error::host("copying", io::Error::other("odd"));
+        assert_eq!(other.duplicate().code(), Code::Internal);
     }
 }

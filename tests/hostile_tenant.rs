@@ -341,3 +341,177 @@ async fn xattrs_past_the_bound_are_refused_by_name() {
     confined.driver.unpublish_ok(&volume, &target).await;
     confined.driver.delete(&volume.volume_id).await.unwrap();
 }
+
+/// An export stream written by hand, as a hostile client would: frames in the documented
+/// format (src/host/archive/mod.rs) and a trailer whose checksum is wrong, so that whatever
+/// the importer holds, it holds it before the trailer could refuse the stream.
+struct HostileStream {
+    bytes: Vec<u8>,
+}
+
+impl HostileStream {
+    fn new() -> HostileStream {
+        let mut stream = HostileStream {
+            bytes: b"stickyvol-export".to_vec(),
+        };
+        stream.bytes.extend_from_slice(&1u32.to_le_bytes());
+        let header = br#"{"kind":"tree","allocated_bytes":0,"size_bytes":0,"source":"bomb","created_unix_ms":0}"#;
+        stream.frame(b'H', header);
+        stream
+    }
+
+    fn frame(&mut self, tag: u8, payload: &[u8]) {
+        self.bytes.push(tag);
+        self.bytes
+            .extend_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
+        self.bytes.extend_from_slice(payload);
+    }
+
+    fn name(payload: &mut Vec<u8>, name: &str) {
+        payload.push(u8::try_from(name.len()).unwrap());
+        payload.extend_from_slice(name.as_bytes());
+    }
+
+    /// mode, uid, gid, rdev, atime, mtime, no xattrs.
+    fn meta(payload: &mut Vec<u8>, mode: u32) {
+        for field in [mode, 0, 0] {
+            payload.extend_from_slice(&field.to_le_bytes());
+        }
+        payload.extend_from_slice(&0u64.to_le_bytes());
+        for _ in 0..2 {
+            payload.extend_from_slice(&0i64.to_le_bytes());
+            payload.extend_from_slice(&0u32.to_le_bytes());
+        }
+        payload.extend_from_slice(&0u32.to_le_bytes());
+    }
+
+    fn dir(&mut self, name: &str) {
+        let mut payload = Vec::new();
+        Self::name(&mut payload, name);
+        self.frame(b'D', &payload);
+    }
+
+    fn end_dir(&mut self) {
+        let mut payload = Vec::new();
+        Self::meta(&mut payload, libc::S_IFDIR | 0o755);
+        self.frame(b'E', &payload);
+    }
+
+    /// An empty regular file; `link_id` not 0 announces `later` more names to come.
+    fn file(&mut self, name: &str, link_id: u64, later: u32) {
+        let mut payload = Vec::new();
+        Self::name(&mut payload, name);
+        payload.extend_from_slice(&0u64.to_le_bytes());
+        payload.extend_from_slice(&link_id.to_le_bytes());
+        payload.extend_from_slice(&later.to_le_bytes());
+        Self::meta(&mut payload, libc::S_IFREG | 0o644);
+        self.frame(b'F', &payload);
+        self.frame(b'Z', &[]);
+    }
+
+    fn fifo(&mut self, name: &str) {
+        let mut payload = Vec::new();
+        Self::name(&mut payload, name);
+        Self::meta(&mut payload, libc::S_IFIFO | 0o644);
+        self.frame(b'N', &payload);
+    }
+
+    /// The trailer, with a checksum of zeros, into a file under /var/tmp.
+    fn finish(mut self, entries: u64) -> tempfile::NamedTempFile {
+        let mut payload = vec![0u8; 32];
+        payload.extend_from_slice(&entries.to_le_bytes());
+        payload.extend_from_slice(&0u64.to_le_bytes());
+        self.frame(b'T', &payload);
+        let mut file = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
+        std::io::Write::write_all(&mut file, &self.bytes).unwrap();
+        file
+    }
+}
+
+/// `stickyvol volume import ID < stream` against the confined driver; it must fail: stderr.
+fn import_refused(driver: &TestDriver, volume_id: &str, stream: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+        .args(["volume", "import", volume_id, "--quiet"])
+        .env(
+            "CSI_ENDPOINT",
+            format!("unix://{}", driver.socket.display()),
+        )
+        .stdin(fs::File::open(stream).unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "import should fail: {stderr}");
+    stderr
+}
+
+#[tokio::test]
+async fn import_stream_bombs_are_refused_in_bounded_memory() {
+    let mut confined = Confined::start(&[]).await;
+    let links_bound = stickyvol::host::links::MAX_WAITING_LINKS;
+
+    // Hard links announced and never given, at the bottom of 1,000 levels of 255-byte names
+    // (before: the importer kept a full path, ~256 KiB here, for each such file).
+    let volume = confined
+        .driver
+        .create(create_request(
+            &new_name(),
+            mount_cap(Mode::SingleNodeWriter),
+            1 << 30,
+        ))
+        .await;
+    let mut links = HostileStream::new();
+    let name = "d".repeat(255);
+    for _ in 0..1000 {
+        links.dir(&name);
+    }
+    let files = links_bound + 10;
+    for i in 0..files {
+        links.file(&format!("f{i}"), i as u64 + 1, u32::MAX);
+    }
+    let stream = links.finish(0);
+    let err = import_refused(&confined.driver, &volume.volume_id, stream.path());
+    assert!(
+        err.contains(&format!(
+            "more than {links_bound} hard-linked files await their other names"
+        )),
+        "{err}"
+    );
+    confined.probe_in_time().await;
+    confined.assert_unharmed("import of a stream of unfinished hard links");
+
+    // Empty entries far beyond what the volume's capacity allows (no block quota counts
+    // inodes): refused at the allowance, before the one too many is made.
+    let small = confined
+        .driver
+        .create(create_request(
+            &new_name(),
+            mount_cap(Mode::SingleNodeWriter),
+            64 << 20,
+        ))
+        .await;
+    let allowance = stickyvol::host::archive::entry_limit(64 << 20);
+    let mut fifos = HostileStream::new();
+    for i in 0..allowance * 4 {
+        fifos.fifo(&format!("p{i}"));
+    }
+    fifos.end_dir();
+    let stream = fifos.finish(allowance * 4);
+    let err = import_refused(&confined.driver, &small.volume_id, stream.path());
+    assert!(
+        err.contains(&format!("more than {allowance} entries")),
+        "{err}"
+    );
+    confined.probe_in_time().await;
+    confined.assert_unharmed("import of more entries than the volume allows");
+
+    // Both volumes were emptied again and serve.
+    for volume in [volume, small] {
+        let target = confined
+            .driver
+            .publish_at_new_target(&volume, mount_cap(Mode::SingleNodeWriter))
+            .await;
+        assert_eq!(fs::read_dir(&target).unwrap().count(), 0);
+        confined.driver.unpublish_ok(&volume, &target).await;
+        confined.driver.delete(&volume.volume_id).await.unwrap();
+    }
+}

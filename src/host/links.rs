@@ -62,7 +62,7 @@ impl<K: Hash + Eq, T: Clone> LinkBook<K, T> {
 }
 
 pub(super) fn too_many_links() -> io::Error {
-    io::Error::other(format!(
+    super::tree::beyond_limit(format!(
         "more than {MAX_WAITING_LINKS} hard-linked files await their other names at once, more than stickyvol tracks"
     ))
 }

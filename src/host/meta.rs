@@ -172,7 +172,7 @@ fn read_xattrs(node: Node<'_>) -> io::Result<Vec<(CString, Vec<u8>)>> {
             Ok(value) => {
                 held += value.len();
                 if held > MAX_XATTR_BYTES {
-                    return Err(io::Error::other(format!(
+                    return Err(super::tree::beyond_limit(format!(
                         "its xattrs hold more than {MAX_XATTR_BYTES} bytes, more than stickyvol copies"
                     )));
                 }

@@ -43,6 +43,21 @@ pub enum AtMountPoint {
     Skip,
 }
 
+/// A tree beyond one of our documented bounds (too many hard links awaiting their names, a
+/// file's xattrs too large): an io error the caller can tell from the host's own, since
+/// retrying cannot help until the tree changes.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BeyondLimit(pub String);
+
+pub fn beyond_limit(message: String) -> io::Error {
+    io::Error::other(BeyondLimit(message))
+}
+
+pub fn is_beyond_limit(err: &io::Error) -> bool {
+    err.get_ref().is_some_and(|inner| inner.is::<BeyondLimit>())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum WalkError {
     #[error("{0} is a mount point")]

@@ -334,11 +334,13 @@ fn list(paths: &[PathBuf]) -> String {
 
 /// A failed export or import, with the code its cause calls for: something that is no
 /// export stream is the caller's (INVALID_ARGUMENT), a damaged one DATA_LOSS, one too big for
-/// the volume OUT_OF_RANGE; host errors keep their errno.
+/// the volume (bytes or entries) OUT_OF_RANGE; host errors keep their errno.
 fn archive_failure(id: &VolumeId, doing: &str, err: ArchiveError) -> Error {
     match err {
         ArchiveError::Walk(err) => walk_failure(id, doing, err),
-        ArchiveError::TooLarge { .. } => Error::OutOfRange(format!("{doing} volume {id}: {err}")),
+        ArchiveError::TooLarge { .. } | ArchiveError::TooManyEntries { .. } => {
+            Error::OutOfRange(format!("{doing} volume {id}: {err}"))
+        }
         ArchiveError::Output(source) | ArchiveError::Input(source) => {
             Error::host(format!("{doing} volume {id}"), source)
         }

@@ -16,7 +16,7 @@ use nix::sys::stat::{Mode, SFlag, mkdirat, mknodat};
 use nix::unistd::symlinkat;
 
 use super::format::{Fields, FrameReader, Tag, corrupt};
-use super::{ArchiveError, Header, Kind, Summary};
+use super::{ArchiveError, Header, Kind, Summary, entry_limit};
 use crate::host::copy::{check_empty, failed_at, open_dir, open_regular};
 use crate::host::fsstat::{self, Stat};
 use crate::host::links::{LinkBook, LinkStash};
@@ -58,7 +58,8 @@ impl<R: Read> Importer<R> {
 
     /// Recreates the tree inside `dest`, an existing EMPTY directory (refused otherwise),
     /// writing at most `limit_bytes` of file data (TooLarge beyond, also when the header
-    /// declares more, or the kernel answers EDQUOT or ENOSPC). Applies the root's metadata to
+    /// declares more, or the kernel answers EDQUOT or ENOSPC) and creating at most
+    /// [`entry_limit`]`(limit_bytes)` entries (TooManyEntries, before the one too many). Applies the root's metadata to
     /// `dest` itself. Returns only after the trailer's checksum matched and EOF followed it.
     /// Does not fsync (the caller syncs the filesystem); on error the partial tree stays.
     pub fn into_tree(mut self, dest: &Path, limit_bytes: u64) -> Result<Summary, ArchiveError> {
@@ -164,6 +165,8 @@ struct OpenFile {
 struct TreeBuilder {
     dest: PathBuf,
     limit: u64,
+    /// The most entries this import creates.
+    entry_limit: u64,
     root: OwnedFd,
     /// The directory entries are made in, and its path below `root`.
     dir: OwnedFd,
@@ -195,6 +198,7 @@ impl TreeBuilder {
         Ok(TreeBuilder {
             dest: dest.to_path_buf(),
             limit,
+            entry_limit: entry_limit(limit),
             dir: root.try_clone().map_err(failed_at(dest))?,
             root,
             path: PathBuf::new(),
@@ -232,6 +236,12 @@ impl TreeBuilder {
                 _ => Err(corrupt(format!("{tag} frame inside a file"))),
             };
         }
+        if matches!(
+            tag,
+            Tag::Dir | Tag::File | Tag::Link | Tag::Symlink | Tag::Special
+        ) {
+            self.count_entry()?;
+        }
         match tag {
             Tag::Dir => {
                 let name = fields.name()?;
@@ -260,7 +270,6 @@ impl TreeBuilder {
                 self.stash
                     .link(id, (self.dir.as_fd(), &name), last)
                     .map_err(|err| self.failed(Some(&name), err))?;
-                self.entries += 1;
                 Ok(())
             }
             Tag::Symlink => {
@@ -272,7 +281,6 @@ impl TreeBuilder {
                     .map_err(io::Error::from)
                     .and_then(|()| apply_meta(Node::At(self.dir.as_fd(), &name), &meta))
                     .map_err(|err| self.failed(Some(&name), err))?;
-                self.entries += 1;
                 Ok(())
             }
             Tag::Special => {
@@ -286,12 +294,23 @@ impl TreeBuilder {
                     .map_err(io::Error::from)
                     .and_then(|()| apply_meta(Node::At(self.dir.as_fd(), &name), &meta))
                     .map_err(|err| self.failed(Some(&name), err))?;
-                self.entries += 1;
                 Ok(())
             }
             Tag::Data | Tag::FileEnd => Err(corrupt(format!("{tag} frame outside a file"))),
             Tag::Header | Tag::Trailer => Err(corrupt(format!("{tag} frame among the entries"))),
         }
+    }
+
+    /// One more entry, refused before it is made when it would be one too many.
+    fn count_entry(&mut self) -> Result<(), ArchiveError> {
+        if self.entries == self.entry_limit {
+            return Err(ArchiveError::TooManyEntries {
+                limit: self.entry_limit,
+                capacity: self.limit,
+            });
+        }
+        self.entries += 1;
+        Ok(())
     }
 
     /// Makes a directory (0700 until its END_DIR) and enters it.
@@ -317,7 +336,6 @@ impl TreeBuilder {
         self.levels.push(fsstat::stat_fd(child.as_fd())?);
         self.dir = child;
         self.path.push(OsStr::from_bytes(name.to_bytes()));
-        self.entries += 1;
         Ok(())
     }
 
@@ -372,7 +390,6 @@ impl TreeBuilder {
                 })
                 .map_err(|err| self.failed(Some(&name), err))?;
         }
-        self.entries += 1;
         self.file = Some(OpenFile {
             name,
             filling: Filling::new(File::from(file), size),
@@ -575,6 +592,43 @@ mod tests {
     fn the_real_stream_imports() {
         let summary = import_fresh(real_stream()).unwrap();
         assert_eq!((summary.entries, summary.data_bytes), (5, 5000));
+    }
+
+    #[test]
+    fn entries_beyond_the_volumes_allowance_are_refused_before_they_are_made() {
+        use super::super::{IMPORT_BYTES_PER_ENTRY, MIN_IMPORT_ENTRIES};
+        let source = tempfile::tempdir_in("/var/tmp").unwrap();
+        // The root's directory and its files: one entry more than the smallest allowance.
+        std::fs::create_dir(source.path().join("d")).unwrap();
+        for n in 0..MIN_IMPORT_ENTRIES {
+            std::fs::write(source.path().join("d").join(n.to_string()), b"").unwrap();
+        }
+        let header = tree_header(source.path(), "many").unwrap();
+        let mut stream = Vec::new();
+        export(source.path(), &header, &mut stream).unwrap();
+
+        let small = tempfile::tempdir_in("/var/tmp").unwrap();
+        let (importer, _) = Importer::start(&stream[..]).unwrap();
+        let err = importer.into_tree(small.path(), 1 << 20).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ArchiveError::TooManyEntries { limit: MIN_IMPORT_ENTRIES, capacity } if capacity == 1 << 20
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("import into a larger volume"),
+            "{err}"
+        );
+        let made = std::fs::read_dir(small.path().join("d")).unwrap().count() as u64;
+        assert_eq!(made, MIN_IMPORT_ENTRIES - 1, "the one too many was made");
+
+        let big = tempfile::tempdir_in("/var/tmp").unwrap();
+        let capacity = (MIN_IMPORT_ENTRIES + 1) * IMPORT_BYTES_PER_ENTRY;
+        let (importer, _) = Importer::start(&stream[..]).unwrap();
+        let summary = importer.into_tree(big.path(), capacity).unwrap();
+        assert_eq!(summary.entries, MIN_IMPORT_ENTRIES + 1);
     }
 
     proptest! {

@@ -45,7 +45,9 @@
 //! anything is allocated (one payload buffer of [`MAX_PAYLOAD`] bytes), every name is a single
 //! validated component, and everything is created with *at calls relative to directory
 //! descriptors opened from the destination downwards with O_NOFOLLOW, new files with O_EXCL,
-//! so an entry can never write through a symlink or outside the destination. On error the
+//! so an entry can never write through a symlink or outside the destination. What it creates
+//! is bounded by the destination's capacity: bytes of data, and entries ([`entry_limit`]),
+//! each refused before it is made; depth by `tree::MAX_DEPTH`. On error the
 //! partial content stays for the caller to remove; nothing is fsync'ed. What lands is taken
 //! as the stream says: owners, setuid bits, file capabilities and device nodes included.
 //!
@@ -65,6 +67,18 @@ pub use format::MAX_PAYLOAD;
 pub use import::Importer;
 
 use super::tree::WalkError;
+
+/// Capacity an import charges each entry it creates (file, directory, link, symlink, special
+/// file): a pod could otherwise fill the pool's inodes, which no block quota counts, with a
+/// small stream of empty files. About twice what an inode and its name cost on XFS or ext4.
+pub const IMPORT_BYTES_PER_ENTRY: u64 = 1024;
+/// Entries an import into even the smallest volume may create.
+pub const MIN_IMPORT_ENTRIES: u64 = 4096;
+
+/// The most entries an import into a volume of `capacity` bytes creates.
+pub fn entry_limit(capacity: u64) -> u64 {
+    (capacity / IMPORT_BYTES_PER_ENTRY).max(MIN_IMPORT_ENTRIES)
+}
 
 /// What a stream holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -121,6 +135,13 @@ pub enum ArchiveError {
     /// Beyond the import's limit, or the filesystem answered EDQUOT or ENOSPC.
     #[error("the stream's content does not fit in the volume ({limit} bytes)")]
     TooLarge { limit: u64 },
+    /// More entries than [`entry_limit`] allows a volume of its capacity.
+    #[error(
+        "the stream holds more than {limit} entries, the most a volume of {capacity} bytes takes \
+         (one per {IMPORT_BYTES_PER_ENTRY} bytes of capacity, at least {MIN_IMPORT_ENTRIES}); \
+         import into a larger volume"
+    )]
+    TooManyEntries { limit: u64, capacity: u64 },
     /// Reading the source tree or writing the target, with the path.
     #[error(transparent)]
     Walk(#[from] WalkError),
