@@ -1,7 +1,8 @@
 //! A tenant fills the pool's filesystem, which also holds the state directory and its
 //! journals, to the last block (a pool without size enforcement): the driver must still start
-//! after a restart, serve Probe, NodeUnpublish and DeleteVolume (which frees the space), refuse
-//! what it cannot record with RESOURCE_EXHAUSTED, say what is wrong, and recover by itself.
+//! after a restart, serve Probe, NodeUnpublish, DeleteSnapshot and DeleteVolume (which frees
+//! the space), refuse what it cannot record with RESOURCE_EXHAUSTED, say what is wrong, and
+//! recover by itself.
 //! Run on scratch XFS and btrfs filesystems, which differ: XFS overwrites allocated blocks in
 //! place, btrfs copies on write unless the file is NOCOW.
 
@@ -61,6 +62,10 @@ async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
     let kept_target = driver.publish_at_new_target(&kept, snw_mount()).await;
     let filler = driver.create_fs_volume().await;
     let filler_target = driver.publish_at_new_target(&filler, snw_mount()).await;
+    // A snapshot (cheap on both: reflinks on XFS, a subvolume snapshot on btrfs) to delete
+    // once the filesystem is full.
+    std::fs::write(filler_target.join("old"), pattern(8 * MIB as usize, 5)).unwrap();
+    let snapshot = driver.snapshot_of(&filler.volume_id).await;
     let filled = fill_to_the_last_block(&filler_target.join("fill"));
     assert!(filled > 100 * MIB as u64, "only {filled} bytes went in");
     let free_before = available_bytes(&fs.mount_point);
@@ -96,6 +101,11 @@ async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
     expect_code(refused, Code::ResourceExhausted);
 
     // What frees space works.
+    driver
+        .delete_snapshot(&snapshot.snapshot_id)
+        .await
+        .expect("DeleteSnapshot on a full filesystem");
+    assert!(driver.list_all_snapshots().await.is_empty());
     driver.unpublish_ok(&kept, &kept_target).await;
     driver.unpublish_ok(&filler, &filler_target).await;
     driver
