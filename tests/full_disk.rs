@@ -8,44 +8,15 @@
 
 mod common;
 
-use std::fs::OpenOptions;
-use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::fill::fill_to_the_last_block;
 use common::scratchfs::ScratchFs;
 use common::*;
 use tonic::Code;
 
 fn snw_mount() -> csi::VolumeCapability {
     mount_cap(Mode::SingleNodeWriter)
-}
-
-/// Writes into `path` (the pod's side of a volume) until the filesystem refuses even 4 KiB:
-/// big chunks first, then small ones, each synced so that delayed allocation cannot hide room.
-fn fill_to_the_last_block(path: &Path) -> u64 {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .unwrap();
-    let mut written = 0u64;
-    for chunk in [MIB as usize, 64 << 10, 4 << 10] {
-        let data = pattern(chunk, 3);
-        // Twice: btrfs may give back reserved metadata space after a sync.
-        for _ in 0..2 {
-            loop {
-                match file.write_all(&data).and_then(|()| file.sync_data()) {
-                    Ok(()) => written += chunk as u64,
-                    Err(err) => {
-                        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    written
 }
 
 async fn survives_a_full_filesystem(fs_type: &str, size: u64) {

@@ -85,6 +85,11 @@ impl Confined {
     async fn start(extra_args: &[String]) -> Confined {
         let mut driver = TestDriver::prepare(Options::default());
         driver.add_args(extra_args.iter().cloned());
+        Confined::start_prepared(driver).await
+    }
+
+    /// `driver` (stopped, as `TestDriver::prepare` makes it) started and confined.
+    async fn start_prepared(mut driver: TestDriver) -> Confined {
         driver.start_again().await;
         let cgroup = MemoryCgroup::new(CGROUP_LIMIT);
         let confined = Confined { driver, cgroup };
@@ -514,4 +519,60 @@ async fn import_stream_bombs_are_refused_in_bounded_memory() {
         confined.driver.unpublish_ok(&volume, &target).await;
         confined.driver.delete(&volume.volume_id).await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn a_read_only_nested_subvolume_is_deleted_in_bounded_memory() {
+    use stickyvol::host::btrfs;
+    let fs = ScratchFs::new("btrfs", 256 << 20, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"));
+    let pool = fs.mount_point.join("pool");
+    let mut confined =
+        Confined::start(&["--pool".into(), format!("btrfs={}", pool.display())]).await;
+    let mut request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), 64 << 20);
+    request.parameters = params(&[("pool", "btrfs")]);
+    let volume = confined.driver.create(request).await;
+    let target = confined
+        .driver
+        .publish_at_new_target(&volume, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    // What the pod may do to its own subvolume: fill it, then make it read-only.
+    btrfs::create_subvolume(&target, "frozen").unwrap();
+    for i in 0..1000 {
+        fs::write(target.join(format!("frozen/f{i}")), b"x").unwrap();
+    }
+    btrfs::set_read_only(&target.join("frozen"), true).unwrap();
+
+    confined.driver.unpublish_ok(&volume, &target).await;
+    confined.driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!host_path(&volume).exists());
+    confined.probe_in_time().await;
+    confined.assert_unharmed("deletion of a read-only nested subvolume");
+    confined.restart().await;
+    confined.probe_in_time().await;
+}
+
+#[tokio::test]
+async fn a_pool_filled_to_the_last_block_keeps_the_driver_serving() {
+    use common::fill::fill_to_the_last_block;
+    // The pool's filesystem also holds the state directory, as the DaemonSet's data dir does.
+    let fs = ScratchFs::new("xfs", 320 << 20, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make an XFS filesystem for this test: {why}"));
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.mount_point.join("data");
+    driver.add_args(["--enforcement", "default=none"]);
+    let mut confined = Confined::start_prepared(driver).await;
+    let (volume, target) = confined.driver.published_fs_volume().await;
+    fill_to_the_last_block(&target.join("fill"));
+
+    confined.restart().await;
+    confined.probe_in_time().await;
+    assert_eq!(
+        confined.driver.listed_ids().await,
+        std::slice::from_ref(&volume.volume_id)
+    );
+    confined.driver.unpublish_ok(&volume, &target).await;
+    confined.driver.delete(&volume.volume_id).await.unwrap();
+    confined.probe_in_time().await;
+    confined.assert_unharmed("a pool filled to the last block");
 }

@@ -16,6 +16,7 @@
 
 pub mod doctor;
 pub mod fidelity;
+pub mod fill;
 pub mod mounts;
 pub mod namespace;
 pub mod scrape;
