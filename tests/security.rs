@@ -395,3 +395,79 @@ async fn logs_to_a_file_carry_no_terminal_colour_codes() {
         "escape codes in a log file: {log:?}"
     );
 }
+
+/// The requests the first test does not send (snapshots, node expansion, listings), each with
+/// secrets, logged as JSON at debug level: the secrets reach neither the text nor any field.
+#[tokio::test]
+async fn secrets_never_reach_the_json_log_of_snapshot_and_expand_requests() {
+    let driver = TestDriver::start_with(Options {
+        rust_log: Some("debug"),
+        extra_args: vec!["--log-format".into(), "json".into()],
+        ..Default::default()
+    })
+    .await;
+    let (volume, target) = driver.published_fs_volume().await;
+    let snapshot = driver
+        .controller()
+        .create_snapshot(csi::CreateSnapshotRequest {
+            secrets: secrets(),
+            ..snapshot_request(&new_snapshot_name(), &volume.volume_id)
+        })
+        .await
+        .expect("CreateSnapshot with secrets")
+        .into_inner()
+        .snapshot
+        .unwrap();
+    driver
+        .controller()
+        .list_snapshots(csi::ListSnapshotsRequest {
+            secrets: secrets(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListSnapshots with secrets");
+    let grown = 2 * SIZE;
+    driver
+        .expand(csi::NodeExpandVolumeRequest {
+            secrets: secrets(),
+            ..expand_request(&volume.volume_id, &target, grown, 0)
+        })
+        .await
+        .expect("NodeExpandVolume with secrets");
+    // A failing one too.
+    expect_code(
+        driver
+            .controller()
+            .create_snapshot(csi::CreateSnapshotRequest {
+                secrets: secrets(),
+                ..snapshot_request("", &volume.volume_id)
+            })
+            .await,
+        Code::InvalidArgument,
+    );
+    driver
+        .controller()
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: snapshot.snapshot_id.clone(),
+            secrets: secrets(),
+        })
+        .await
+        .expect("DeleteSnapshot with secrets");
+    driver.unpublish_ok(&volume, &target).await;
+    driver.delete(&volume.volume_id).await.unwrap();
+
+    let log = driver.log_text();
+    for line in log.lines().filter(|line| !line.trim().is_empty()) {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|err| panic!("not a JSON log line ({err}): {line}"));
+    }
+    for rpc in [
+        "CreateSnapshot",
+        "ListSnapshots",
+        "NodeExpandVolume",
+        "DeleteSnapshot",
+    ] {
+        assert!(log.contains(rpc), "debug logging names {rpc}:\n{log}");
+    }
+    assert!(!log.contains(SECRET), "a secret reached the log:\n{log}");
+}
