@@ -330,7 +330,7 @@ async fn a_second_driver_on_the_same_data_dir_refuses_whatever_its_socket() {
     assert!(!status.success());
     let second_log = fs::read_to_string(driver.root.join("second.log")).unwrap();
     assert!(
-        second_log.contains("another stickyvol instance is using the data directory"),
+        second_log.contains("another stickyvol instance is using the pool directory"),
         "{second_log}"
     );
     assert!(
@@ -470,4 +470,40 @@ async fn secrets_never_reach_the_json_log_of_snapshot_and_expand_requests() {
         assert!(log.contains(rpc), "debug logging names {rpc}:\n{log}");
     }
     assert!(!log.contains(SECRET), "a secret reached the log:\n{log}");
+}
+
+/// Two drivers with data directories of their own that name the same extra pool: the second
+/// refuses to start, by the pool's lock, and touches nothing of the first's pool.
+#[tokio::test]
+async fn a_second_driver_on_another_drivers_extra_pool_is_refused_by_its_lock() {
+    let shared = tempfile::tempdir_in("/var/tmp").unwrap();
+    let pool = shared.path().join("extra");
+    let pool_arg = format!("extra={}", pool.display());
+    let mut first = TestDriver::prepare(Options::default());
+    first.add_args(["--pool", pool_arg.as_str()]);
+    first.start_again().await;
+    let mut request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE);
+    request.parameters = params(&[("pool", "extra")]);
+    let volume = first.create(request).await;
+
+    let mut second = TestDriver::prepare(Options::default());
+    second.add_args(["--pool", pool_arg.as_str()]);
+    let status = second.try_start_again().await.unwrap_err();
+    assert!(!status.success());
+    let log = second.log_text();
+    assert!(
+        log.contains(&format!(
+            "another stickyvol instance is using the pool directory {}",
+            pool.display()
+        )),
+        "{log}"
+    );
+    // The first driver's volume is untouched and it still serves.
+    assert!(host_path(&volume).is_dir());
+    assert_eq!(first.listed_ids().await, std::slice::from_ref(&volume.volume_id));
+    first.delete(&volume.volume_id).await.unwrap();
+    // Once the first is gone, the pool is free.
+    first.stop().await;
+    second.start_again().await;
+    assert!(second.listed_ids().await.is_empty(), "the pool's volume is not the second's");
 }

@@ -303,7 +303,7 @@ fn lock_pool(root: &Path) -> Result<Flock<fs::File>> {
     Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
         if errno == nix::errno::Errno::EWOULDBLOCK {
             Error::FailedPrecondition(format!(
-                "another stickyvol instance is using the data directory {}",
+                "another stickyvol instance is using the pool directory {} (it holds its .lock)",
                 root.display()
             ))
         } else {
