@@ -459,7 +459,7 @@ async fn damage_in_the_middle_of_the_journal_refuses_to_start() {
 }
 
 /// The data filesystem fails (shut down, as ext4 and XFS do after fatal I/O errors): Probe
-/// turns not ready, so the livenessprobe sidecar gets the driver restarted, and once the
+/// turns not ready and the journal-health metric 0, so the livenessprobe sidecar gets the driver restarted, and once the
 /// filesystem is back a restart finds every volume as it was.
 #[tokio::test]
 async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_restart() {
@@ -467,9 +467,11 @@ async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_res
         .unwrap_or_else(|why| panic!("cannot make an ext4 filesystem: {why}"));
     let mut driver = TestDriver::prepare(Options::default());
     driver.data = fs.path("data");
+    driver.options_mut().metrics_address = Some(free_local_address());
     driver.start_again().await;
     let volume = driver.create_fs_volume().await;
     assert_eq!(probe_ready(&driver).await, Some(true));
+    assert_eq!(journal_healthy(&driver), 1.0);
 
     fs.shut_down();
     // The journal's file can no longer be read...
@@ -483,13 +485,22 @@ async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_res
     );
     assert_eq!(probe_ready(&driver).await, Some(false));
     assert!(last_not_ready(&driver).contains("appending to the journal"));
+    assert_eq!(journal_healthy(&driver), 0.0);
 
     driver.kill9();
     fs.remount();
     driver.start_again().await;
     assert_eq!(probe_ready(&driver).await, Some(true));
+    assert_eq!(journal_healthy(&driver), 1.0);
     assert_eq!(driver.list_all().await.len(), 1);
     driver.delete(&volume.volume_id).await.unwrap();
+}
+
+/// `stickyvol_journal_healthy` of the volumes' journal, scraped.
+fn journal_healthy(driver: &TestDriver) -> f64 {
+    driver
+        .scrape()
+        .value("stickyvol_journal_healthy", &[("journal", "volumes")])
 }
 
 async fn probe_ready(driver: &TestDriver) -> Option<bool> {
