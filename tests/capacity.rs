@@ -409,3 +409,50 @@ async fn an_expansion_the_host_already_made_is_recorded_without_a_second_space_c
     assert_eq!(sysfs_size_bytes(&linked_device(&target)), grown as u64);
     driver.unpublish_ok(&volume, &target).await;
 }
+
+/// A create the books would refuse measures usage once more before refusing: a pod's writes
+/// into a thin block volume turn its promise into used bytes, which the books learn only when
+/// they measure. On a scratch filesystem of its own, so that no other test moves free space.
+#[tokio::test]
+async fn a_create_refused_by_stale_figures_measures_usage_again_first() {
+    use std::os::unix::fs::FileExt;
+    let fs = common::scratchfs::ScratchFs::new("xfs", 512 << 20, &["-q"], "")
+        .unwrap_or_else(|why| panic!("cannot make an XFS filesystem for this test: {why}"));
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.path("data");
+    driver.start_again().await;
+    let available = driver.available_capacity(&[], snw_block()).await;
+    // Everything but 64 MiB promised to one thin volume.
+    let size = (available - 64 * MIB) / 4096 * 4096;
+    let big = driver.create(request_in(&[], snw_block(), size)).await;
+
+    // The pod writes 128 MiB: free space falls by that much while the books still count the
+    // whole promise as unwritten, so they see 64 − 128 MiB left.
+    let image = fs::OpenOptions::new()
+        .write(true)
+        .open(host_path(&big))
+        .unwrap();
+    let chunk = pattern(MIB as usize, 9);
+    for at in 0..128 {
+        image.write_all_at(&chunk, at * MIB as u64).unwrap();
+    }
+    image.sync_all().unwrap();
+    drop(image);
+
+    // Measured, 64 MiB are left: 32 fit, 96 do not.
+    let small = driver.create(request_in(&[], snw_block(), 32 * MIB)).await;
+    let status = expect_code(
+        driver
+            .controller()
+            .create_volume(request_in(&[], snw_block(), 96 * MIB))
+            .await,
+        Code::ResourceExhausted,
+    );
+    assert!(
+        status.message().contains("can promise only"),
+        "{}",
+        status.message()
+    );
+    driver.delete(&small.volume_id).await.unwrap();
+    driver.delete(&big.volume_id).await.unwrap();
+}

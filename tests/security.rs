@@ -500,10 +500,16 @@ async fn a_second_driver_on_another_drivers_extra_pool_is_refused_by_its_lock() 
     );
     // The first driver's volume is untouched and it still serves.
     assert!(host_path(&volume).is_dir());
-    assert_eq!(first.listed_ids().await, std::slice::from_ref(&volume.volume_id));
+    assert_eq!(
+        first.listed_ids().await,
+        std::slice::from_ref(&volume.volume_id)
+    );
     first.delete(&volume.volume_id).await.unwrap();
     // Once the first is gone, the pool is free.
     first.stop().await;
     second.start_again().await;
-    assert!(second.listed_ids().await.is_empty(), "the pool's volume is not the second's");
+    assert!(
+        second.listed_ids().await.is_empty(),
+        "the pool's volume is not the second's"
+    );
 }
