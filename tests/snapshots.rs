@@ -1883,3 +1883,44 @@ async fn concurrent_restores_and_clones_of_one_source_all_succeed() {
         assert_eq!(dir_names(&host_path(&volume)).len(), 3000);
     }
 }
+
+/// A copy that fails for a reason that then goes away: its error reaches the caller, and the
+/// next CreateSnapshot starts it over under the same id, which then becomes ready.
+#[tokio::test]
+async fn a_copy_that_failed_once_is_started_over_under_the_same_id() {
+    use common::mounts::TmpfsMount;
+    let driver = TestDriver::start().await;
+    let (volume, content) = volume_with_file(&driver).await;
+    // A mount inside the volume (an admin's, or a leftover): copies never cross one.
+    let mount = TmpfsMount::new(
+        &host_path(&volume).join("mounted"),
+        "1m",
+        nix::mount::MsFlags::empty(),
+    );
+    let request = snapshot_request(&new_snapshot_name(), &volume.volume_id);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let err = loop {
+        assert!(std::time::Instant::now() < deadline, "no failure reported");
+        match driver.create_snapshot(request.clone()).await {
+            Ok(snapshot) => assert!(!snapshot.ready_to_use, "copied across a mount"),
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("mount point"), "{err:?}");
+    let listed = driver.list_all_snapshots().await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(!listed[0].ready_to_use);
+    let failed_id = listed[0].snapshot_id.clone();
+
+    drop(mount);
+    let ready = driver.create_snapshot_ready(&request).await;
+    assert_eq!(ready.snapshot_id, failed_id);
+    let restored = driver
+        .create(csi::CreateVolumeRequest {
+            volume_content_source: Some(from_snapshot(&ready.snapshot_id)),
+            ..create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE)
+        })
+        .await;
+    assert_eq!(fs::read(host_path(&restored).join("file")).unwrap(), content);
+}
