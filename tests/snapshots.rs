@@ -1922,5 +1922,8 @@ async fn a_copy_that_failed_once_is_started_over_under_the_same_id() {
             ..create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE)
         })
         .await;
-    assert_eq!(fs::read(host_path(&restored).join("file")).unwrap(), content);
+    assert_eq!(
+        fs::read(host_path(&restored).join("file")).unwrap(),
+        content
+    );
 }
