@@ -58,7 +58,7 @@ pub struct ServeArgs {
     )]
     pub metrics_address: Option<SocketAddr>,
 
-    /// The metrics server's limits (see `metrics::Limits`), hidden: tests shorten them.
+    /// The metrics server's limits (see `MetricsLimits`), hidden: tests shorten them.
     #[arg(long, hide = true, value_name = "MS")]
     pub metrics_header_timeout_ms: Option<u64>,
     #[arg(long, hide = true, value_name = "MS")]
@@ -191,7 +191,7 @@ pub struct Config {
     pub mode: Mode,
     pub max_volumes_per_node: i64,
     pub metrics_address: Option<SocketAddr>,
-    pub metrics_limits: crate::metrics::Limits,
+    pub metrics_limits: MetricsLimits,
     /// Where publications are kept (None: beside the records).
     pub run_dir: Option<PathBuf>,
     /// The default pool (the data dir) first, then the extra pools in flag order.
@@ -235,8 +235,8 @@ impl Config {
             .endpoint
             .unwrap_or_else(|| default_endpoint(&paths.kubelet_dir, &paths.driver_name));
         let socket_path = parse_unix_endpoint(&endpoint)?;
-        let defaults = crate::metrics::Limits::default();
-        let metrics_limits = crate::metrics::Limits {
+        let defaults = MetricsLimits::default();
+        let metrics_limits = MetricsLimits {
             header_timeout: args
                 .metrics_header_timeout_ms
                 .map_or(defaults.header_timeout, Duration::from_millis),
@@ -553,6 +553,27 @@ pub fn parse_metrics_address(value: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| {
             "expected IP:PORT, e.g. 10.0.0.7:8080, [fd00::7]:8080 or fd00::7:8080".to_string()
         })
+}
+
+/// What one client may hold of the metrics server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsLimits {
+    /// Time to send a whole request head, from the connection opening or the previous response.
+    pub header_timeout: Duration,
+    /// Time without a byte read or written before the connection is closed.
+    pub idle_timeout: Duration,
+    /// Connections open at once; Prometheus needs one per scraper.
+    pub max_connections: usize,
+}
+
+impl Default for MetricsLimits {
+    fn default() -> Self {
+        MetricsLimits {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10),
+            max_connections: 32,
+        }
+    }
 }
 
 #[cfg(test)]

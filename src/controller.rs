@@ -10,9 +10,9 @@ use crate::csi::{self, list_volumes_response as list};
 use crate::driver::{CONTEXT_ACCESS_TYPE, CONTEXT_HOST_PATH, CONTEXT_NODE, Driver, blocking};
 use crate::error::Error;
 use crate::request;
-use crate::volume::id::{SnapshotId, VolumeId};
-use crate::volume::record::VolumeRecord;
-use crate::volume::snapshot::SnapshotRecord;
+use crate::volume::copies::snapshot::SnapshotRecord;
+use crate::volume::state::id::{SnapshotId, VolumeId};
+use crate::volume::state::record::VolumeRecord;
 use crate::volume::{Condition, CreateRequest, SnapshotFilter, SnapshotRequest, Volumes};
 
 pub struct ControllerService {
@@ -88,7 +88,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
     let parameters = request::parameters(&req.parameters)?;
     if let Some(reason) = caps
         .iter()
-        .find_map(|cap| request::unsupported_reason(cap, parameters.shared_access))
+        .find_map(|cap| cap.unsupported_reason(parameters.shared_access))
     {
         return Err(Error::InvalidArgument(reason));
     }
@@ -219,7 +219,7 @@ impl Controller for ControllerService {
                         cap.kind.as_str()
                     ))
                 } else {
-                    request::unsupported_reason(cap, record.is_shared())
+                    cap.unsupported_reason(record.is_shared())
                 }
             })
             .or_else(|| {
@@ -325,7 +325,7 @@ impl Controller for ControllerService {
         });
         let servable = caps
             .iter()
-            .all(|cap| request::unsupported_reason(cap, parameters.shared_access).is_none());
+            .all(|cap| cap.unsupported_reason(parameters.shared_access).is_none());
         let volumes = self.volumes()?;
         let kinds: Vec<_> = caps.iter().map(|cap| cap.kind).collect();
         let available = if here && servable {

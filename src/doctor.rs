@@ -11,8 +11,8 @@ use crate::config::DoctorConfig;
 use crate::host::fsstat::{self, FsKind};
 use crate::host::mountinfo::{self, MountEntry};
 use crate::host::{btrfs, projquota};
-use crate::volume::cow::Mechanism;
-use crate::volume::full::FULL_BELOW_BYTES;
+use crate::volume::space::full::FULL_BELOW_BYTES;
+use crate::volume::space::mechanism::Mechanism;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -173,7 +173,7 @@ fn data_directory(label: &str, data_dir: &Path) -> Vec<Check> {
         )),
         _ => {}
     }
-    // What `serve` would use for snapshots, restores and clones (see volume::cow).
+    // What `serve` would use for snapshots, restores and clones (see volume::copies::cow).
     let subvolumes = kind == FsKind::Btrfs && quota_on(kind, &existing) == Some(true);
     let cow = match fsstat::supports_reflink(&existing) {
         Ok(reflink) => {
@@ -199,7 +199,7 @@ fn writable(label: &str, wanted: &Path, existing: &Path, data: bool) -> Check {
     let writable = nix::unistd::access(existing, nix::unistd::AccessFlags::W_OK).is_ok();
     match (fsstat::space(existing), writable) {
         // A full run directory fails every publish. A full data directory only warns: the
-        // driver starts and frees space on it (see `volume::full`), which a failure here, in
+        // driver starts and frees space on it (see `volume::space::full`), which a failure here, in
         // an init container, would prevent.
         (Ok(space), true) if !space.read_only && space.available_bytes == 0 && !data => check(
             Outcome::Fail,

@@ -3,10 +3,13 @@
 //! Every failure is built with a message that names the volume (or path) and the reason, and each
 //! variant picks its code on purpose: kubelet and the sidecars retry or give up based on it.
 
+use std::fmt::Display;
 use std::io;
+use std::path::Path;
+
 use tonic::{Code, Status};
 
-use crate::host::tree::{beyond_limit, is_beyond_limit};
+use crate::host::tree::{WalkError, beyond_limit, is_beyond_limit};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -54,6 +57,34 @@ impl Error {
         Error::Host {
             context: context.into(),
             source,
+        }
+    }
+
+    /// A walk over volume `id`'s data that failed; see [`Error::walk_at`].
+    pub fn volume_walk(id: impl Display, doing: &str, err: WalkError) -> Self {
+        Self::walk_of(&format!("volume {id}"), doing, err)
+    }
+
+    /// A walk over the data at `root` (a snapshot's or a volume's) that failed. A mount inside
+    /// it is for an admin to remove, a tree deeper than we walk for its owner to change (both
+    /// FAILED_PRECONDITION); an io error keeps its errno, so its gRPC code follows it.
+    pub fn walk_at(root: &Path, doing: &str, err: WalkError) -> Self {
+        Self::walk_of(&root.display().to_string(), doing, err)
+    }
+
+    fn walk_of(subject: &str, doing: &str, err: WalkError) -> Self {
+        match err {
+            WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
+                "{subject} contains a mount point at {}; refusing to cross it",
+                at.display()
+            )),
+            WalkError::TooDeep { path, limit } => Error::FailedPrecondition(format!(
+                "{subject} holds directories more than {limit} levels deep (at {}), more than stickyvol walks; {doing} refused",
+                path.display()
+            )),
+            WalkError::Io { path, source } => {
+                Error::host(format!("{doing} {} of {subject}", path.display()), source)
+            }
         }
     }
 

@@ -6,8 +6,8 @@ use std::io;
 use std::path::Path;
 
 use crate::host::mountinfo::{self, MountEntry, ParseError};
-use crate::volume::journal::Entry;
-use crate::volume::journal_file::{self, Order, Replay};
+use crate::volume::state::journal::Entry;
+use crate::volume::state::journal_file::{self, Order, Replay};
 
 /// Reads the journal generation file at `path` as the journal's load does (a version 1 file
 /// with a torn tail is cut). Returns the good entries and how many torn tails were ignored.

@@ -21,9 +21,9 @@ use prometheus_client::registry::Registry;
 use tracing::warn;
 
 use crate::driver::Driver;
-use crate::volume::journal;
+use crate::volume::state::journal;
 
-pub use http::{Limits, serve};
+pub use http::serve;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {

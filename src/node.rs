@@ -10,7 +10,7 @@ use crate::csi::node_service_capability::{Rpc, rpc};
 use crate::csi::{self, volume_usage::Unit};
 use crate::driver::{Driver, blocking};
 use crate::request;
-use crate::volume::id::VolumeId;
+use crate::volume::state::id::VolumeId;
 use crate::volume::stats::Amounts;
 use crate::volume::{PublishRequest, Volumes};
 

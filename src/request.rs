@@ -7,8 +7,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use sys_mount::MountFlags;
-
 use crate::config::{DEFAULT_POOL, is_pool_name};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
@@ -16,8 +14,9 @@ use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::csi::volume_content_source::Type as SourceType;
 use crate::error::{Error, Result};
 use crate::host::mount;
-use crate::volume::id::{SnapshotId, VolumeId};
-use crate::volume::record::{AccessMode, Allocation, ContentSource, VolumeKind};
+pub use crate::volume::capability::Capability;
+use crate::volume::state::id::{SnapshotId, VolumeId};
+use crate::volume::state::record::{AccessMode, Allocation, ContentSource, VolumeKind};
 
 /// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
 /// secret references, fstype); accepted and ignored.
@@ -30,7 +29,7 @@ pub const PARAM_BLOCK_ALLOCATION: &str = "blockAllocation";
 /// StorageClass parameter: `"true"` refuses filesystem volumes on pools that cannot limit sizes.
 pub const PARAM_REQUIRE_ENFORCEMENT: &str = "requireEnforcement";
 /// StorageClass parameter: `"true"` lets claims ask ReadWriteMany / ReadOnlyMany.
-pub const PARAM_SHARED_ACCESS: &str = "sharedAccess";
+pub use crate::volume::capability::PARAM_SHARED_ACCESS;
 
 /// StorageClass parameters stickyvol itself understands; anything else is refused so a typo
 /// never goes unnoticed.
@@ -51,30 +50,6 @@ pub struct ClassParameters {
     pub require_enforcement: bool,
     /// Multi-node access modes are accepted (the volume still lives on one node).
     pub shared_access: bool,
-}
-
-/// One requested way of using a volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Capability {
-    pub kind: VolumeKind,
-    pub access_mode: AccessMode,
-    /// Sorted, deduplicated mount options (filesystem only), each one a bind mount can honour.
-    pub mount_flags: Vec<String>,
-}
-
-impl Capability {
-    /// The per-mount flags to apply for this capability.
-    pub fn bind_flags(&self, readonly: bool) -> MountFlags {
-        let mut flags = self
-            .mount_flags
-            .iter()
-            .filter_map(|option| mount::bind_flag(option))
-            .fold(MountFlags::empty(), |acc, flag| acc | flag);
-        if readonly {
-            flags |= MountFlags::RDONLY;
-        }
-        flags
-    }
 }
 
 pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
@@ -207,18 +182,7 @@ fn access_mode(mode: i32) -> Result<AccessMode> {
     })
 }
 
-/// Why a capability cannot be served, or None when it can. Multi-node modes (ReadWriteMany,
-/// ReadOnlyMany) need `shared`: a class with `sharedAccess: "true"`, or a volume made by one.
-pub fn unsupported_reason(cap: &Capability, shared: bool) -> Option<String> {
-    (cap.access_mode.is_multi_node() && !shared).then(|| {
-        format!(
-            "access mode {:?} needs a StorageClass with {PARAM_SHARED_ACCESS}: \"true\" (the volume stays on one node, and every pod using it runs there)",
-            cap.access_mode
-        )
-    })
-}
-
-/// Parses one capability. Unsupported modes are reported by `unsupported_reason`, not here,
+/// Parses one capability. Unsupported modes are reported by `Capability::unsupported_reason`, not here,
 /// because ValidateVolumeCapabilities must answer them with a message rather than an error.
 pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<Capability> {
     let cap = cap.ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
@@ -492,7 +456,7 @@ mod tests {
             volume_id("../../x").unwrap_err().code(),
             tonic::Code::NotFound
         );
-        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         assert_eq!(volume_id(id.as_str()).unwrap(), id);
     }
 
@@ -507,7 +471,7 @@ mod tests {
         assert_eq!(cap.mount_flags, vec!["noexec", "nosuid", "ro"]);
         assert!(
             cap.bind_flags(false)
-                .contains(MountFlags::RDONLY | MountFlags::NOEXEC)
+                .contains(sys_mount::MountFlags::RDONLY | sys_mount::MountFlags::NOEXEC)
         );
         let err = capability(Some(&mount_cap(
             CsiMode::SingleNodeWriter,
@@ -526,11 +490,11 @@ mod tests {
     #[test]
     fn multi_node_modes_need_shared_access() {
         let cap = capability(Some(&mount_cap(CsiMode::MultiNodeMultiWriter, &[], ""))).unwrap();
-        let reason = unsupported_reason(&cap, false).unwrap();
+        let reason = cap.unsupported_reason(false).unwrap();
         assert!(reason.contains("sharedAccess"), "{reason}");
-        assert!(unsupported_reason(&cap, true).is_none());
+        assert!(cap.unsupported_reason(true).is_none());
         let cap = capability(Some(&mount_cap(CsiMode::SingleNodeMultiWriter, &[], ""))).unwrap();
-        assert!(unsupported_reason(&cap, false).is_none());
+        assert!(cap.unsupported_reason(false).is_none());
     }
 
     #[test]

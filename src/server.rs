@@ -28,8 +28,7 @@ use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 
-/// Flow-control window per stream: a few of the admin streams' 1 MiB messages in flight.
-pub const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+use crate::unix_channel::STREAM_WINDOW_BYTES;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
 const SOCKET_MODE: u32 = 0o660;

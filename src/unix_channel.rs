@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
+/// Flow-control window per stream, on both ends (the server and this channel): a few of the
+/// admin streams' 1 MiB messages in flight.
+pub const STREAM_WINDOW_BYTES: u32 = 8 << 20;
+
 /// Opens one channel to `socket` (requests are multiplexed over one connection), with a
 /// per-call deadline when one is given.
 pub async fn connect(
@@ -14,8 +18,8 @@ pub async fn connect(
     let socket = socket.to_path_buf();
     // The authority is never resolved: the connector below ignores it.
     let mut endpoint = Endpoint::from_static("http://csi.sock")
-        .initial_stream_window_size(crate::server::STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(crate::server::STREAM_WINDOW_BYTES * 2);
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(STREAM_WINDOW_BYTES * 2);
     if let Some(deadline) = deadline {
         endpoint = endpoint.timeout(deadline).connect_timeout(deadline);
     }

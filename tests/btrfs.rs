@@ -407,7 +407,7 @@ async fn stats_show_a_write_at_once_not_after_the_next_btrfs_commit() {
     // Settled first, so nothing below commits by accident, and past the driver's commit
     // interval (its create committed); then a plain write, as a pod's.
     btrfs::sync(&setup.pool).unwrap();
-    std::thread::sleep(stickyvol::volume::pool::QGROUP_COMMIT_EVERY);
+    std::thread::sleep(stickyvol::volume::space::pool::QGROUP_COMMIT_EVERY);
     fs::write(target.join("fresh"), pattern(24 * MIB as usize, 5)).unwrap();
     let stats = setup
         .driver

@@ -25,7 +25,7 @@ use csi::controller_service_capability::rpc::Type as ControllerRpc;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use stickyvol::host::btrfs;
-use stickyvol::volume::id::{NodeTag, SnapshotId, VolumeId};
+use stickyvol::volume::state::id::{NodeTag, SnapshotId, VolumeId};
 
 /// A second node for sources that live elsewhere.
 const OTHER_NODE: &str = "other-node";

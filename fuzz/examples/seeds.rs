@@ -18,8 +18,8 @@ use prost::Message;
 use stickyvol::csi;
 use stickyvol::fuzzing::journal_frame;
 use stickyvol::host::archive;
-use stickyvol::volume::id::{NodeTag, SnapshotId, VolumeId};
-use stickyvol::volume::journal::{Entry, Journal, Op, Options};
+use stickyvol::volume::state::id::{NodeTag, SnapshotId, VolumeId};
+use stickyvol::volume::state::journal::{Entry, Journal, Op, Options};
 
 fn corpus(target: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

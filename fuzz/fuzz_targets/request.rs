@@ -19,8 +19,8 @@ use stickyvol::csi;
 use stickyvol::error::Error;
 use stickyvol::host::mount;
 use stickyvol::request::{self, Capability};
-use stickyvol::volume::id::{SnapshotId, VolumeId};
-use stickyvol::volume::record::VolumeKind;
+use stickyvol::volume::state::id::{SnapshotId, VolumeId};
+use stickyvol::volume::state::record::VolumeKind;
 
 const KUBELET: &str = "/var/lib/kubelet";
 
@@ -183,7 +183,7 @@ fn check_capability(cap: &csi::VolumeCapability, parsed: &Capability) {
 fn capability(cap: Option<&csi::VolumeCapability>) {
     if let (Some(cap), Ok(parsed)) = (cap, request::capability(cap)) {
         check_capability(cap, &parsed);
-        let _ = request::unsupported_reason(&parsed, false);
+        let _ = parsed.unsupported_reason(false);
     }
 }
 

@@ -18,7 +18,7 @@ use crate::volume::Volumes;
 use crate::volume::inventory::{
     PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE, VolumeReport, pod_uid_of,
 };
-use crate::volume::record::{ContentSource, SizeLimit};
+use crate::volume::state::record::{ContentSource, SizeLimit};
 
 pub struct AdminService {
     driver: Arc<Driver>,

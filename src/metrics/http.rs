@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Metrics;
+use crate::config::MetricsLimits as Limits;
 use crate::driver::Driver;
 
 /// A request head larger than this is refused (431): hyper's smallest read buffer, some 20
@@ -42,27 +43,6 @@ const MAX_HEAD_BYTES: usize = 8 << 10;
 const MAX_HEADERS: usize = 32;
 /// Refusals over the cap are logged at most this often (the counter has every one).
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
-
-/// What one client may hold of the metrics server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Time to send a whole request head, from the connection opening or the previous response.
-    pub header_timeout: Duration,
-    /// Time without a byte read or written before the connection is closed.
-    pub idle_timeout: Duration,
-    /// Connections open at once; Prometheus needs one per scraper.
-    pub max_connections: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            header_timeout: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(10),
-            max_connections: 32,
-        }
-    }
-}
 
 /// Listens on `address`, then serves GET /metrics from a thread of its own until the process
 /// ends. Returns once listening, or with the error that kept it from listening. The thread

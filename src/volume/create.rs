@@ -36,15 +36,19 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::accounting::Holder;
-use super::capacity;
-use super::cow;
+use super::Volumes;
+use super::copies::cow;
 use super::devices;
-use super::id::VolumeId;
-use super::limits::{self, NewDirectory};
-use super::pool::Pool;
-use super::record::{AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord};
-use super::{Volumes, now_ms, walk_failure};
+use super::space::accounting::Holder;
+use super::space::capacity;
+use super::space::limits;
+use super::space::limits::{NewDirectory, size_file};
+use super::space::pool::Pool;
+use super::state::id::VolumeId;
+use super::state::record::now_ms;
+use super::state::record::{
+    AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord,
+};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, loopdev, mountinfo};
 
@@ -339,7 +343,8 @@ impl Volumes {
 /// `ready_to_remove` looked stops it there.
 fn remove_trees(paths: &[PathBuf], id: &VolumeId, limit: SizeLimit) -> Result<()> {
     for path in paths {
-        limits::remove_directory(limit, path).map_err(|err| walk_failure(id, "deleting", err))?;
+        limits::remove_directory(limit, path)
+            .map_err(|err| Error::volume_walk(id, "deleting", err))?;
     }
     Ok(())
 }
@@ -401,31 +406,4 @@ fn make_data(
             Ok(None)
         }
     }
-}
-
-/// Grows a block file to `bytes`: sparse (thin), or with every block allocated (thick), so a
-/// thick volume's writes can never meet a full disk.
-pub(super) fn size_file(
-    file: &fs::File,
-    path: &Path,
-    allocation: Allocation,
-    bytes: u64,
-) -> Result<()> {
-    let sized = match allocation {
-        Allocation::Thin => file.set_len(bytes),
-        Allocation::Thick => nix::fcntl::fallocate(
-            file,
-            nix::fcntl::FallocateFlags::empty(),
-            0,
-            bytes as libc::off_t,
-        )
-        .map_err(std::io::Error::from),
-    };
-    sized.context(|| {
-        format!(
-            "sizing {} to {bytes} bytes ({})",
-            path.display(),
-            allocation.as_str()
-        )
-    })
 }

@@ -17,8 +17,8 @@
 use std::io;
 use std::path::Path;
 
-use super::id::VolumeId;
-use super::record::Publication;
+use super::state::id::VolumeId;
+use super::state::record::Publication;
 use crate::host::fsstat;
 use crate::host::loopdev::{self, LoopDevice};
 
@@ -59,7 +59,7 @@ mod tests {
 
     #[test]
     fn backing_file_names_point_at_a_volume_whatever_the_directories() {
-        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         for path in [
             format!("/var/lib/kubelet/volumes/stickyvol.csi.io/volumes/{id}.img"),
             format!("/volumes/stickyvol.csi.io/volumes/{id}.img"),

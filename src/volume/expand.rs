@@ -11,12 +11,12 @@ use tracing::info;
 use std::path::Path;
 
 use super::Volumes;
-use super::capacity;
-use super::create::size_file;
 use super::devices;
-use super::id::VolumeId;
-use super::limits;
-use super::record::{Allocation, VolumeKind, VolumeRecord};
+use super::space::capacity;
+use super::space::limits;
+use super::space::limits::size_file;
+use super::state::id::VolumeId;
+use super::state::record::{Allocation, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::host::loopdev;
 

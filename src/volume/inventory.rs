@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use tracing::debug;
 
-use super::pool::Pool;
-use super::record::VolumeRecord;
-use super::snapshot::SnapshotRecord;
-use super::space::cheap_usage;
+use super::available::cheap_usage;
+use super::copies::snapshot::SnapshotRecord;
+use super::space::pool::Pool;
+use super::state::record::VolumeRecord;
 use super::{Condition, Volumes};
 use crate::error::{Error, Result};
 
@@ -57,7 +57,7 @@ impl Volumes {
     }
 
     /// One volume, measured (NOT_FOUND if this node does not hold it).
-    pub fn describe(&self, id: &super::id::VolumeId) -> Result<VolumeReport> {
+    pub fn describe(&self, id: &super::state::id::VolumeId) -> Result<VolumeReport> {
         let record = self.get(id)?;
         Ok(self.report(record, &self.snapshots.all(), true))
     }

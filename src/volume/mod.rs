@@ -1,62 +1,57 @@
 //! The volume domain: where volumes live on disk, what we remember about them, and the
 //! operations kubelet and the provisioner ask for. Nothing here knows about gRPC.
 //!
-//! Records live in `<data-dir>/state/<id>.json`, their changes committed by the journal
-//! `<data-dir>/state/journal/` (see `records`), the commit point of a volume's existence;
-//! the data lives in a pool (see `pool`), the data dir itself being the pool "default".
+//! Three rooms, each using only the ones listed before it (and `crate::host`):
+//! - [`state`]: what we remember, durably: ids, records, the journal that commits their
+//!   changes (`<data-dir>/state/`), the store that indexes them;
+//! - [`space`]: where data lives and how much: pools, the books of what was promised,
+//!   size limits, capacity rules, the walk throttle, how a pool copies cheaply;
+//! - [`copies`]: snapshots, restores, clones, export and import: the data copied and the
+//!   operations that do it.
+//!
+//! Here, above them: [`Volumes`] (a node's volumes) and the operations kubelet, the
+//! provisioner and the admin API call: create and delete, publish, expand, stats, capacity,
+//! the inventory, and recovery at start. `copies` adds its operations to `Volumes` too (impl
+//! blocks), so it is the one room that uses `Volumes` and `guard` from here.
 
-mod accounting;
-pub mod capacity;
-mod content;
-pub mod cow;
+pub mod copies;
+pub mod space;
+pub mod state;
+
+mod available;
+pub mod capability;
 mod create;
 mod devices;
 mod expand;
-pub mod full;
 pub mod guard;
-pub mod id;
 pub mod inventory;
-pub mod journal;
-pub(crate) mod journal_file;
-pub mod limits;
-pub mod pool;
 mod publish;
-pub mod record;
-mod records;
 mod recover;
-pub mod snapshot;
-mod snapshot_jobs;
-mod space;
 pub mod stats;
-pub mod store;
-mod throttle;
-mod transfer;
 
 use std::fs;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Space};
-use crate::host::tree::WalkError;
 
+pub use copies::snapshot::{SnapshotFilter, SnapshotRequest};
+pub use copies::transfer::ExportSource;
 pub use create::CreateRequest;
-use pool::LockedRoot;
-pub use pool::{Pool, STAGING_PREFIX};
 pub use publish::PublishRequest;
-pub use snapshot::{SnapshotFilter, SnapshotRequest};
+pub use space::pool::{Pool, STAGING_PREFIX};
 pub use stats::VolumeStats;
-pub use transfer::ExportSource;
 
+use copies::snapshot::SnapshotRecord;
+use copies::snapshot_jobs::Jobs;
 use guard::OperationGuards;
-use id::{NodeTag, VolumeId};
-use record::{VolumeKind, VolumeRecord};
-use records::Records;
-use snapshot::SnapshotRecord;
-use snapshot_jobs::Jobs;
-use store::Store;
+use space::pool::LockedRoot;
+use state::id::{NodeTag, VolumeId};
+use state::record::{VolumeKind, VolumeRecord};
+use state::records::Records;
+use state::store::Store;
 
 /// Whether a volume is healthy, as CSI's VolumeCondition reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +109,7 @@ fn data_problem(record: &VolumeRecord, path: &Path) -> Option<String> {
 
 /// Why a volume with an enforced size is not held to it, if it is not (O(1): quota figures).
 fn limit_problem(record: &VolumeRecord, path: &Path) -> Option<String> {
-    match limits::usage(record.size_limit, path) {
+    match space::limits::usage(record.size_limit, path) {
         Ok(None) => None,
         Ok(Some(usage)) => usage_problem(record, usage.used_bytes, usage.limit_bytes.is_some()),
         Err(err) => Some(format!(
@@ -169,7 +164,7 @@ pub struct Volumes {
     jobs: Jobs,
     guards: OperationGuards,
     /// Usage of plain directories, walked at most once per burst of callers.
-    usage_cache: throttle::UsageCache,
+    usage_cache: space::throttle::UsageCache,
     /// Signs the ids this node issues.
     node: NodeTag,
     /// Data crashes left, found at start and removed once the socket serves.
@@ -228,27 +223,27 @@ impl Volumes {
         // Before a journal generation is dropped, the data of the volumes and snapshots it
         // created or removed must be durable too (see `journal` and `create`).
         let roots: Vec<PathBuf> = locked.iter().map(|p| p.root.clone()).collect();
-        let journal_options = journal::Options {
+        let journal_options = state::journal::Options {
             barrier: Some(Arc::new(move || {
                 roots
                     .iter()
                     .try_for_each(|root| crate::host::copy::sync_filesystem(root))
             })),
-            ..journal::Options::default()
+            ..state::journal::Options::default()
         };
         let (store, report) = Store::open(&state, run_dir, journal_options.clone())
             .context(|| format!("loading records from {}", state.display()))?;
         let snapshot_state = state.join("snapshots");
         let (snapshots, snapshot_report) = Records::open(
             &snapshot_state,
-            &state.join(store::JOURNAL_DIR),
+            &state.join(state::store::JOURNAL_DIR),
             "snapshots",
             journal_options,
         )
         .context(|| format!("loading records from {}", snapshot_state.display()))?;
         let all = store.all();
         let mut opened = Vec::with_capacity(pools.len());
-        let project_ids = limits::Enforcement::project_ids(all.iter().map(|r| &**r));
+        let project_ids = space::limits::Enforcement::project_ids(all.iter().map(|r| &**r));
         for (config, root) in pools.iter().zip(locked) {
             let records: Vec<&VolumeRecord> = all
                 .iter()
@@ -272,7 +267,7 @@ impl Volumes {
             snapshots,
             jobs: Jobs::default(),
             guards: OperationGuards::default(),
-            usage_cache: throttle::UsageCache::default(),
+            usage_cache: space::throttle::UsageCache::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };
@@ -388,7 +383,7 @@ impl Volumes {
     }
 
     /// What the state journals (volumes, snapshots) have done since the start, for metrics.
-    pub fn journal_stats(&self) -> [journal::Stats; 2] {
+    pub fn journal_stats(&self) -> [state::journal::Stats; 2] {
         [self.store.journal_stats(), self.snapshots.journal_stats()]
     }
 
@@ -445,44 +440,4 @@ impl Volumes {
         self.guards
             .acquire(format!("volume:{id}"), &format!("volume {id}"))
     }
-}
-
-/// A walk over volume `id`'s data that failed. A mount inside the volume is for an admin to
-/// remove (FAILED_PRECONDITION); an io error keeps its errno, so its gRPC code follows it.
-fn walk_failure(id: &VolumeId, doing: &str, err: WalkError) -> Error {
-    walk_failure_of(&format!("volume {id}"), doing, err)
-}
-
-/// A walk over the data at `root` (a snapshot's or a volume's) that failed; see `walk_failure`.
-fn walk_failure_at(root: &Path, doing: &str, err: WalkError) -> Error {
-    walk_failure_of(&root.display().to_string(), doing, err)
-}
-
-fn walk_failure_of(subject: &str, doing: &str, err: WalkError) -> Error {
-    match err {
-        WalkError::MountPoint(at) => Error::FailedPrecondition(format!(
-            "{subject} contains a mount point at {}; refusing to cross it",
-            at.display()
-        )),
-        WalkError::TooDeep { path, limit } => Error::FailedPrecondition(format!(
-            "{subject} holds directories more than {limit} levels deep (at {}), more than stickyvol walks; {doing} refused",
-            path.display()
-        )),
-        WalkError::Io { path, source } => {
-            Error::host(format!("{doing} {} of {subject}", path.display()), source)
-        }
-    }
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .context(|| format!("setting mode {mode:o} on {}", path.display()))
-}
-
-/// Milliseconds since the epoch, for records.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

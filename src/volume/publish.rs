@@ -23,13 +23,13 @@ use sys_mount::MountFlags;
 use tracing::{info, warn};
 
 use super::Volumes;
+use super::capability::Capability;
 use super::devices;
-use super::id::VolumeId;
-use super::record::{Publication, VolumeKind, VolumeRecord};
+use super::state::id::VolumeId;
+use super::state::record::{Publication, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Stat};
 use crate::host::{dirfd, loopdev, mount};
-use crate::request::Capability;
 
 /// A validated NodePublishVolume request.
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ impl Volumes {
                 cap.kind.as_str()
             )));
         }
-        if let Some(reason) = crate::request::unsupported_reason(cap, record.is_shared()) {
+        if let Some(reason) = cap.unsupported_reason(record.is_shared()) {
             return Err(Error::InvalidArgument(reason));
         }
         let readonly = req.readonly || cap.access_mode.is_read_only();

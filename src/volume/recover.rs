@@ -22,13 +22,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tracing::{debug, error, info, warn};
 
-use super::create::size_file;
-use super::id::VolumeId;
-use super::limits;
-use super::pool::{Pool, id_of_data_entry};
-use super::record::{SizeLimit, VolumeKind, VolumeRecord};
-use super::store::LoadReport;
-use super::{STAGING_PREFIX, Volumes, devices};
+use super::space::limits;
+use super::space::limits::size_file;
+use super::space::pool::STAGING_PREFIX;
+use super::space::pool::{Pool, id_of_data_entry};
+use super::state::id::VolumeId;
+use super::state::record::{SizeLimit, VolumeKind, VolumeRecord};
+use super::state::store::LoadReport;
+use super::{Volumes, devices};
 use crate::error::{IoContext, Result};
 use crate::host::loopdev;
 use crate::host::projquota::ProjectIdLease;

@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use super::id::VolumeId;
-use super::limits;
-use super::pool::Pool;
-use super::record::{SizeLimit, VolumeKind};
-use super::{Condition, Volumes, data_problem, usage_problem, walk_failure};
+use super::space::limits;
+use super::space::pool::Pool;
+use super::state::id::VolumeId;
+use super::state::record::{SizeLimit, VolumeKind};
+use super::{Condition, Volumes, data_problem, usage_problem};
 use crate::error::{Error, IoContext, Result};
 use crate::host::tree::WalkError;
 use crate::host::{fsstat, usage};
@@ -79,7 +79,7 @@ impl Volumes {
                 let walk = || {
                     self.walked_usage(pool, id, &data)
                         .map(|m| (m.bytes, Some(m.inodes)))
-                        .map_err(|err| walk_failure(id, "measuring", err))
+                        .map_err(|err| Error::volume_walk(id, "measuring", err))
                 };
                 let mut unreadable = None;
                 if record.size_limit == SizeLimit::BtrfsQgroup {

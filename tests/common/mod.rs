@@ -42,7 +42,7 @@ use stickyvol::csi::node_client::NodeClient;
 pub use stickyvol::csi::volume_capability::access_mode::Mode;
 use stickyvol::host::loopdev::{self, LoopDevice};
 use stickyvol::host::mountinfo::{self, MountEntry};
-use stickyvol::volume::id::{NodeTag, VolumeId};
+use stickyvol::volume::state::id::{NodeTag, VolumeId};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 pub use tonic::{Code, Status};

@@ -212,3 +212,10 @@ impl VolumeRecord {
         self.publications.iter().find(|p| p.target == target)
     }
 }
+
+/// Milliseconds since the epoch, for records.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -26,15 +26,16 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use super::cow;
-use super::guard::OperationGuard;
-use super::id::{SnapshotId, VolumeId};
-use super::pool::EXPORT_PREFIX;
-use super::pool::id_of_snapshot_entry;
 use super::snapshot::{SnapshotRecord, remove_snapshot_data};
-use super::store::sync_dir;
-use super::{STAGING_PREFIX, Volumes};
 use crate::error::{Error, IoContext, Result};
 use crate::host::copy::Progress;
+use crate::volume::Volumes;
+use crate::volume::guard::OperationGuard;
+use crate::volume::space::pool::EXPORT_PREFIX;
+use crate::volume::space::pool::STAGING_PREFIX;
+use crate::volume::space::pool::id_of_snapshot_entry;
+use crate::volume::state::id::{SnapshotId, VolumeId};
+use crate::volume::state::store::sync_dir;
 
 /// How long CreateSnapshot waits for a copy before answering "not ready".
 const READY_WAIT: Duration = Duration::from_secs(1);
@@ -46,7 +47,7 @@ const CANCEL_WAIT: Duration = Duration::from_secs(20);
 
 /// Copies running (or failed and not yet reported), by snapshot.
 #[derive(Debug, Default)]
-pub(super) struct Jobs {
+pub(in crate::volume) struct Jobs {
     by_snapshot: Mutex<HashMap<SnapshotId, Arc<Job>>>,
 }
 
@@ -102,7 +103,7 @@ impl Jobs {
 
 impl Volumes {
     /// The snapshot as it stands after waiting a moment for its copy (started if none runs).
-    pub(super) fn finish_snapshot(
+    pub(in crate::volume) fn finish_snapshot(
         self: &Arc<Self>,
         record: &Arc<SnapshotRecord>,
     ) -> Result<Arc<SnapshotRecord>> {
@@ -227,7 +228,7 @@ impl Volumes {
         // Leftovers of an earlier attempt (a crash, a failure).
         for leftover in [&staging, &path] {
             remove_snapshot_data(leftover)
-                .map_err(|err| super::walk_failure_at(leftover, "removing", err))?;
+                .map_err(|err| Error::walk_at(leftover, "removing", err))?;
         }
         let source = self.store.get(&record.source_volume).ok_or_else(|| {
             Error::FailedPrecondition(format!(
@@ -273,7 +274,7 @@ impl Volumes {
     }
 
     /// Cancels the copy of snapshot `id` if one runs and waits for it to stop.
-    pub(super) fn cancel_snapshot_copy(&self, id: &SnapshotId) -> Result<()> {
+    pub(in crate::volume) fn cancel_snapshot_copy(&self, id: &SnapshotId) -> Result<()> {
         let Some(job) = self.jobs.lock().get(id).cloned() else {
             return Ok(());
         };
@@ -289,13 +290,13 @@ impl Volumes {
 
     /// Claims "volume `id` is being read" (a copy from it runs), beside other copies of it;
     /// `claim_unread` (DeleteVolume) waits for them all.
-    pub(super) fn claim_reading(&self, id: &VolumeId) -> Result<OperationGuard> {
+    pub(in crate::volume) fn claim_reading(&self, id: &VolumeId) -> Result<OperationGuard> {
         self.guards
             .acquire_shared(reading_key(id), &format!("volume {id} (being deleted)"))
     }
 
     /// Claims "nothing reads volume `id`", for as long as it is being deleted.
-    pub(super) fn claim_unread(&self, id: &VolumeId) -> Result<OperationGuard> {
+    pub(in crate::volume) fn claim_unread(&self, id: &VolumeId) -> Result<OperationGuard> {
         self.guards.acquire(
             reading_key(id),
             &format!("volume {id} (a copy of its data is being made)"),
@@ -306,7 +307,7 @@ impl Volumes {
     /// their next attempt's to remove), moves snapshot data without a record aside, and puts
     /// every snapshot's promise in its pool's books. Copies to redo are started by
     /// `resume_snapshot_copies` once the socket serves.
-    pub(super) fn recover_snapshots(
+    pub(in crate::volume) fn recover_snapshots(
         &self,
         unreadable: &[(SnapshotId, String)],
         removed_recently: &std::collections::HashSet<SnapshotId>,

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use super::id::{SnapshotId, VolumeId};
+use crate::volume::state::id::{SnapshotId, VolumeId};
 
 /// What a promise is made to: a volume (its size), or a snapshot (its data, which it comes to
 /// hold alone as its source is overwritten or deleted).
@@ -156,7 +156,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn id() -> Holder {
-        Holder::Volume(VolumeId::generate(&crate::volume::id::NodeTag::of("test")))
+        Holder::Volume(VolumeId::generate(&crate::volume::state::id::NodeTag::of(
+            "test",
+        )))
     }
 
     #[test]

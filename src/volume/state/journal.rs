@@ -52,46 +52,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
+use super::files::{remove_file_if_present, sync_dir};
 use super::journal_file::{self as file, Order, generation_path, generations};
-use super::records::{remove_file_if_present, sync_dir};
-pub use file::Replay;
-
-/// What an entry does to the record of its id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// The record's first version (a volume or snapshot created).
-    Create,
-    /// A new version of an existing record.
-    Update,
-    Remove,
-}
-
-impl Op {
-    pub(super) fn code(self) -> u8 {
-        match self {
-            Op::Create => 1,
-            Op::Update => 2,
-            Op::Remove => 3,
-        }
-    }
-
-    pub(super) fn of(code: u8) -> Option<Op> {
-        match code {
-            1 => Some(Op::Create),
-            2 => Some(Op::Update),
-            3 => Some(Op::Remove),
-            _ => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub op: Op,
-    pub id: String,
-    /// The record's JSON (empty for `Remove`).
-    pub json: Vec<u8>,
-}
+pub use file::{Entry, Op, Replay};
 
 /// An entry appended, not yet known durable (see `Journal::append`).
 #[derive(Debug)]
@@ -540,7 +503,7 @@ impl Journal {
     }
 
     #[cfg(test)]
-    pub(super) fn rotate_only(&self) -> io::Result<u64> {
+    pub(in crate::volume) fn rotate_only(&self) -> io::Result<u64> {
         let mut state = self.shared.lock();
         self.shared.rotate(&mut state, None)?;
         Ok(state.generation - 1)

@@ -13,16 +13,17 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::accounting::Holder;
-use super::cow::Mechanism;
-use super::id::{Issuer, SnapshotId, VolumeId};
-use super::limits;
-use super::pool::Pool;
-use super::record::{SizeLimit, VolumeKind, VolumeRecord};
-use super::records::Record;
-use super::{Volumes, now_ms, walk_failure_at};
 use crate::error::{Error, IoContext, Result};
 use crate::host::tree::WalkError;
+use crate::volume::Volumes;
+use crate::volume::space::accounting::Holder;
+use crate::volume::space::limits;
+use crate::volume::space::mechanism::Mechanism;
+use crate::volume::space::pool::Pool;
+use crate::volume::state::id::{Issuer, SnapshotId, VolumeId};
+use crate::volume::state::record::now_ms;
+use crate::volume::state::record::{SizeLimit, VolumeKind, VolumeRecord};
+use crate::volume::state::records::Record;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
@@ -168,7 +169,7 @@ impl Volumes {
             pool.snapshot_path(id, record.kind),
             pool.snapshot_staging_path(id, record.kind),
         ] {
-            remove_snapshot_data(&path).map_err(|err| walk_failure_at(&path, "deleting", err))?;
+            remove_snapshot_data(&path).map_err(|err| Error::walk_at(&path, "deleting", err))?;
         }
         self.snapshots
             .remove(id)
@@ -227,7 +228,7 @@ impl Volumes {
     /// is gone (NOT_FOUND); an id from another node (or from a version that did not say) means
     /// the claim landed on the wrong node, and RESOURCE_EXHAUSTED makes the provisioner
     /// reschedule it (design.md §8).
-    pub(super) fn missing_source(&self, what: &str, issuer: Issuer) -> Error {
+    pub(in crate::volume) fn missing_source(&self, what: &str, issuer: Issuer) -> Error {
         match issuer {
             Issuer::Node(tag) if tag == self.node => {
                 Error::NotFound(format!("{what} does not exist"))
@@ -239,7 +240,7 @@ impl Volumes {
     }
 
     /// Bytes a copy of `record`'s data needs: O(1) where a limit counts them, a walk otherwise.
-    pub(super) fn data_bytes(&self, pool: &Pool, record: &VolumeRecord) -> Result<u64> {
+    pub(in crate::volume) fn data_bytes(&self, pool: &Pool, record: &VolumeRecord) -> Result<u64> {
         let path = pool.data_path(&record.id, record.kind);
         if record.kind == VolumeKind::Block {
             return Ok(crate::host::fsstat::lstat(&path)
@@ -255,20 +256,23 @@ impl Volumes {
         }
         crate::host::usage::measure(&path)
             .map(|usage| usage.bytes)
-            .map_err(|err| super::walk_failure(&record.id, "measuring", err))
+            .map_err(|err| Error::volume_walk(&record.id, "measuring", err))
     }
 
     /// Claims the snapshot's operation slot (ABORTED for a concurrent second caller).
-    pub(super) fn claim_snapshot(&self, id: &SnapshotId) -> Result<super::guard::OperationGuard> {
+    pub(in crate::volume) fn claim_snapshot(
+        &self,
+        id: &SnapshotId,
+    ) -> Result<crate::volume::guard::OperationGuard> {
         self.guards
             .acquire(format!("snapshot:{id}"), &format!("snapshot {id}"))
     }
 
     /// Claims the snapshot for reading (a restore), beside other restores of it.
-    pub(super) fn claim_snapshot_reading(
+    pub(in crate::volume) fn claim_snapshot_reading(
         &self,
         id: &SnapshotId,
-    ) -> Result<super::guard::OperationGuard> {
+    ) -> Result<crate::volume::guard::OperationGuard> {
         self.guards.acquire_shared(
             format!("snapshot:{id}"),
             &format!("snapshot {id} (being copied or deleted)"),
@@ -278,7 +282,7 @@ impl Volumes {
 
 /// Removes a snapshot's data: a (read-only) btrfs subvolume in one call, anything else by a
 /// walk that never follows a symlink nor crosses a mount. Missing data is fine.
-pub(super) fn remove_snapshot_data(path: &std::path::Path) -> Result<(), WalkError> {
+pub(in crate::volume) fn remove_snapshot_data(path: &std::path::Path) -> Result<(), WalkError> {
     // The btrfs path tries the subvolume first and falls back to the walk for anything else.
     limits::remove_directory(SizeLimit::BtrfsQgroup, path)
 }

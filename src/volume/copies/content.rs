@@ -3,14 +3,15 @@
 
 use std::path::PathBuf;
 
-use super::guard::OperationGuard;
-use super::record::{ContentSource, VolumeKind};
-use super::{Volumes, capacity};
 use crate::error::{Error, Result};
+use crate::volume::Volumes;
+use crate::volume::guard::OperationGuard;
+use crate::volume::space::capacity;
+use crate::volume::state::record::{ContentSource, VolumeKind};
 
 /// A source found and claimed for the length of one create.
 #[derive(Debug)]
-pub(super) struct SourceData {
+pub(in crate::volume) struct SourceData {
     pub path: PathBuf,
     pub kind: VolumeKind,
     /// The source's size: the smallest volume its data fits in.
@@ -21,7 +22,7 @@ pub(super) struct SourceData {
 impl Volumes {
     /// Finds `source` and claims it for reading (other restores and clones of it may run at
     /// the same time), so it cannot be deleted while it is copied.
-    pub(super) fn claim_source(&self, source: &ContentSource) -> Result<SourceData> {
+    pub(in crate::volume) fn claim_source(&self, source: &ContentSource) -> Result<SourceData> {
         match source {
             ContentSource::Snapshot(id) => {
                 let record = self.snapshot_source(id)?;

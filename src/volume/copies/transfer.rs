@@ -21,16 +21,17 @@ use nix::fcntl::{FallocateFlags, fallocate};
 use nix::unistd::{Whence, lseek};
 use tracing::{error, info, warn};
 
-use super::cow::{self, Mechanism};
-use super::create::size_file;
-use super::guard::OperationGuard;
-use super::id::VolumeId;
-use super::record::{VolumeKind, VolumeRecord};
+use super::cow;
 use super::snapshot::remove_snapshot_data;
-use super::{Volumes, walk_failure};
 use crate::error::{Error, IoContext, Result};
 use crate::host::archive::{self, ArchiveError, Header, Importer, Kind, Summary};
 use crate::host::{copy, safe_delete};
+use crate::volume::Volumes;
+use crate::volume::guard::OperationGuard;
+use crate::volume::space::limits::size_file;
+use crate::volume::space::mechanism::Mechanism;
+use crate::volume::state::id::VolumeId;
+use crate::volume::state::record::{VolumeKind, VolumeRecord};
 
 /// What an export reads, held until it is dropped: the volume's operation slot (read directly)
 /// or a temporary snapshot.
@@ -255,7 +256,7 @@ impl Volumes {
     fn empty(&self, record: &VolumeRecord, data: &Path) -> Result<()> {
         match record.kind {
             VolumeKind::Filesystem => safe_delete::remove_contents(data)
-                .map_err(|err| walk_failure(&record.id, "emptying", err)),
+                .map_err(|err| Error::volume_walk(&record.id, "emptying", err)),
             VolumeKind::Block => {
                 let file = OpenOptions::new()
                     .write(true)
@@ -337,7 +338,7 @@ fn list(paths: &[PathBuf]) -> String {
 /// the volume (bytes or entries) OUT_OF_RANGE; host errors keep their errno.
 fn archive_failure(id: &VolumeId, doing: &str, err: ArchiveError) -> Error {
     match err {
-        ArchiveError::Walk(err) => walk_failure(id, doing, err),
+        ArchiveError::Walk(err) => Error::volume_walk(id, doing, err),
         ArchiveError::TooLarge { .. } | ArchiveError::TooManyEntries { .. } => {
             Error::OutOfRange(format!("{doing} volume {id}: {err}"))
         }

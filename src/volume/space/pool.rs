@@ -20,17 +20,17 @@ use nix::fcntl::{Flock, FlockArg};
 use tracing::{info, warn};
 
 use super::accounting::{Holder, Ledger};
-use super::cow::Mechanism;
-use super::id::{SnapshotId, VolumeId};
 use super::limits::Enforcement;
-use super::record::{VolumeKind, VolumeRecord};
-use super::set_mode;
+use super::mechanism::Mechanism;
 use super::throttle::{Slots, WALKS_PER_POOL};
 use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::host::btrfs;
 use crate::host::fsstat::{self, Space};
 use crate::host::projquota::ProjectIds;
+use crate::volume::space::set_mode;
+use crate::volume::state::id::{SnapshotId, VolumeId};
+use crate::volume::state::record::{VolumeKind, VolumeRecord};
 
 /// Prefix of data not yet committed by a record.
 pub const STAGING_PREFIX: &str = ".creating-";

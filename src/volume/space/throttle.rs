@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::id::VolumeId;
 use crate::host::usage::Usage;
+use crate::volume::state::id::VolumeId;
 
 /// Tree walks a pool runs at once.
 pub const WALKS_PER_POOL: usize = 2;
@@ -151,7 +151,7 @@ mod tests {
     #[test]
     fn a_burst_for_one_volume_walks_once() {
         let cache = Arc::new(UsageCache::default());
-        let id = VolumeId::generate(&super::super::id::NodeTag::of("test"));
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         let walks = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..16)
             .map(|_| {
@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn a_failed_walk_is_not_cached() {
         let cache = UsageCache::default();
-        let id = VolumeId::generate(&super::super::id::NodeTag::of("test"));
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         assert!(cache.get_or_walk(&id, || Err::<Usage, _>("boom")).is_err());
         let usage = cache.get_or_walk(&id, || Ok::<_, ()>(Usage::default()));
         assert_eq!(usage, Ok(Usage::default()));

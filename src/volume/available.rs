@@ -4,10 +4,10 @@
 use tracing::debug;
 
 use super::Volumes;
-use super::cow::Mechanism;
-use super::limits;
-use super::pool::Pool;
-use super::record::{SizeLimit, VolumeKind, VolumeRecord};
+use super::space::limits;
+use super::space::mechanism::Mechanism;
+use super::space::pool::Pool;
+use super::state::record::{SizeLimit, VolumeKind, VolumeRecord};
 use crate::host::{btrfs, fsstat};
 
 impl Volumes {

@@ -16,12 +16,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::journal::{self, Appended};
+use super::journal;
+use super::journal::Appended;
 
+use super::files::{read_json, remove_file_if_present};
+pub use super::files::{sync_dir, write_durably};
 use super::id::VolumeId;
 use super::record::{Publication, VolumeRecord};
-use super::records::{Record, Records, TEMP_SUFFIX, read_json, remove_file_if_present};
-pub use super::records::{sync_dir, write_durably};
+use super::records::{Record, Records, TEMP_SUFFIX};
 
 const PUBLICATIONS_SUFFIX: &str = ".publications.json";
 /// Under the state directory: the journals of volume and snapshot records.
@@ -269,11 +271,11 @@ fn read_publications(path: &Path) -> io::Result<Option<Vec<Publication>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::volume::record::{AccessMode, Allocation, SizeLimit, VolumeKind};
+    use crate::volume::state::record::{AccessMode, Allocation, SizeLimit, VolumeKind};
 
     fn record(name: &str) -> VolumeRecord {
         VolumeRecord {
-            id: VolumeId::generate(&crate::volume::id::NodeTag::of("test")),
+            id: VolumeId::generate(&crate::volume::state::id::NodeTag::of("test")),
             name: name.into(),
             kind: VolumeKind::Filesystem,
             capacity_bytes: 1 << 20,
@@ -306,7 +308,7 @@ mod tests {
     #[test]
     fn the_largest_record_a_request_can_make_fits_a_journal_frame() {
         use crate::request::{MAX_NAME_BYTES, MAX_PARAMETER_BYTES};
-        use crate::volume::journal_file::MAX_PAYLOAD;
+        use crate::volume::state::journal_file::MAX_PAYLOAD;
         let mut big = record(&"\u{1}".repeat(MAX_NAME_BYTES));
         let key = "csi.storage.k8s.io/pv/name".to_string();
         big.parameters = [(key.clone(), "\u{1}".repeat(MAX_PARAMETER_BYTES - key.len()))].into();
@@ -400,7 +402,7 @@ mod tests {
     #[test]
     fn records_written_before_pools_existed_load_with_defaults() {
         let dir = tempfile::tempdir().unwrap();
-        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         let old = format!(
             r#"{{"id":"{id}","name":"pv-1","kind":"block","capacity_bytes":4096,"access_modes":["SINGLE_NODE_WRITER"],"created_unix_ms":1}}"#
         );
@@ -433,7 +435,7 @@ mod tests {
     #[test]
     fn unreadable_records_are_reported_not_dropped_silently() {
         let dir = tempfile::tempdir().unwrap();
-        let id = VolumeId::generate(&crate::volume::id::NodeTag::of("test"));
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         fs::write(dir.path().join(format!("{id}.json")), b"{not json").unwrap();
         let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
         assert!(store.is_empty());

@@ -9,18 +9,19 @@
 //! The mechanism a volume was made with is kept in its record (`SizeLimit`), so a pool whose
 //! setting changes later still handles its existing volumes the way they were made.
 
+use std::fs;
 use std::io;
 use std::path::Path;
 
 use tracing::{info, warn};
 
-use super::record::{SizeLimit, VolumeRecord};
 use crate::config::EnforcementChoice;
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, FsKind};
 use crate::host::projquota::{self, ProjectIdLease, ProjectIds};
 use crate::host::tree::WalkError;
 use crate::host::{btrfs, safe_delete};
+use crate::volume::state::record::{Allocation, SizeLimit, VolumeRecord};
 
 /// How one pool limits the size of new filesystem volumes.
 #[derive(Debug)]
@@ -185,7 +186,7 @@ impl Enforcement {
             }
         };
         // mkdir honours the umask; emptyDir semantics want every user of the pod to write.
-        super::set_mode(dir, 0o777)?;
+        crate::volume::space::set_mode(dir, 0o777)?;
         Ok(made)
     }
 
@@ -258,7 +259,7 @@ impl Enforcement {
             }
         }
         if missing {
-            super::set_mode(dir, 0o777)?;
+            crate::volume::space::set_mode(dir, 0o777)?;
         }
         Ok(())
     }
@@ -417,7 +418,7 @@ fn mkdir(dir: &Path) -> Result<()> {
 }
 
 /// A path's parent and final name, for calls that take them apart.
-pub(super) fn split(dir: &Path) -> Result<(&Path, &str)> {
+pub(in crate::volume) fn split(dir: &Path) -> Result<(&Path, &str)> {
     match (dir.parent(), dir.file_name().and_then(|n| n.to_str())) {
         (Some(parent), Some(name)) => Ok((parent, name)),
         _ => Err(Error::host(
@@ -425,6 +426,28 @@ pub(super) fn split(dir: &Path) -> Result<(&Path, &str)> {
             io::Error::from(io::ErrorKind::InvalidInput),
         )),
     }
+}
+
+/// Grows a block file to `bytes`: sparse (thin), or with every block allocated (thick), so a
+/// thick volume's writes can never meet a full disk.
+pub fn size_file(file: &fs::File, path: &Path, allocation: Allocation, bytes: u64) -> Result<()> {
+    let sized = match allocation {
+        Allocation::Thin => file.set_len(bytes),
+        Allocation::Thick => nix::fcntl::fallocate(
+            file,
+            nix::fcntl::FallocateFlags::empty(),
+            0,
+            bytes as libc::off_t,
+        )
+        .map_err(std::io::Error::from),
+    };
+    sized.context(|| {
+        format!(
+            "sizing {} to {bytes} bytes ({})",
+            path.display(),
+            allocation.as_str()
+        )
+    })
 }
 
 #[cfg(test)]

@@ -31,8 +31,44 @@ use std::path::{Path, PathBuf};
 
 use tracing::warn;
 
-use super::journal::{Entry, Op};
-use super::records::sync_dir;
+use super::files::sync_dir;
+
+/// What an entry does to the record of its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// The record's first version (a volume or snapshot created).
+    Create,
+    /// A new version of an existing record.
+    Update,
+    Remove,
+}
+
+impl Op {
+    pub(in crate::volume) fn code(self) -> u8 {
+        match self {
+            Op::Create => 1,
+            Op::Update => 2,
+            Op::Remove => 3,
+        }
+    }
+
+    pub(in crate::volume) fn of(code: u8) -> Option<Op> {
+        match code {
+            1 => Some(Op::Create),
+            2 => Some(Op::Update),
+            3 => Some(Op::Remove),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub op: Op,
+    pub id: String,
+    /// The record's JSON (empty for `Remove`).
+    pub json: Vec<u8>,
+}
 
 pub const MAGIC: &[u8; 8] = b"SVJRNL2\n";
 const HEADER: usize = 8;

@@ -15,8 +15,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -24,6 +24,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::files::remove_file_if_present;
 use super::journal::{self, Appended, Entry, Journal, Op};
 
 pub const RECORD_SUFFIX: &str = ".json";
@@ -364,38 +365,11 @@ fn temp_file_of(dir: &Path, id: &impl Display, suffix: &str) -> PathBuf {
     dir.join(format!(".{id}{suffix}{TEMP_SUFFIX}"))
 }
 
-/// Removes the file at `path`; one already gone is fine.
-pub fn remove_file_if_present(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-        _ => Ok(()),
-    }
-}
-
-pub fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<T> {
-    let bytes = fs::read(path)?;
-    serde_json::from_slice(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-/// temp file → fsync → rename over `path` → fsync the directory.
-pub fn write_durably(temp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = File::create(temp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(temp, path)?;
-    sync_dir(path.parent().unwrap_or(Path::new("/")))
-}
-
-/// Makes a directory's entries (creations, renames, removals) durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::files::read_json;
     use super::*;
-    use crate::volume::journal_file;
+    use crate::volume::state::journal_file;
     use serde::Deserialize;
 
     #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

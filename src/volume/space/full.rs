@@ -3,8 +3,8 @@
 
 use tracing::error;
 
-use super::Volumes;
 use super::pool::Pool;
+use crate::volume::Volumes;
 
 /// Below this much free space a pool counts as full: less than one journal generation, so the
 /// journal cannot rotate on the data dir's filesystem.
@@ -18,7 +18,7 @@ impl Pool {
 
 impl Volumes {
     /// Logs an error for every pool found full at start, with what to do about it.
-    pub(super) fn report_full_pools(&self) {
+    pub(in crate::volume) fn report_full_pools(&self) {
         for pool in self.pools().iter().filter(|p| p.is_full().unwrap_or(false)) {
             error!(pool = %pool.name, filesystem = %pool.root.display(), "the filesystem of pool {} ({}) is full: new volumes are refused with RESOURCE_EXHAUSTED{}. Free space there: delete volumes (DeleteVolume, `stickyvol volume delete`) or files a tenant wrote in a volume without size enforcement; the driver recovers by itself", pool.name, pool.root.display(), if pool.name == self.default_pool().name { ", and record changes only fit in the space the state journal reserved" } else { "" });
         }

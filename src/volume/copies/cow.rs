@@ -12,54 +12,13 @@
 use std::fs::OpenOptions;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use super::create::size_file;
-use super::limits::{NewDirectory, split};
-use super::pool::Pool;
-use super::record::{Allocation, VolumeKind};
-use super::walk_failure_at;
 use crate::error::{Error, IoContext, Result};
 use crate::host::btrfs;
 use crate::host::copy::{self, CopyError, CopyReport, DataMode, Progress};
-use crate::host::fsstat::FsKind;
-
-/// What a pool uses for filesystem volumes (block volumes use reflink or copy alone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Mechanism {
-    BtrfsSnapshot,
-    Reflink,
-    Copy,
-}
-
-impl Mechanism {
-    /// `subvolumes`: the pool makes filesystem volumes as btrfs subvolumes; `reflink`: its
-    /// filesystem answered FICLONE.
-    pub fn choose(kind: FsKind, subvolumes: bool, reflink: bool) -> Mechanism {
-        match (kind, subvolumes, reflink) {
-            (FsKind::Btrfs, true, _) => Mechanism::BtrfsSnapshot,
-            (_, _, true) => Mechanism::Reflink,
-            _ => Mechanism::Copy,
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Mechanism::BtrfsSnapshot => "btrfs snapshots (O(1), crash-consistent)",
-            Mechanism::Reflink => "reflink copies (shared extents, file by file)",
-            Mechanism::Copy => "full copies (file by file)",
-        }
-    }
-
-    /// How file data is carried when a tree or file is copied.
-    fn data_mode(self) -> DataMode {
-        match self {
-            Mechanism::Copy => DataMode::Copy,
-            Mechanism::BtrfsSnapshot | Mechanism::Reflink => DataMode::Reflink,
-        }
-    }
-}
+use crate::volume::space::limits::{NewDirectory, size_file, split};
+use crate::volume::space::mechanism::Mechanism;
+use crate::volume::space::pool::Pool;
+use crate::volume::state::record::{Allocation, VolumeKind};
 
 /// What copying produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,7 +139,7 @@ fn carry(
 
 fn copy_failure(source: &Path, err: CopyError) -> Error {
     match err {
-        CopyError::Walk(err) => walk_failure_at(source, "copying", err),
+        CopyError::Walk(err) => Error::walk_at(source, "copying", err),
         CopyError::Cancelled => Error::Pending(format!("the copy of {}", source.display())),
     }
 }
@@ -210,26 +169,6 @@ fn make_private_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn btrfs_snapshots_need_subvolume_volumes() {
-        assert_eq!(
-            Mechanism::choose(FsKind::Btrfs, true, true),
-            Mechanism::BtrfsSnapshot
-        );
-        assert_eq!(
-            Mechanism::choose(FsKind::Btrfs, false, true),
-            Mechanism::Reflink
-        );
-        assert_eq!(
-            Mechanism::choose(FsKind::Xfs, false, true),
-            Mechanism::Reflink
-        );
-        assert_eq!(
-            Mechanism::choose(FsKind::Ext4, false, false),
-            Mechanism::Copy
-        );
-    }
 
     #[test]
     fn a_copy_that_shared_every_extent_is_a_reflink() {
