@@ -26,7 +26,6 @@ struct BtrfsDriver {
 fn btrfs_fs() -> ScratchFs {
     // Not a skip: CI installs btrfs-progs, and a silently skipped test proves nothing.
     ScratchFs::new("btrfs", FS_SIZE, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"))
 }
 
 async fn start_on_btrfs(enforcement: Option<&str>) -> BtrfsDriver {

@@ -416,8 +416,7 @@ async fn an_expansion_the_host_already_made_is_recorded_without_a_second_space_c
 #[tokio::test]
 async fn a_create_refused_by_stale_figures_measures_usage_again_first() {
     use std::os::unix::fs::FileExt;
-    let fs = common::scratchfs::ScratchFs::new("xfs", 512 << 20, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make an XFS filesystem for this test: {why}"));
+    let fs = common::scratchfs::ScratchFs::new("xfs", 512 << 20, &["-q"], "");
     let mut driver = TestDriver::prepare(Options::default());
     driver.data = fs.path("data");
     driver.start_again().await;

@@ -21,8 +21,7 @@ fn snw_mount() -> csi::VolumeCapability {
 
 async fn survives_a_full_filesystem(fs_type: &str, size: u64) {
     // Declared before the driver, so dropped after it (its mounts go first).
-    let fs = ScratchFs::new(fs_type, size, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make a {fs_type} filesystem for this test: {why}"));
+    let fs = ScratchFs::new(fs_type, size, &["-q"], "");
     let mut driver = TestDriver::prepare(Options::default());
     driver.data = fs.mount_point.join("data");
     driver.options_mut().metrics_address = Some(free_local_address());

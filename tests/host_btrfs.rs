@@ -18,25 +18,19 @@ use stickyvol::host::safe_delete;
 
 const MIB: u64 = 1 << 20;
 
-/// A fresh btrfs with quota enabled, or None (after saying why) where this machine has none.
-fn btrfs_with_quota() -> Option<ScratchFs> {
+/// A fresh btrfs with quota enabled.
+fn btrfs_with_quota() -> ScratchFs {
     btrfs_with_quota_mounted("")
 }
 
-fn btrfs_with_quota_mounted(options: &str) -> Option<ScratchFs> {
-    let fs = match ScratchFs::new("btrfs", 256 * MIB, &["-q"], options) {
-        Ok(fs) => fs,
-        Err(reason) => {
-            eprintln!("SKIPPED: no scratch btrfs here ({reason})");
-            return None;
-        }
-    };
+fn btrfs_with_quota_mounted(options: &str) -> ScratchFs {
+    let fs = ScratchFs::new("btrfs", 256 * MIB, &["-q"], options);
     assert!(!btrfs::quota_enabled(&fs.mount_point).unwrap());
     btrfs::enable_quota(&fs.mount_point).expect("enabling quota");
     assert!(btrfs::quota_enabled(&fs.mount_point).unwrap());
     // Enabling twice is harmless.
     btrfs::enable_quota(&fs.mount_point).expect("enabling quota again");
-    Some(fs)
+    fs
 }
 
 /// Appends 1 MiB chunks to `file` until `total` bytes or an error; returns bytes written and
@@ -65,7 +59,7 @@ fn create_file(path: &Path) -> File {
 
 #[test]
 fn a_qgroup_limit_stops_writes_with_edquot_and_can_be_raised_and_lowered() {
-    let Some(fs) = btrfs_with_quota() else { return };
+    let fs = btrfs_with_quota();
     let pool = &fs.mount_point;
     btrfs::create_subvolume(pool, "vol").unwrap();
     let vol = fs.path("vol");
@@ -190,7 +184,7 @@ fn a_qgroup_limit_stops_writes_with_edquot_and_can_be_raised_and_lowered() {
 
 #[test]
 fn non_subvolumes_are_never_deleted() {
-    let Some(fs) = btrfs_with_quota() else { return };
+    let fs = btrfs_with_quota();
     let pool = &fs.mount_point;
     btrfs::create_subvolume(pool, "vol").unwrap();
     fs::create_dir(fs.path("plain")).unwrap();
@@ -237,7 +231,7 @@ fn non_subvolumes_are_never_deleted() {
 
 #[test]
 fn a_full_subvolume_is_deleted_in_one_call_but_not_one_holding_another() {
-    let Some(fs) = btrfs_with_quota() else { return };
+    let fs = btrfs_with_quota();
     let pool = &fs.mount_point;
 
     btrfs::create_subvolume(pool, "full").unwrap();
@@ -266,9 +260,7 @@ fn a_full_subvolume_is_deleted_in_one_call_but_not_one_holding_another() {
 fn the_qgroup_of_a_deleted_subvolume_goes_away_once_the_cleaner_is_done() {
     // The cleaner drops deleted subvolumes on the periodic commit (30 s by default, measured);
     // commit=1 makes that quick enough for a test.
-    let Some(fs) = btrfs_with_quota_mounted("commit=1") else {
-        return;
-    };
+    let fs = btrfs_with_quota_mounted("commit=1");
     let pool = &fs.mount_point;
     btrfs::create_subvolume(pool, "vol").unwrap();
     let id = btrfs::subvolume_id(&fs.path("vol")).unwrap();
@@ -317,13 +309,7 @@ fn the_qgroup_of_a_deleted_subvolume_goes_away_once_the_cleaner_is_done() {
 
 #[test]
 fn without_quota_limits_fail_and_usage_is_not_found() {
-    let fs = match ScratchFs::new("btrfs", 256 * MIB, &["-q"], "") {
-        Ok(fs) => fs,
-        Err(reason) => {
-            eprintln!("SKIPPED: no scratch btrfs here ({reason})");
-            return;
-        }
-    };
+    let fs = ScratchFs::new("btrfs", 256 * MIB, &["-q"], "");
     let pool = &fs.mount_point;
     assert!(!btrfs::quota_enabled(pool).unwrap());
     btrfs::create_subvolume(pool, "vol").unwrap();

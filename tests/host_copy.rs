@@ -33,30 +33,22 @@ const MIB: u64 = 1 << 20;
 const UID: u32 = 1234;
 const GID: u32 = 5678;
 
-fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    eprintln!("SKIPPED: needs root (chown, mknod, trusted.* xattrs)");
-    false
+/// The tests run as root (README); as anyone else they fail rather than skip.
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests need root (chown, mknod, trusted.* xattrs)"
+    );
 }
 
-/// A scratch filesystem, or None (after saying why) where this machine or user cannot have one.
-fn scratch(fs_type: &str, size: u64) -> Option<ScratchFs> {
-    if !is_root() {
-        return None;
-    }
+/// A scratch filesystem (XFS with reflink).
+fn scratch(fs_type: &str, size: u64) -> ScratchFs {
+    require_root();
     let args: &[&str] = match fs_type {
         "xfs" => &["-q", "-m", "reflink=1"],
         _ => &["-q"],
     };
-    match ScratchFs::new(fs_type, size, args, "") {
-        Ok(fs) => Some(fs),
-        Err(reason) => {
-            eprintln!("SKIPPED: no scratch {fs_type} here ({reason})");
-            None
-        }
-    }
+    ScratchFs::new(fs_type, size, args, "")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -419,18 +411,14 @@ fn io_error(err: CopyError) -> (PathBuf, std::io::Error) {
 
 #[test]
 fn copy_mode_on_ext4_keeps_everything() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let base = tempfile::tempdir_in("/var/tmp").unwrap();
     copy_unshared_and_check(&prepare(base.path()), DataMode::Copy);
 }
 
 #[test]
 fn reflink_on_xfs_shares_extents_and_keeps_the_project_id() {
-    let Some(xfs) = scratch("xfs", 512 * MIB) else {
-        return;
-    };
+    let xfs = scratch("xfs", 512 * MIB);
     let prepared = prepare(&xfs.mount_point);
     // A volume the size of its data: a clone must take next to no space.
     let mut big = File::create(prepared.source.join("big")).unwrap();
@@ -472,9 +460,7 @@ fn reflink_on_xfs_shares_extents_and_keeps_the_project_id() {
 
 #[test]
 fn copy_file_on_xfs_clones_or_copies_images() {
-    let Some(xfs) = scratch("xfs", 512 * MIB) else {
-        return;
-    };
+    let xfs = scratch("xfs", 512 * MIB);
     let image = xfs.path("image");
     let file = File::create(&image).unwrap();
     file.set_len(64 * MIB).unwrap();
@@ -520,9 +506,7 @@ fn copy_file_on_xfs_clones_or_copies_images() {
 
 #[test]
 fn reflink_on_btrfs_into_a_subvolume() {
-    let Some(btrfs) = scratch("btrfs", 256 * MIB) else {
-        return;
-    };
+    let btrfs = scratch("btrfs", 256 * MIB);
     let base = btrfs.path("base");
     fs::create_dir(&base).unwrap();
     let prepared = prepare(&base);
@@ -550,9 +534,7 @@ fn reflink_on_btrfs_into_a_subvolume() {
 
 #[test]
 fn into_another_filesystem_falls_back_to_reading_and_writing() {
-    if !is_root() {
-        return;
-    }
+    require_root();
     let base = tempfile::tempdir_in("/var/tmp").unwrap();
     let prepared = prepare(base.path());
     let tmpfs = TmpfsMount::new(&base.path().join("tmpfs"), "128m", MsFlags::empty());
@@ -633,7 +615,8 @@ fn timing_of_2000_files_of_100_kib() {
     let base = tempfile::tempdir_in("/var/tmp").unwrap();
     fill(&base.path().join("source"));
     time("ext4 /var/tmp Copy", base.path(), "dest", DataMode::Copy);
-    if let Some(xfs) = scratch("xfs", 1024 * MIB) {
+    {
+        let xfs = scratch("xfs", 1024 * MIB);
         fill(&xfs.path("source"));
         time(
             "XFS Reflink",
@@ -643,7 +626,8 @@ fn timing_of_2000_files_of_100_kib() {
         );
         time("XFS Copy", &xfs.mount_point, "copy", DataMode::Copy);
     }
-    if let Some(btrfs) = scratch("btrfs", 1024 * MIB) {
+    {
+        let btrfs = scratch("btrfs", 1024 * MIB);
         fill(&btrfs.path("source"));
         time(
             "btrfs Reflink",

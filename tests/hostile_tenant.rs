@@ -317,13 +317,7 @@ async fn a_tree_deeper_than_walks_enter_is_refused_by_name_and_still_deleted() {
 #[tokio::test]
 async fn xattrs_past_the_bound_are_refused_by_name() {
     // XFS holds many large xattrs on one inode (ext4 holds a block's worth).
-    let fs = match ScratchFs::new("xfs", 512 << 20, &["-q"], "") {
-        Ok(fs) => fs,
-        Err(why) => {
-            eprintln!("SKIPPED: no XFS scratch filesystem: {why}");
-            return;
-        }
-    };
+    let fs = ScratchFs::new("xfs", 512 << 20, &["-q"], "");
     let pool = fs.mount_point.join("pool");
     let mut confined = Confined::start(&["--pool".into(), format!("xfs={}", pool.display())]).await;
     let mut request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), 64 << 20);
@@ -524,8 +518,7 @@ async fn import_stream_bombs_are_refused_in_bounded_memory() {
 #[tokio::test]
 async fn a_read_only_nested_subvolume_is_deleted_in_bounded_memory() {
     use stickyvol::host::btrfs;
-    let fs = ScratchFs::new("btrfs", 256 << 20, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"));
+    let fs = ScratchFs::new("btrfs", 256 << 20, &["-q"], "");
     let pool = fs.mount_point.join("pool");
     let mut confined =
         Confined::start(&["--pool".into(), format!("btrfs={}", pool.display())]).await;
@@ -556,8 +549,7 @@ async fn a_read_only_nested_subvolume_is_deleted_in_bounded_memory() {
 async fn a_pool_filled_to_the_last_block_keeps_the_driver_serving() {
     use common::fill::fill_to_the_last_block;
     // The pool's filesystem also holds the state directory, as the DaemonSet's data dir does.
-    let fs = ScratchFs::new("xfs", 320 << 20, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make an XFS filesystem for this test: {why}"));
+    let fs = ScratchFs::new("xfs", 320 << 20, &["-q"], "");
     let mut driver = TestDriver::prepare(Options::default());
     driver.data = fs.mount_point.join("data");
     driver.add_args(["--enforcement", "default=none"]);

@@ -463,8 +463,7 @@ async fn damage_in_the_middle_of_the_journal_refuses_to_start() {
 /// filesystem is back a restart finds every volume as it was.
 #[tokio::test]
 async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_restart() {
-    let mut fs = ScratchFs::new("ext4", 256 * MIB as u64, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make an ext4 filesystem: {why}"));
+    let mut fs = ScratchFs::new("ext4", 256 * MIB as u64, &["-q"], "");
     let mut driver = TestDriver::prepare(Options::default());
     driver.data = fs.path("data");
     driver.options_mut().metrics_address = Some(free_local_address());

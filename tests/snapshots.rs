@@ -1783,8 +1783,7 @@ struct XfsDriver {
 }
 
 async fn start_on_xfs() -> XfsDriver {
-    let fs = ScratchFs::new("xfs", 512 << 20, &["-q", "-m", "reflink=1"], "")
-        .unwrap_or_else(|why| panic!("cannot make an XFS filesystem for this test: {why}"));
+    let fs = ScratchFs::new("xfs", 512 << 20, &["-q", "-m", "reflink=1"], "");
     let pool = fs.mount_point.join("pool");
     let mut driver = TestDriver::prepare(Options::default());
     driver.add_args(["--pool".to_string(), format!("fast={}", pool.display())]);

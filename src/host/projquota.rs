@@ -58,15 +58,25 @@ pub fn assign_project(dir: &Path, project_id: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether project quota is on (accounting, at least) for the filesystem holding `path`
-/// (Q_GETINFO on PRJQUOTA). "No" answers from the kernel are Ok(false): ESRCH (quota support
-/// present but project quota not turned on, e.g. ext4 mounted without prjquota), ENOSYS (no
-/// quota support in the filesystem or the kernel: tmpfs, btrfs, XFS here, or a kernel before
-/// 5.14 without quotactl_fd) and EOPNOTSUPP/ENOTTY (refused by the filesystem).
+/// Whether project quota limits are enforced on the filesystem holding `path`: accounted and
+/// enforced (FS_QUOTA_PDQ_ACCT and FS_QUOTA_PDQ_ENFD from Q_XGETQSTATV). Accounting alone is
+/// not enough: ext4 with the quota feature accounts projects at every mount but enforces their
+/// limits only when mounted with prjquota (seen on Debian's 6.1 kernel: limits stored, writes
+/// past them accepted), and XFS mounted with pqnoenforce accounts without enforcing. "No"
+/// answers from the kernel are Ok(false): ESRCH (quota support present but off), ENOSYS (no
+/// quota support in the filesystem or the kernel: tmpfs, btrfs, XFS without CONFIG_XFS_QUOTA,
+/// or a kernel before 5.14 without quotactl_fd) and EOPNOTSUPP/ENOTTY (refused by the
+/// filesystem).
 pub fn project_quota_enabled(path: &Path) -> io::Result<bool> {
-    let mut info = IfDqinfo::default();
-    match quotactl(path, Q_GETINFO, 0, (&raw mut info).cast()) {
-        Ok(()) => Ok(true),
+    let mut state = FsQuotaStatv {
+        qs_version: FS_QSTATV_VERSION1,
+        ..FsQuotaStatv::default()
+    };
+    match quotactl(path, Q_XGETQSTATV, 0, (&raw mut state).cast()) {
+        Ok(()) => {
+            let both = FS_QUOTA_PDQ_ACCT | FS_QUOTA_PDQ_ENFD;
+            Ok(state.qs_flags & both == both)
+        }
         Err(Errno::ESRCH | Errno::ENOSYS | Errno::EOPNOTSUPP | Errno::ENOTTY) => Ok(false),
         Err(errno) => Err(errno.into()),
     }
@@ -170,7 +180,8 @@ fn quotactl(
     let fd = open_dir(path_in_fs).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
     let qcmd = libc::QCMD(cmd, PRJQUOTA) as libc::c_uint;
     // SAFETY: quotactl_fd reads or fills `addr`, which the callers point at the struct the
-    // command expects (if_dqinfo for Q_GETINFO, if_dqblk for Q_GETQUOTA/Q_SETQUOTA), alive for
+    // command expects (if_dqinfo for Q_GETINFO, if_dqblk for Q_GETQUOTA/Q_SETQUOTA, fs_quota_statv
+    // for Q_XGETQSTATV), alive for
     // the duration of the call.
     let rc = unsafe {
         libc::syscall(
@@ -406,7 +417,14 @@ fn lock(state: &Mutex<IdState>) -> MutexGuard<'_, IdState> {
 mod uapi {
     use nix::sys::ioctl::ioctl_num_type;
 
-    pub use libc::{Q_GETINFO, Q_GETQUOTA, Q_SETQUOTA, QIF_BLIMITS};
+    pub use libc::{Q_GETQUOTA, Q_SETQUOTA, QIF_BLIMITS};
+
+    /// Q_XGETQSTATV (<linux/dqblk_xfs.h>: XQM_CMD(8)), served by XFS and by the VFS quota code
+    /// (ext4) alike; its answer's version must be set on the way in.
+    pub const Q_XGETQSTATV: libc::c_int = (b'X' as libc::c_int) << 8 | 8;
+    pub const FS_QSTATV_VERSION1: i8 = 1;
+    pub const FS_QUOTA_PDQ_ACCT: u16 = 1 << 4;
+    pub const FS_QUOTA_PDQ_ENFD: u16 = 1 << 5;
 
     pub const FS_XFLAG_PROJINHERIT: u32 = 0x0000_0200;
     pub const PRJQUOTA: libc::c_int = 2;
@@ -454,6 +472,38 @@ mod uapi {
         pub dqi_valid: u32,
     }
 
+    /// struct fs_qfilestatv, part of fs_quota_statv.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct FsQfilestatv {
+        pub qfs_ino: u64,
+        pub qfs_nblks: u64,
+        pub qfs_nextents: u32,
+        pub qfs_pad: u32,
+    }
+
+    /// struct fs_quota_statv, the argument of Q_XGETQSTATV.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct FsQuotaStatv {
+        pub qs_version: i8,
+        pub qs_pad1: u8,
+        pub qs_flags: u16,
+        pub qs_incoredqs: u32,
+        pub qs_uquota: FsQfilestatv,
+        pub qs_gquota: FsQfilestatv,
+        pub qs_pquota: FsQfilestatv,
+        pub qs_btimelimit: i32,
+        pub qs_itimelimit: i32,
+        pub qs_rtbtimelimit: i32,
+        pub qs_bwarnlimit: u16,
+        pub qs_iwarnlimit: u16,
+        pub qs_rtbwarnlimit: u16,
+        pub qs_pad3: u16,
+        pub qs_pad4: u32,
+        pub qs_pad2: [u64; 7],
+    }
+
     pub const FS_IOC_FSGETXATTR: ioctl_num_type =
         nix::request_code_read!(b'X', 31, size_of::<FsXattr>());
     pub const FS_IOC_FSSETXATTR: ioctl_num_type =
@@ -494,6 +544,18 @@ mod tests {
             offset_of!(libc::dqblk, dqb_valid)
         );
 
+        assert_eq!(
+            (size_of::<FsQuotaStatv>(), align_of::<FsQuotaStatv>()),
+            (160, 8)
+        );
+        assert_eq!(offset_of!(FsQuotaStatv, qs_flags), 2);
+        assert_eq!(offset_of!(FsQuotaStatv, qs_uquota), 8);
+        assert_eq!(offset_of!(FsQuotaStatv, qs_pquota), 56);
+        assert_eq!(offset_of!(FsQuotaStatv, qs_btimelimit), 80);
+        assert_eq!(offset_of!(FsQuotaStatv, qs_bwarnlimit), 92);
+        assert_eq!(offset_of!(FsQuotaStatv, qs_pad4), 100);
+        assert_eq!(offset_of!(FsQuotaStatv, qs_pad2), 104);
+
         assert_eq!((size_of::<IfDqinfo>(), align_of::<IfDqinfo>()), (24, 8));
         assert_eq!(offset_of!(IfDqinfo, dqi_flags), 16);
         assert_eq!(offset_of!(IfDqinfo, dqi_valid), 20);
@@ -504,7 +566,7 @@ mod tests {
         assert_eq!(FS_XFLAG_PROJINHERIT, 0x200);
         assert_eq!(PRJQUOTA, 2);
         assert_eq!(
-            (Q_GETINFO, Q_GETQUOTA, Q_SETQUOTA),
+            (libc::Q_GETINFO, Q_GETQUOTA, Q_SETQUOTA),
             (0x80_0005, 0x80_0007, 0x80_0008)
         );
         assert_eq!(QIF_BLIMITS, 1);
@@ -512,7 +574,10 @@ mod tests {
         // QCMD(cmd, type) = cmd << 8 | type, as an int: the top bit of 0x800000 makes it negative.
         assert_eq!(libc::QCMD(Q_GETQUOTA, PRJQUOTA) as u32, 0x8000_0702);
         assert_eq!(libc::QCMD(Q_SETQUOTA, PRJQUOTA) as u32, 0x8000_0802);
-        assert_eq!(libc::QCMD(Q_GETINFO, PRJQUOTA) as u32, 0x8000_0502);
+        assert_eq!(libc::QCMD(libc::Q_GETINFO, PRJQUOTA) as u32, 0x8000_0502);
+        assert_eq!(Q_XGETQSTATV, 0x5808);
+        assert_eq!(libc::QCMD(Q_XGETQSTATV, PRJQUOTA) as u32, 0x0058_0802);
+        assert_eq!((FS_QUOTA_PDQ_ACCT, FS_QUOTA_PDQ_ENFD), (0x10, 0x20));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 // Each test binary uses a different subset of the helpers.
 #![allow(dead_code)]
 
+pub mod caps;
 pub mod doctor;
 pub mod fidelity;
 pub mod fill;
@@ -21,6 +22,7 @@ pub mod mounts;
 pub mod namespace;
 pub mod scrape;
 pub mod scratchfs;
+pub mod skip;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -1176,8 +1178,7 @@ pub struct BtrfsDriver {
 
 pub async fn start_on_btrfs() -> BtrfsDriver {
     // Not a skip: CI installs btrfs-progs, and a silently skipped test proves nothing.
-    let fs = scratchfs::ScratchFs::new("btrfs", 1 << 30, &["-q"], "")
-        .unwrap_or_else(|why| panic!("cannot make a btrfs filesystem for this test: {why}"));
+    let fs = scratchfs::ScratchFs::new("btrfs", 1 << 30, &["-q"], "");
     let pool = fs.mount_point.join("pool");
     let mut driver = TestDriver::prepare(Options::default());
     driver.add_args([
@@ -1374,6 +1375,16 @@ pub fn write_synced(path: &Path, data: &[u8]) {
         File::create(path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
     file.write_all(data).expect("write");
     file.sync_all().expect("fsync");
+}
+
+/// The error a write past a project's hard limit gets: XFS answers ENOSPC for project quota
+/// (the project's directory tree looks like a full filesystem, as df shows it), ext4 (the VFS
+/// quota code) EDQUOT.
+pub fn over_project_limit_errno(fs_type: &str) -> i32 {
+    match fs_type {
+        "xfs" => libc::ENOSPC,
+        _ => libc::EDQUOT,
+    }
 }
 
 /// fallocate(2) with mode 0: allocates (and extends to) `offset + len`.

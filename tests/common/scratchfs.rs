@@ -3,9 +3,11 @@
 //! (losetup) and mounted (mount(8)). Dropping a [`ScratchFs`] undoes all three, also when the
 //! test panicked.
 //!
-//! [`ScratchFs::new`] answers Err(reason) when this machine cannot provide the filesystem (no
-//! mkfs.<type>, no loop device, or the kernel refuses the mount, e.g. an option it lacks
-//! support for): the test should print the reason with "SKIPPED" and return.
+//! Setting one up never "skips": a missing mkfs.<type> (CI installs them), a losetup failure or
+//! a refused mount fails the test. The one exception is
+//! [`ScratchFs::new_with_project_quota`]: when the kernel says it was built without quota
+//! support, it records a skip (`super::skip`, counted by CI and failing where the feature is
+//! required) and answers None.
 
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -26,20 +28,58 @@ pub struct ScratchFs {
     mounted: bool,
 }
 
+/// What kernels built without quota support log when asked to mount with it (XFS: no
+/// CONFIG_XFS_QUOTA; ext4: no CONFIG_QUOTA, for `-O quota`, `-O project` and `-o prjquota`).
+const NO_QUOTA_IN_KERNEL: &[&str] = &[
+    "quota support not available in this kernel",
+    "not built with CONFIG_QUOTA",
+];
+
 impl ScratchFs {
     /// A fresh `fs_type` filesystem of `size_bytes` (sparse), made with
     /// `mkfs.<fs_type> <mkfs_args> <image>` and mounted with `-o <mount_options>` ("" for
-    /// none). Panics when mkfs itself fails, which means the test asked for something wrong.
-    pub fn new(
+    /// none). Panics when any step fails.
+    pub fn new(fs_type: &str, size_bytes: u64, mkfs_args: &[&str], mount_options: &str) -> Self {
+        Self::make(fs_type, size_bytes, mkfs_args, mount_options, &[])
+            .unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`ScratchFs::new`] for a filesystem with project quota (XFS `prjquota`, ext4 `-O
+    /// quota,project`): None, after recording a skip of [`super::skip::PROJECT_QUOTA`], when
+    /// the mount fails and the kernel log says this kernel lacks quota support; any other
+    /// failure panics.
+    pub fn new_with_project_quota(
         fs_type: &str,
         size_bytes: u64,
         mkfs_args: &[&str],
         mount_options: &str,
-    ) -> Result<ScratchFs, String> {
+    ) -> Option<Self> {
+        match Self::make(
+            fs_type,
+            size_bytes,
+            mkfs_args,
+            mount_options,
+            NO_QUOTA_IN_KERNEL,
+        ) {
+            Ok(fs) => Some(fs),
+            Err(why) => {
+                super::skip::skip(super::skip::PROJECT_QUOTA, &why);
+                None
+            }
+        }
+    }
+
+    /// Err only when the mount fails with a kernel log line containing one of `refusals`.
+    fn make(
+        fs_type: &str,
+        size_bytes: u64,
+        mkfs_args: &[&str],
+        mount_options: &str,
+        refusals: &[&str],
+    ) -> Result<Self, String> {
         let mkfs = format!("mkfs.{fs_type}");
-        let Some(mkfs) = find_tool(&mkfs) else {
-            return Err(format!("{mkfs} is not installed"));
-        };
+        let mkfs = find_tool(&mkfs)
+            .unwrap_or_else(|| panic!("{mkfs} is not installed (.ci/run installs it)"));
         let dir = tempfile::Builder::new()
             .prefix(&format!("stickyvol-scratch-{fs_type}-"))
             .tempdir_in("/var/tmp")
@@ -77,18 +117,22 @@ impl ScratchFs {
             .args(["--find", "--show"])
             .arg(&image)
             .output()
-            .map_err(|e| format!("running losetup: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "losetup --find --show {}: {}",
-                image.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+            .unwrap_or_else(|e| panic!("running losetup: {e}"));
+        assert!(
+            out.status.success(),
+            "losetup --find --show {}: {}",
+            image.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
         scratch.device = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         scratch.attached = true;
 
-        scratch.mount()?;
+        if let Err(why) = scratch.mount() {
+            if refusals.iter().any(|refusal| why.contains(refusal)) {
+                return Err(why);
+            }
+            panic!("{why}");
+        }
         Ok(scratch)
     }
 
