@@ -181,9 +181,101 @@ async fn delete_racing_publish_never_leaves_a_published_deleted_volume() {
     assert!(driver.data_entries().is_empty());
 }
 
+/// `stickyvol volume export` of a volume, its stdout a pipe nobody reads: once the pipe and
+/// the gRPC stream's buffers are full, the export stops in the middle, holding the volume's
+/// operation slot (an unpublished volume is read directly, held for the whole export) until
+/// the command is killed. Killed when dropped, also when the test failed.
+struct StalledExport(std::process::Child);
+
+impl StalledExport {
+    fn start(driver: &TestDriver, volume_id: &str) -> StalledExport {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+            .args(["volume", "export", volume_id])
+            .env(
+                "CSI_ENDPOINT",
+                format!("unix://{}", driver.socket.display()),
+            )
+            .env_remove("KUBELET_DIR")
+            .env_remove("DRIVER_NAME")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        StalledExport(child)
+    }
+
+    fn still_running(&mut self) -> bool {
+        self.0.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for StalledExport {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether an operation on volume `id` holds its slot now: NodeUnpublishVolume of a target it
+/// was never published at takes the slot and changes nothing, so it answers ABORTED while
+/// another operation holds the volume and OK otherwise.
+async fn is_held(driver: &TestDriver, id: &str) -> bool {
+    let nowhere = driver.mount_target();
+    match driver.unpublish(id, &nowhere).await {
+        Ok(()) => false,
+        Err(status) if status.code() == Code::Aborted => true,
+        Err(status) => panic!("probing volume {id}: {status:?}"),
+    }
+}
+
+/// While one volume's operation is stuck (an export nobody reads), eight other volumes are
+/// created, published, unpublished and deleted concurrently, and the stuck one is held from
+/// before the first of those calls to after the last: different volumes never wait for each
+/// other, whatever one of them waits for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operations_on_different_volumes_run_in_parallel() {
     let driver = TestDriver::start().await;
+    // 64 MiB: far more than a pipe (64 KiB), HTTP/2's flow-control windows (a few MiB) and
+    // the export's chunks in flight hold, so the export stops long before its end.
+    let held = driver.create_fs_volume().await;
+    write_synced(&host_path(&held).join("data"), &pattern(64 << 20, 5));
+    let mut export = StalledExport::start(&driver, &held.volume_id);
+    let mut probes = 0;
+    while !is_held(&driver, &held.volume_id).await {
+        probes += 1;
+        assert!(probes < 600, "the export never took the volume");
+        assert!(export.still_running(), "the export ended by itself");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // A deadlock detector, not a speed bound: the calls below take milliseconds each; under
+    // a lock shared between volumes they would wait for the export, which never ends.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        create_publish_and_delete_eight_volumes(&driver),
+    )
+    .await
+    .expect("operations on other volumes waited for the stuck one");
+    assert!(
+        is_held(&driver, &held.volume_id).await && export.still_running(),
+        "the stuck operation ended meanwhile: the calls above proved nothing"
+    );
+
+    drop(export);
+    let mut probes = 0;
+    while is_held(&driver, &held.volume_id).await {
+        probes += 1;
+        assert!(probes < 600, "the killed export never let go of the volume");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    driver.delete(&held.volume_id).await.unwrap();
+    assert!(driver.list_all().await.is_empty());
+    assert!(driver.data_entries().is_empty());
+}
+
+/// Eight volumes (four filesystem, four block) created, published, then unpublished and
+/// deleted, each step for all of them at once.
+async fn create_publish_and_delete_eight_volumes(driver: &TestDriver) {
     let caps: Vec<_> = (0..8)
         .map(|i| {
             if i % 2 == 0 {
@@ -264,8 +356,6 @@ async fn operations_on_different_volumes_run_in_parallel() {
         assert!(!exists_no_follow(target));
         assert_eq!(loop_devices_of(&host_path(volume)), vec![]);
     }
-    assert!(driver.list_all().await.is_empty());
-    assert!(driver.data_entries().is_empty());
 }
 
 /// Files in the volume [`probe_stays_fast_while_stats_walks_flood_the_node`] floods with
