@@ -379,25 +379,37 @@ async fn probe_stays_fast_while_stats_walks_flood_the_node() {
         }
     }
     let other = driver.create_fs_volume().await;
-    // What one walk of the tree costs here (the driver's own walk, in this process).
-    let walk_started = Instant::now();
-    stickyvol::host::usage::measure(&host_path(&volume)).unwrap();
-    let one_walk = walk_started.elapsed();
+    let stats_request = || csi::NodeGetVolumeStatsRequest {
+        volume_id: volume.volume_id.clone(),
+        volume_path: path_str(&target),
+        staging_target_path: String::new(),
+    };
+    // What one call costs alone: one walk of the tree by the driver, plus the call. The
+    // slowest of three, so a lucky one does not make the bound below tight.
+    let mut one_call = Duration::ZERO;
+    for _ in 0..3 {
+        let asked = Instant::now();
+        driver
+            .node()
+            .node_get_volume_stats(stats_request())
+            .await
+            .expect("NodeGetVolumeStats alone");
+        one_call = one_call.max(asked.elapsed());
+    }
 
     let mut flood = JoinSet::new();
     for _ in 0..FLOOD_CALLS {
         let mut node = driver.node();
-        let request = csi::NodeGetVolumeStatsRequest {
-            volume_id: volume.volume_id.clone(),
-            volume_path: path_str(&target),
-            staging_target_path: String::new(),
-        };
+        let request = stats_request();
         flood.spawn(async move { node.node_get_volume_stats(request).await });
     }
     let started = Instant::now();
     let mut probes = Vec::new();
     let mut published_in = None;
-    while flood.len() == FLOOD_CALLS || probes.len() < 10 {
+    let mut results = Vec::new();
+    // Probe every 20 ms for as long as any stats call is unanswered, not only until the
+    // first answer: the later walks (if any) must not starve Probe either.
+    while !flood.is_empty() {
         let asked = Instant::now();
         driver
             .identity()
@@ -412,13 +424,13 @@ async fn probe_stays_fast_while_stats_walks_flood_the_node() {
                 .await;
             published_in = Some(asked.elapsed());
         }
-        if flood.try_join_next().is_some() {
-            break;
+        while let Some(done) = flood.try_join_next() {
+            results.push(done.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let results = flood.join_all().await;
     let flood_took = started.elapsed();
+    assert_eq!(results.len(), FLOOD_CALLS);
     for result in results {
         let stats = result.expect("NodeGetVolumeStats").into_inner();
         let inodes = stats
@@ -431,17 +443,24 @@ async fn probe_stays_fast_while_stats_walks_flood_the_node() {
     probes.sort();
     let p = |q: f64| probes[((probes.len() - 1) as f64 * q) as usize];
     eprintln!(
-        "{FLOOD_CALLS} stats calls on {FLOOD_FILES} files took {flood_took:?} (one walk: {one_walk:?}); Probe during them ({} calls): p50 {:?}, p99 {:?}, max {:?}; a publish of another volume took {:?}",
+        "{FLOOD_CALLS} stats calls on {FLOOD_FILES} files took {flood_took:?} (one call alone: {one_call:?}); Probe during them ({} calls): p50 {:?}, p99 {:?}, max {:?}; a publish of another volume took {:?}",
         probes.len(),
         p(0.5),
         p(0.99),
         probes.last().unwrap(),
         published_in.unwrap()
     );
-    // A burst for one volume is one walk, not 64 (which took ~30 walks' time on 2 cores).
+    // A burst for one volume is shared walks, not 64. Shared, the burst costs about one
+    // call alone (the 64 arrive together and share the first walk; a straggler may start a
+    // second one): 1–2 × `one_call`. Unshared, 64 walks through the pool's 2 walk slots are
+    // 32 walks one after the other: ~32 × `one_call`, more with 64 calls' overhead. The
+    // bound sits at 8 ×, a factor of 4 from either figure, so a loaded machine (which slows
+    // the burst and the calls alone alike) does not flake it and unshared walks cannot pass.
+    // Measured on 2 vCPUs: 1.3 × shared, 55 × with sharing taken out of the driver.
+    let shared_walks_bound = one_call * 8;
     assert!(
-        flood_took < one_walk * 8 + Duration::from_secs(1),
-        "{FLOOD_CALLS} calls took {flood_took:?}, one walk {one_walk:?}"
+        flood_took < shared_walks_bound,
+        "{FLOOD_CALLS} calls took {flood_took:?}, one alone {one_call:?}: the walks were not shared"
     );
     // Generous bounds that never flake: what matters is livenessprobe's 1 s.
     assert!(
