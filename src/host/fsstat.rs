@@ -230,7 +230,13 @@ pub fn supports_reflink(dir: &Path) -> io::Result<bool> {
     let source_path = dir.join(format!(".reflink-probe-{}", std::process::id()));
     let clone_path = dir.join(format!(".reflink-probe-{}.clone", std::process::id()));
     let result = (|| {
-        let mut source = std::fs::File::create(&source_path)?;
+        // FICLONE reads the source: a write-only descriptor is EBADF, which read as "no".
+        let mut source = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&source_path)?;
         source.write_all(&[0u8; 4096])?;
         source.sync_all()?;
         let clone = std::fs::File::create(&clone_path)?;
