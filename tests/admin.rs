@@ -604,11 +604,13 @@ async fn import_cut_by_a_crash(
         .create(create_request(&new_name(), fs_cap(), 64 * MIB))
         .await;
 
-    // Half the stream, then the pipe stays open: the import waits for more.
+    // Half the stream, then the pipe stays open: the import waits for more. Its stderr goes
+    // to a file (a pipe nobody reads could fill and stall it).
+    let stderr_path = stream.with_extension("import-stderr");
     let mut import = stickyvol(node_b, &["volume", "import", &target.volume_id])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
     let mut pipe = import.stdin.take().unwrap();
@@ -619,7 +621,19 @@ async fn import_cut_by_a_crash(
 
     node_b.kill9();
     drop(pipe);
-    let _ = import.wait();
+    // The import never finished: its command must say so, not exit 0 as if it had.
+    let status = import.wait().unwrap();
+    let stderr = fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "an import whose driver died must fail: {stderr}"
+    );
+    assert!(
+        stderr.contains("stickyvol volume import: lost the connection to the driver"),
+        "says why: {stderr}"
+    );
+    assert!(!stderr.contains("imported "), "claims success: {stderr}");
     (target, stream)
 }
 

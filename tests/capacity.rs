@@ -1,8 +1,10 @@
-//! Capacity for the scheduler and pools, on filesystems that cannot limit directory sizes (the
-//! test machine's /var/tmp): GetCapacity subtracts what volumes were promised but have not
-//! written, CreateVolume refuses what would break a promise, thick block files are allocated,
-//! a class can require enforcement, and volumes live in (and remember) the pool they ask for.
-//! Enforced sizes on a real btrfs filesystem are in tests/btrfs.rs.
+//! Capacity for the scheduler and pools, on filesystems that cannot limit directory sizes:
+//! GetCapacity subtracts what volumes were promised but have not written, CreateVolume refuses
+//! what would break a promise, thick block files are allocated, a class can require
+//! enforcement, and volumes live in (and remember) the pool they ask for. Tests that compare
+//! free-space figures run on a data dir of their own (a tmpfs of known size), where nothing
+//! but the driver under test moves them. Enforced sizes on a real btrfs filesystem are in
+//! tests/btrfs.rs.
 
 mod common;
 
@@ -15,8 +17,49 @@ use tonic::Code;
 
 const GIB: i64 = 1 << 30;
 
-/// Slack for free-space comparisons: other tests write to the same filesystem meanwhile.
-const NOISE: i64 = 512 * MIB;
+/// The data dir's own filesystem in the tests that compare free space (see
+/// [`start_on_own_filesystem`]): big enough for the 128 MiB a thick volume grows to.
+const OWN_FILESYSTEM: &str = "512m";
+
+/// Slack for free-space comparisons on a data dir of its own: what the driver itself writes
+/// there besides volume data. Its journal preallocates each generation (4 MiB, the journal's
+/// default `max_bytes`), and a rotation holds two generations until the old one is dropped;
+/// records and lock files take a few KiB more, rounded up to 1 MiB. Every effect asserted
+/// with it is 64 MiB or more (measured deviations here: 0 bytes).
+const NOISE: i64 = 2 * 4 * MIB + MIB;
+
+/// A driver whose data dir (the default pool) is a tmpfs of its own, [`OWN_FILESYSTEM`]
+/// large, started with `args` and, when `metrics`, a metrics address. The tmpfs goes with
+/// the driver's cleanup (also after a failure).
+async fn start_on_own_filesystem(metrics: bool, args: &[&str]) -> TestDriver {
+    for _ in 0..5 {
+        let mut options = Options::default();
+        if metrics {
+            options.metrics_address = Some(free_local_address());
+        }
+        let mut driver = TestDriver::prepare(options);
+        driver.add_args(args.iter().map(|a| a.to_string()));
+        fs::create_dir_all(&driver.data).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &driver.data,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(format!("size={OWN_FILESYSTEM},mode=0700").as_str()),
+        )
+        .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", driver.data.display()));
+        match driver.try_start_again().await {
+            Ok(()) => return driver,
+            // The port found free was taken before the driver bound it: another one.
+            Err(_) if metrics && driver.log_text().contains("Address already in use") => {}
+            Err(status) => panic!(
+                "stickyvol exited with {status} before serving; log:\n{}",
+                driver.log_text()
+            ),
+        }
+    }
+    panic!("no free metrics port in 5 attempts");
+}
 
 fn snw_block() -> csi::VolumeCapability {
     block_cap(Mode::SingleNodeWriter)
@@ -66,7 +109,7 @@ fn assert_near(actual: i64, expected: i64, what: &str) {
 
 #[tokio::test]
 async fn unwritten_promises_lower_capacity_until_the_volume_is_deleted() {
-    let driver = TestDriver::start().await;
+    let driver = start_on_own_filesystem(false, &[]).await;
     let before = driver.available_capacity(&[], snw_block()).await;
     let size = (before / 4).min(8 * GIB) / 4096 * 4096;
     let volume = driver.create(request_in(&[], snw_block(), size)).await;
@@ -125,9 +168,7 @@ async fn creates_beyond_the_promised_space_are_refused_until_space_is_freed() {
 
 #[tokio::test]
 async fn overcommit_lets_a_pool_promise_more_than_it_holds() {
-    let mut driver = TestDriver::prepare(Options::default());
-    driver.add_args(["--overcommit", "default=2"]);
-    driver.start_again().await;
+    let driver = start_on_own_filesystem(false, &["--overcommit", "default=2"]).await;
     let available = driver.available_capacity(&[], snw_block()).await;
     let size = available * 6 / 10 / 4096 * 4096;
     driver.create(request_in(&[], snw_block(), size)).await;
@@ -143,7 +184,7 @@ async fn overcommit_lets_a_pool_promise_more_than_it_holds() {
 
 #[tokio::test]
 async fn thick_block_volumes_are_allocated_when_created_and_grown() {
-    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let driver = start_on_own_filesystem(true, &[]).await;
     let before = driver.available_capacity(&[], snw_block()).await;
     let size = 64 * MIB;
     let thick = [("blockAllocation", "thick")];
@@ -179,6 +220,11 @@ async fn thick_block_volumes_are_allocated_when_created_and_grown() {
     assert!(
         allocated_bytes(&file) >= 2 * size,
         "grown thick file is not allocated"
+    );
+    assert_near(
+        driver.available_capacity(&[], snw_block()).await,
+        before - 2 * size,
+        "capacity with the grown thick volume",
     );
     assert_eq!(fs::metadata(&file).unwrap().len(), 2 * size as u64);
     driver.unpublish_ok(&volume, &target).await;
@@ -227,7 +273,7 @@ async fn a_class_requiring_enforcement_is_refused_by_a_pool_without_it() {
 
 #[tokio::test]
 async fn usage_measured_by_stats_releases_promised_space() {
-    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let driver = start_on_own_filesystem(true, &[]).await;
     let unwritten = unwritten_promises;
     let (volume, target) = driver.published_fs_volume().await;
     assert_eq!(unwritten(&driver), SIZE);

@@ -205,13 +205,23 @@ fn project_ids_without_quota(root: &Path, what: &str, settable: bool) {
     } else {
         let err = assigned.unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP), "{what}: {err}");
-        // ext4 sets the inherit flag before it refuses the id, so only the id is certain.
+        // ext4 sets the inherit flag before it refuses the id; btrfs and tmpfs refuse both.
+        let ext4 = stickyvol::host::fsstat::filesystem_kind(root).unwrap()
+            == stickyvol::host::fsstat::FsKind::Ext4;
         let after = projquota::project_of(&dir).unwrap();
         eprintln!("measured ({what}): after the refused assignment (projid, inherit) = {after:?}");
-        assert_eq!(after.0, 0, "{what}");
+        assert_eq!(after, (0, ext4), "{what}");
         // Project 0 plus the inherit flag: ext4 takes it, btrfs and tmpfs refuse the flag.
         let zero = projquota::assign_project(&dir, 0);
         eprintln!("measured ({what}): assign_project(0) = {zero:?}");
+        if ext4 {
+            zero.unwrap();
+            assert_eq!(projquota::project_of(&dir).unwrap(), (0, true), "{what}");
+        } else {
+            let err = zero.unwrap_err();
+            assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP), "{what}: {err}");
+            assert_eq!(projquota::project_of(&dir).unwrap(), (0, false), "{what}");
+        }
     }
 
     // Symlinks are not followed.

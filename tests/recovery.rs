@@ -272,14 +272,35 @@ async fn start_detaches_loop_devices_no_publication_uses() {
     driver.delete(&volume.volume_id).await.unwrap();
 }
 
+/// Data under the staging name in the default pool: a create cut before it moved it in place.
+fn staged_entries(driver: &TestDriver) -> Vec<String> {
+    driver
+        .data_entries()
+        .into_iter()
+        .filter(|name| name.starts_with(".creating-"))
+        .collect()
+}
+
+/// Rounds of the create storm, each with its own kill point; more (up to the most) while
+/// no kill has landed inside a create yet.
+const STORM_ROUNDS: u64 = 10;
+const STORM_ROUNDS_AT_MOST: u64 = 40;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
     let mut driver = TestDriver::start().await;
     let mut requests = Vec::new();
-    for round in 0..10u64 {
+    // Rounds whose kill landed inside a create: its data was still under the staging name,
+    // where a create makes it before its commit and moves it in place after.
+    let mut landed_mid_create = 0;
+    for round in 0..STORM_ROUNDS_AT_MOST {
+        if round >= STORM_ROUNDS && landed_mid_create > 0 {
+            break;
+        }
         // A fresh name each round, so each kill can land inside a first create (about 2 ms).
         let request = create_request(&new_name(), block_cap(Mode::SingleNodeWriter), SIZE);
         requests.push(request.clone());
+        let staged_before = staged_entries(&driver);
         let controller = driver.controller();
         // Calls until the first error other than ABORTED, which it returns.
         let hammer = tokio::spawn(async move {
@@ -291,10 +312,44 @@ async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
             }
         });
         // A different point of the create path each round; correctness does not depend on it.
-        std::thread::sleep(Duration::from_micros(round * 300));
+        std::thread::sleep(Duration::from_micros(round % STORM_ROUNDS * 300));
         driver.kill9();
+        // New since the round began: an uncommitted one from an earlier round may still be
+        // waiting for its removal, which runs once the driver serves.
+        let staged: Vec<String> = staged_entries(&driver)
+            .into_iter()
+            .filter(|name| !staged_before.contains(name))
+            .collect();
+        assert!(staged.len() <= 1, "one create at a time: {staged:?}");
+        landed_mid_create += staged.len();
         assert_ended_by_the_kill(hammer).await;
         driver.start_again().await;
+    }
+    eprintln!(
+        "{} rounds, {landed_mid_create} of their kills landed mid-create",
+        requests.len()
+    );
+    assert!(
+        landed_mid_create > 0,
+        "no kill of {} landed inside a create: the storm tested only kills between creates",
+        requests.len()
+    );
+    // Every one was settled at its restart: moved in place if committed, else removed.
+    let settled = |log: &str| {
+        log.matches("finished a create interrupted after its commit")
+            .count()
+            + log
+                .matches("removed the data of a create interrupted before its commit")
+                .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while settled(&driver.log_text()) < landed_mid_create {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{landed_mid_create} creates were cut, fewer settled; log:\n{}",
+            driver.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     let mut expected_data = Vec::new();

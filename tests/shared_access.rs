@@ -58,10 +58,49 @@ async fn a_read_only_many_block_claim_shares_one_read_only_device() {
         fs::read_link(&first).unwrap(),
         fs::read_link(&second).unwrap()
     );
+    // Read-only although neither publish asked `readonly`: the mode says so. The kernel
+    // says so too (BLKROGET), and a write through the device is refused.
+    for target in [&first, &second] {
+        assert_device_is_read_only(target);
+    }
     driver.unpublish_ok(&volume, &first).await;
     driver.unpublish_ok(&volume, &second).await;
     driver.delete(&volume.volume_id).await.unwrap();
     assert!(driver.loop_devices_left().is_empty());
+}
+
+/// The block device `target` links to is read-only: BLKROGET answers 1, and a write through
+/// it fails with EPERM (the block layer refuses writes to a read-only device; opening it for
+/// writing is allowed, the write is not).
+#[track_caller]
+fn assert_device_is_read_only(target: &std::path::Path) {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    // BLKROGET = _IO(0x12, 94) from linux/fs.h.
+    const BLKROGET: libc::c_ulong = 0x125e;
+    let device = fs::File::open(target).unwrap();
+    let mut read_only: libc::c_int = -1;
+    // SAFETY: BLKROGET writes one int through the pointer, which outlives the call.
+    let rc = unsafe { libc::ioctl(device.as_raw_fd(), BLKROGET, &mut read_only) };
+    assert_eq!(rc, 0, "BLKROGET: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        read_only,
+        1,
+        "{} is not a read-only device",
+        target.display()
+    );
+    let mut writer = fs::OpenOptions::new()
+        .write(true)
+        .open(target)
+        .unwrap_or_else(|err| panic!("opening {} for writing: {err}", target.display()));
+    let err = writer
+        .write_all(&[0x5a; 4096])
+        .and_then(|()| writer.sync_all())
+        .expect_err("a write through a read-only device succeeded");
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EPERM | libc::EROFS)),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -1253,40 +1253,70 @@ async fn block_restore_larger_than_the_snapshot_has_the_new_size() {
 // =============================================================================================
 // Crash safety
 
-/// kill -9 while a copy runs (CreateSnapshot answered not ready): after the restart the
-/// snapshot is either gone from the list or finishes under the same id (CreateSnapshot with
-/// the same name answers it, eventually ready, with complete data), and no staging copy stays
-/// behind.
+/// kill -9 while a copy runs (CreateSnapshot answered not ready). The snapshot's record is
+/// committed before its copy starts (`Volumes::create_snapshot`), so the id the CO holds is
+/// never lost: after the restart the same snapshot is listed, the restart finishes its copy
+/// by itself (no CreateSnapshot needed), the same request then answers the same id and
+/// creation time, ready, with complete data, and no staging copy stays behind. (The test
+/// name's "or none" is history: a snapshot the CO was told about may not vanish.)
 #[tokio::test]
 async fn kill9_during_a_copy_ends_with_the_same_snapshot_ready_or_none() {
     let mut driver = start_on_tmpfs("3g").await;
     let (volume, request, first) = snapshot_answered_not_ready(&driver).await;
+    let snapshots = driver.data.join("snapshots");
+    let staging = format!(".creating-{}", first.snapshot_id);
     driver.kill9();
-    eprintln!(
-        "killed during the copy; snapshots/ holds {:?}",
-        dir_names(&driver.data.join("snapshots"))
+    // Evidence that the kill landed during the copy: its staging copy is there, half made,
+    // and the snapshot's data is not in place.
+    let left = dir_names(&snapshots);
+    assert!(
+        left.contains(&staging) && !left.contains(&first.snapshot_id),
+        "the copy was not running when the driver was killed: snapshots/ holds {left:?}"
     );
+    let copied = walk(&snapshots.join(&staging)).len();
+    let source = walk(&host_path(&volume)).len();
+    assert!(
+        copied < source,
+        "the copy was complete ({copied} of {source} entries) when the driver was killed"
+    );
+    eprintln!("killed with {copied} of {source} entries copied");
     driver.start_again().await;
 
-    let listed = driver
-        .list_snapshots(list_request(|r| r.snapshot_id = first.snapshot_id.clone()))
-        .await
-        .unwrap();
-    let snapshot = match ids(&listed).as_slice() {
-        [] => {
-            eprintln!("the interrupted snapshot was forgotten; taking it again");
-            driver.create_snapshot_ready(&request).await
+    // Still there under its id (ready or not yet), and finished without being asked again.
+    let deadline = std::time::Instant::now() + SNAPSHOT_READY_TIMEOUT;
+    let resumed = loop {
+        let listed = driver
+            .list_snapshots(list_request(|r| r.snapshot_id = first.snapshot_id.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            ids(&listed),
+            vec![first.snapshot_id.clone()],
+            "the committed snapshot was forgotten by the restart"
+        );
+        let snapshot = listed.entries[0].snapshot.clone().unwrap();
+        if snapshot.ready_to_use {
+            break snapshot;
         }
-        [id] => {
-            assert_eq!(id, &first.snapshot_id);
-            let ready = driver.create_snapshot_ready(&request).await;
-            assert_eq!(ready.snapshot_id, first.snapshot_id, "the id changed");
-            assert_eq!(ready.creation_time, first.creation_time);
-            ready
-        }
-        more => panic!("one id filter listed {more:?}"),
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the interrupted copy was not resumed by the restart; log:\n{}",
+            driver.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
-    let staged: Vec<String> = dir_names(&driver.data.join("snapshots"))
+    assert!(
+        driver
+            .log_text()
+            .contains("restarting a snapshot copy interrupted by a restart"),
+        "{}",
+        driver.log_text()
+    );
+    let ready = driver.create_snapshot_ready(&request).await;
+    assert_eq!(ready.snapshot_id, first.snapshot_id, "the id changed");
+    assert_eq!(ready.creation_time, first.creation_time);
+    assert_eq!(resumed, ready);
+    let staged: Vec<String> = dir_names(&snapshots)
         .into_iter()
         .filter(|n| n.starts_with(".creating-"))
         .collect();
@@ -1297,9 +1327,9 @@ async fn kill9_during_a_copy_ends_with_the_same_snapshot_ready_or_none() {
     );
     assert_same_small_files(
         &host_path(&volume),
-        &snapshot_dir(&driver.data, &snapshot.snapshot_id),
+        &snapshot_dir(&driver.data, &ready.snapshot_id),
     );
-    assert_eq!(driver.list_all_snapshots().await, vec![snapshot]);
+    assert_eq!(driver.list_all_snapshots().await, vec![ready]);
 }
 
 /// DeleteSnapshot while the copy still runs (CreateSnapshot answered not ready) cancels it:

@@ -168,7 +168,15 @@ mod tests {
         let link = dir.path().join("v");
         symlink(outside.path(), &link).unwrap();
         remove_all(&link).unwrap();
-        assert!(outside.path().join("precious").exists());
+        assert!(
+            fs::symlink_metadata(&link).is_err(),
+            "the symlink itself is still there"
+        );
+        assert!(outside.path().is_dir());
+        assert_eq!(
+            fs::read(outside.path().join("precious")).unwrap(),
+            b"keep me"
+        );
     }
 
     /// A chain of `depth` directories named "d" below `root`, a file at the bottom.
@@ -204,14 +212,15 @@ mod tests {
         let root = dir.path().join("v");
         let mut path = root.clone();
         fs::create_dir(&path).unwrap();
-        for _ in 0..2000 {
+        let mut depth = 0;
+        // Each whole path stays under PATH_MAX (4096): about 1,500 levels.
+        while path.as_os_str().len() < 3000 {
             path.push("d");
-            // Relative creation keeps each path short enough for the kernel.
-            let _ = fs::create_dir(&path);
-            if path.as_os_str().len() > 3000 {
-                break;
-            }
+            fs::create_dir(&path).unwrap();
+            depth += 1;
         }
+        fs::write(path.join("leaf"), b"x").unwrap();
+        assert!(depth > 1000, "only {depth} levels");
         remove_all(&root).unwrap();
         assert!(!root.exists());
     }

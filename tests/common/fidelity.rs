@@ -50,6 +50,25 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) {
 
 /// The `user.*` xattrs of `path` itself (never followed).
 pub fn user_xattrs(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    xattrs_where(path, |name| name.starts_with(b"user."))
+}
+
+/// The xattrs a faithful copy keeps, of `path` itself (never followed): `user.*` and
+/// `trusted.*`, POSIX ACLs (`system.posix_acl_access`, `system.posix_acl_default`) and file
+/// capabilities (`security.capability`). Not other `security.*` names: an LSM label belongs
+/// to the host it is on.
+pub fn kept_xattrs(path: &Path) -> BTreeMap<String, Vec<u8>> {
+    xattrs_where(path, |name| {
+        name.starts_with(b"user.")
+            || name.starts_with(b"trusted.")
+            || name == b"system.posix_acl_access"
+            || name == b"system.posix_acl_default"
+            || name == b"security.capability"
+    })
+}
+
+/// The xattrs of `path` itself (never followed) whose names `wanted` picks.
+fn xattrs_where(path: &Path, wanted: impl Fn(&[u8]) -> bool) -> BTreeMap<String, Vec<u8>> {
     let path_c = c_path(path);
     let mut names = vec![0u8; 64 << 10];
     // SAFETY: valid path and a buffer of the given length.
@@ -62,7 +81,10 @@ pub fn user_xattrs(path: &Path) -> BTreeMap<String, Vec<u8>> {
     );
     names.truncate(len as usize);
     let mut out = BTreeMap::new();
-    for name in names.split(|&b| b == 0).filter(|n| n.starts_with(b"user.")) {
+    for name in names
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty() && wanted(n))
+    {
         let name_c = CString::new(name).unwrap();
         let mut value = vec![0u8; 64 << 10];
         // SAFETY: as above.
@@ -147,9 +169,56 @@ pub fn walk(root: &Path) -> Vec<PathBuf> {
 pub const SPARSE_LEN: u64 = 8 << 20;
 pub const SPARSE_DATA_AT: [u64; 2] = [0, 6 << 20];
 
+/// A POSIX ACL in its xattr form (linux/posix_acl_xattr.h: version 2, then (tag, perm, id)
+/// entries, little-endian): the owner rw-, user [`UID`] r--, the group r--, mask r--, others
+/// nothing.
+pub fn acl_granting_uid() -> Vec<u8> {
+    const USER_OBJ: u16 = 0x01;
+    const USER: u16 = 0x02;
+    const GROUP_OBJ: u16 = 0x04;
+    const MASK: u16 = 0x10;
+    const OTHER: u16 = 0x20;
+    const UNDEFINED_ID: u32 = u32::MAX;
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (USER_OBJ, 6u16, UNDEFINED_ID),
+        (USER, 4, UID),
+        (GROUP_OBJ, 4, UNDEFINED_ID),
+        (MASK, 4, UNDEFINED_ID),
+        (OTHER, 0, UNDEFINED_ID),
+    ] {
+        acl.extend(tag.to_le_bytes());
+        acl.extend(perm.to_le_bytes());
+        acl.extend(id.to_le_bytes());
+    }
+    acl
+}
+
+/// A file capability in its xattr form (linux/capability.h, VFS_CAP_REVISION_2): the
+/// effective flag and CAP_NET_BIND_SERVICE (10) permitted.
+pub fn capability_net_bind_service() -> Vec<u8> {
+    const VFS_CAP_REVISION_2: u32 = 0x0200_0000;
+    const VFS_CAP_FLAGS_EFFECTIVE: u32 = 0x1;
+    let mut cap = (VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE)
+        .to_le_bytes()
+        .to_vec();
+    // (permitted, inheritable) for capabilities 0-31, then for 32-63.
+    for word in [1u32 << 10, 0, 0, 0] {
+        cap.extend(word.to_le_bytes());
+    }
+    cap
+}
+
+/// Device numbers of the device nodes [`build_tree`] makes (a char device like /dev/null, a
+/// block device like a loop device no one has).
+pub const CHAR_DEVICE: (u64, u64) = (1, 3);
+pub const BLOCK_DEVICE: (u64, u64) = (7, 250);
+
 /// Builds beneath `root` a tree with everything a copy must keep: nested directories, owners,
 /// modes with setgid, nanosecond mtimes, a user xattr, symlinks (one dangling), a hard-link
-/// pair, a sparse file, a FIFO and an empty directory.
+/// pair, a sparse file, a FIFO, an empty directory, char and block device nodes, an access
+/// ACL on a file and a default ACL on a directory, a file capability; and the root's own
+/// owner, mode and xattr.
 pub fn build_tree(root: &Path) {
     let at = |rel: &str| root.join(rel);
     fs::create_dir_all(at("dir/nested/deeper")).unwrap();
@@ -187,11 +256,53 @@ pub fn build_tree(root: &Path) {
     fs::create_dir(at("empty")).unwrap();
     set_mode(&at("empty"), 0o700);
     nix::unistd::mkfifo(&at("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o620)).unwrap();
+    fs::create_dir(at("devices")).unwrap();
+    for (name, kind, (major, minor)) in [
+        ("char", nix::sys::stat::SFlag::S_IFCHR, CHAR_DEVICE),
+        ("block", nix::sys::stat::SFlag::S_IFBLK, BLOCK_DEVICE),
+    ] {
+        nix::sys::stat::mknod(
+            &at(&format!("devices/{name}")),
+            kind,
+            nix::sys::stat::Mode::from_bits_truncate(0o640),
+            nix::sys::stat::makedev(major, minor),
+        )
+        .unwrap();
+        set_mode(&at(&format!("devices/{name}")), 0o640);
+        give_away(&at(&format!("devices/{name}")));
+    }
+    // Setting an access ACL sets the group bits of the mode to its mask: no chmod after.
+    fs::write(at("acl-file"), b"readable by uid 1234").unwrap();
+    set_xattr(
+        &at("acl-file"),
+        "system.posix_acl_access",
+        &acl_granting_uid(),
+    );
+    fs::create_dir(at("acl-dir")).unwrap();
+    set_xattr(
+        &at("acl-dir"),
+        "system.posix_acl_default",
+        &acl_granting_uid(),
+    );
+    // A chown or a write drops a capability: set it on the finished file, owner included.
+    fs::write(at("cap-tool"), b"#!/bin/sh\nexec true\n").unwrap();
+    give_away(&at("cap-tool"));
+    set_mode(&at("cap-tool"), 0o755);
+    set_xattr(
+        &at("cap-tool"),
+        "security.capability",
+        &capability_net_bind_service(),
+    );
+    // The root itself: what kubelet's fsGroup or a pod's chmod made of it.
+    give_away(root);
+    set_mode(root, 0o2770);
+    set_xattr(root, "user.root", b"top");
     // Times last, children before their directories (an entry made in a directory changes
     // the directory's mtime); each entry its own second and nanosecond.
     for (i, path) in walk(root).iter().rev().enumerate() {
         set_times(path, 1_500_000_000 + i as i64 * 7, 123_456_789 - i as i64);
     }
+    set_times(root, 1_400_000_000, 12_345);
 }
 
 /// What a faithful copy keeps of one entry.
@@ -206,17 +317,24 @@ pub struct Entry {
     pub mtime: (i64, i64),
     pub content: Option<[u8; 32]>,
     pub link_target: Option<PathBuf>,
-    pub user_xattrs: BTreeMap<String, Vec<u8>>,
+    /// Of a char or block device node: its device number.
+    pub rdev: Option<u64>,
+    /// See [`kept_xattrs`]: user, trusted, ACLs, capabilities.
+    pub xattrs: BTreeMap<String, Vec<u8>>,
     /// For a file with several links: the first of its names (in walk order) in this tree.
     pub first_link: Option<PathBuf>,
 }
 
-/// Every entry beneath `root` by relative path.
+/// `root` itself (as ".") and every entry beneath it, by relative path.
 pub fn manifest(root: &Path) -> BTreeMap<PathBuf, Entry> {
+    use std::os::unix::fs::FileTypeExt;
     let mut first_names: BTreeMap<u64, PathBuf> = BTreeMap::new();
     let mut out = BTreeMap::new();
-    for path in walk(root) {
-        let rel = path.strip_prefix(root).unwrap().to_path_buf();
+    for path in std::iter::once(root.to_path_buf()).chain(walk(root)) {
+        let rel = match path.strip_prefix(root).unwrap() {
+            rel if rel.as_os_str().is_empty() => PathBuf::from("."),
+            rel => rel.to_path_buf(),
+        };
         let meta = fs::symlink_metadata(&path).unwrap();
         let kind = meta.file_type();
         let first_link = (!kind.is_dir() && meta.nlink() > 1)
@@ -231,7 +349,8 @@ pub fn manifest(root: &Path) -> BTreeMap<PathBuf, Entry> {
                 mtime: (meta.mtime(), meta.mtime_nsec()),
                 content: kind.is_file().then(|| sha256_of(&path)),
                 link_target: kind.is_symlink().then(|| fs::read_link(&path).unwrap()),
-                user_xattrs: user_xattrs(&path),
+                rdev: (kind.is_char_device() || kind.is_block_device()).then(|| meta.rdev()),
+                xattrs: kept_xattrs(&path),
                 first_link,
             },
         );
@@ -301,4 +420,39 @@ pub fn assert_same_tree(original: &BTreeMap<PathBuf, Entry>, copy: &Path) {
         assert_eq!(read_at(&sparse, *offset, 4096), pattern(4096, i as u8 + 1));
     }
     assert_eq!(read_at(&sparse, 3 << 20, 4096), vec![0u8; 4096]);
+    let root = fs::symlink_metadata(copy).unwrap();
+    assert_eq!(
+        (root.mode(), root.uid(), root.gid()),
+        (original[Path::new(".")].mode, UID, GID),
+        "the root's mode and owner"
+    );
+    assert_eq!(
+        user_xattrs(copy).get("user.root").map(Vec::as_slice),
+        Some(&b"top"[..]),
+        "the root's xattr"
+    );
+    for (name, (major, minor)) in [("char", CHAR_DEVICE), ("block", BLOCK_DEVICE)] {
+        let device = fs::symlink_metadata(at(&format!("devices/{name}"))).unwrap();
+        assert_eq!(
+            device.rdev(),
+            nix::sys::stat::makedev(major, minor),
+            "{name} device number"
+        );
+        assert_eq!((device.uid(), device.mode() & 0o7777), (UID, 0o640));
+    }
+    assert_eq!(
+        kept_xattrs(&at("acl-file")).get("system.posix_acl_access"),
+        Some(&acl_granting_uid()),
+        "access ACL"
+    );
+    assert_eq!(
+        kept_xattrs(&at("acl-dir")).get("system.posix_acl_default"),
+        Some(&acl_granting_uid()),
+        "default ACL"
+    );
+    assert_eq!(
+        kept_xattrs(&at("cap-tool")).get("security.capability"),
+        Some(&capability_net_bind_service()),
+        "file capability"
+    );
 }

@@ -148,19 +148,43 @@ mod tests {
         assert_eq!(most.load(Ordering::SeqCst), 2);
     }
 
+    /// A gate the walks wait at until the test opens it (for all of them at once).
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl Gate {
+        fn pass(&self) {
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+        }
+
+        fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.opened.notify_all();
+        }
+    }
+
     #[test]
     fn a_burst_for_one_volume_walks_once() {
+        const CALLERS: usize = 16;
         let cache = Arc::new(UsageCache::default());
         let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         let walks = Arc::new(AtomicUsize::new(0));
-        let threads: Vec<_> = (0..16)
+        let gate = Arc::new(Gate::default());
+        let threads: Vec<_> = (0..CALLERS)
             .map(|_| {
-                let (cache, id, walks) = (cache.clone(), id.clone(), walks.clone());
+                let (cache, id, walks, gate) =
+                    (cache.clone(), id.clone(), walks.clone(), gate.clone());
                 std::thread::spawn(move || {
                     cache
                         .get_or_walk(&id, || {
                             walks.fetch_add(1, Ordering::SeqCst);
-                            std::thread::sleep(Duration::from_millis(50));
+                            gate.pass();
                             Ok::<_, ()>(Usage {
                                 bytes: 7,
                                 inodes: 1,
@@ -170,20 +194,30 @@ mod tests {
                 })
             })
             .collect();
+        // Every caller has joined the volume's flight (the map holds one reference, each
+        // caller another) while the first walk is held at the gate. A caller takes its
+        // reference just before it looks at the flight, without blocking in between; the
+        // pause lets the last ones get from one to the other.
+        let joined = || Arc::strong_count(&cache.flights.lock().unwrap()[&id]);
+        while joined() < CALLERS + 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        gate.open();
         for thread in threads {
             assert_eq!(thread.join().unwrap().bytes, 7);
         }
-        // The threads that start while the first walk runs share it.
-        let burst = walks.load(Ordering::SeqCst);
-        assert!(burst <= 2, "{burst} walks for one burst");
+        // One walk served the whole burst.
+        assert_eq!(walks.load(Ordering::SeqCst), 1, "walks for one burst");
         // A later call walks again: no figure outlives its walk.
         let again = cache.get_or_walk(&id, || {
             walks.fetch_add(1, Ordering::SeqCst);
             Ok::<_, ()>(Usage::default())
         });
         assert_eq!(again.unwrap(), Usage::default());
-        assert_eq!(walks.load(Ordering::SeqCst), burst + 1);
+        assert_eq!(walks.load(Ordering::SeqCst), 2);
         cache.forget(&id);
+        assert!(cache.flights.lock().unwrap().is_empty(), "forgotten");
     }
 
     #[test]

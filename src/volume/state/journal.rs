@@ -893,6 +893,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), manual()).unwrap();
         let appended = journal.append(put("a", "1")).unwrap();
+        // Without the flusher thread (manual), nothing flushed it yet: the wait must.
+        assert_eq!(journal.flushes(), 0);
         let before = generations(dir.path(), "j").unwrap();
         std::thread::scope(|s| {
             let compaction = s.spawn(|| journal.compact_now());
@@ -900,6 +902,7 @@ mod tests {
             // The caller is still at work (say, removing a volume's data): no rotation yet.
             assert_eq!(generations(dir.path(), "j").unwrap(), before);
             journal.wait(appended).unwrap();
+            assert_eq!(journal.flushes(), 1, "the wait returned before a flush");
             compaction.join().unwrap().unwrap();
         });
         assert_eq!(journal.flushes(), 1);
@@ -1062,19 +1065,28 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let options = Options {
             max_bytes: 256,
+            // Only the size can be what rotates it.
+            max_age: Duration::from_secs(3600),
             ..Options::default()
         };
         let (journal, _) = Journal::open(dir.path(), "j", dir.path(), options).unwrap();
+        let first = generations(dir.path(), "j").unwrap();
+        assert_eq!(first.len(), 1);
         for i in 0..20 {
             journal.commit(put(&format!("v{i}"), "{\"x\":1}")).unwrap();
         }
+        // 20 entries of ~40 bytes are over 256: the file grew past its preallocated size.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while fs::metadata(last_generation(dir.path())).unwrap().len() > 512
+        while generations(dir.path(), "j").unwrap() == first
+            || fs::metadata(last_generation(dir.path())).unwrap().len() > 512
             || generations(dir.path(), "j").unwrap().len() > 1
         {
             assert!(Instant::now() < deadline, "no compaction happened");
             std::thread::sleep(Duration::from_millis(10));
         }
+        // A newer generation replaced the one past its limit.
+        assert!(generations(dir.path(), "j").unwrap()[0] > first[0]);
+        assert!(journal.stats().compactions >= 1);
     }
 
     #[test]
