@@ -1,7 +1,7 @@
 //! What a pool can still promise (GetCapacity), and the usage measurements that keep the
 //! promises honest (see `accounting`).
 
-use tracing::debug;
+use tracing::{debug, error};
 
 use super::Volumes;
 use super::space::limits;
@@ -74,4 +74,14 @@ pub(super) fn cheap_usage(pool: &Pool, record: &VolumeRecord) -> Option<u64> {
         debug!(volume = %record.id, error = %err, "cannot measure usage");
         None
     })
+}
+
+impl Volumes {
+    /// Logs an error for every pool found full at start (see `space::full`), with what to do
+    /// about it.
+    pub(in crate::volume) fn report_full_pools(&self) {
+        for pool in self.pools().iter().filter(|p| p.is_full().unwrap_or(false)) {
+            error!(pool = %pool.name, filesystem = %pool.root.display(), "the filesystem of pool {} ({}) is full: new volumes are refused with RESOURCE_EXHAUSTED{}. Free space there: delete volumes (DeleteVolume, `stickyvol volume delete`) or files a tenant wrote in a volume without size enforcement; the driver recovers by itself", pool.name, pool.root.display(), if pool.name == self.default_pool().name { ", and record changes only fit in the space the state journal reserved" } else { "" });
+        }
+    }
 }

@@ -176,11 +176,18 @@ mod tests {
         let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
         let walks = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(Gate::default());
+        let (tids, tid) = std::sync::mpsc::channel();
         let threads: Vec<_> = (0..CALLERS)
             .map(|_| {
-                let (cache, id, walks, gate) =
-                    (cache.clone(), id.clone(), walks.clone(), gate.clone());
+                let (cache, id, walks, gate, tids) = (
+                    cache.clone(),
+                    id.clone(),
+                    walks.clone(),
+                    gate.clone(),
+                    tids.clone(),
+                );
                 std::thread::spawn(move || {
+                    tids.send(unsafe { libc::gettid() }).unwrap();
                     cache
                         .get_or_walk(&id, || {
                             walks.fetch_add(1, Ordering::SeqCst);
@@ -195,14 +202,23 @@ mod tests {
             })
             .collect();
         // Every caller has joined the volume's flight (the map holds one reference, each
-        // caller another) while the first walk is held at the gate. A caller takes its
-        // reference just before it looks at the flight, without blocking in between; the
-        // pause lets the last ones get from one to the other.
+        // caller another) and is asleep: the first at the gate, inside its walk, the others
+        // waiting for that walk to land (no lock is held long enough to sleep on otherwise).
+        // However loaded the machine, no caller can still be on its way to the flight.
+        let tids: Vec<_> = tid.iter().take(CALLERS).collect();
         let joined = || Arc::strong_count(&cache.flights.lock().unwrap()[&id]);
-        while joined() < CALLERS + 1 {
+        let asleep = |tid: &libc::pid_t| {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+            // "PID (COMM) STATE …": the state follows the last ')'.
+            stat.rsplit(')')
+                .next()
+                .unwrap()
+                .trim_start()
+                .starts_with('S')
+        };
+        while joined() < CALLERS + 1 || !tids.iter().all(asleep) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(100));
         gate.open();
         for thread in threads {
             assert_eq!(thread.join().unwrap().bytes, 7);
