@@ -186,7 +186,7 @@ impl Enforcement {
             }
         };
         // mkdir honours the umask; emptyDir semantics want every user of the pod to write.
-        crate::volume::space::set_mode(dir, 0o777)?;
+        super::set_mode(dir, 0o777)?;
         Ok(made)
     }
 
@@ -259,7 +259,7 @@ impl Enforcement {
             }
         }
         if missing {
-            crate::volume::space::set_mode(dir, 0o777)?;
+            super::set_mode(dir, 0o777)?;
         }
         Ok(())
     }

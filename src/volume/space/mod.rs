@@ -17,7 +17,8 @@ use std::path::Path;
 
 use crate::error::{IoContext, Result};
 
-pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<()> {
+/// Sets the mode of a pool directory or of a volume directory being made.
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .context(|| format!("setting mode {mode:o} on {}", path.display()))

@@ -22,13 +22,13 @@ use tracing::{info, warn};
 use super::accounting::{Holder, Ledger};
 use super::limits::Enforcement;
 use super::mechanism::Mechanism;
+use super::set_mode;
 use super::throttle::{Slots, WALKS_PER_POOL};
 use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::host::btrfs;
 use crate::host::fsstat::{self, Space};
 use crate::host::projquota::ProjectIds;
-use crate::volume::space::set_mode;
 use crate::volume::state::id::{SnapshotId, VolumeId};
 use crate::volume::state::record::{VolumeKind, VolumeRecord};
 
