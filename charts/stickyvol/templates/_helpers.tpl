@@ -1,0 +1,110 @@
+{{/* The namespace of every namespaced object. */}}
+{{- define "stickyvol.namespace" -}}
+{{ .Values.namespace.name }}
+{{- end }}
+
+{{/* Labels of every object's metadata. */}}
+{{- define "stickyvol.labels" -}}
+app.kubernetes.io/part-of: stickyvol
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The driver image. */}}
+{{- define "stickyvol.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The data directory (the pool "default"): serve's own default for this driver name. */}}
+{{- define "stickyvol.dataDir" -}}
+/var/lib/kubelet/volumes/{{ .Values.driverName }}
+{{- end }}
+
+{{/* Whether the csi-snapshotter sidecar and its RBAC are rendered ("true" or ""). */}}
+{{- define "stickyvol.snapshotter" -}}
+{{- if .Values.snapshots.enabled }}true{{ end }}
+{{- end }}
+
+{{/* Whether the VolumeSnapshotClass is rendered ("true" or ""). */}}
+{{- define "stickyvol.volumeSnapshotClass" -}}
+{{- $c := .Values.snapshots.volumeSnapshotClass }}
+{{- if .Values.snapshots.enabled }}
+{{- if eq (toString $c.create) "auto" }}
+{{- if .Capabilities.APIVersions.Has "snapshot.storage.k8s.io/v1/VolumeSnapshotClass" }}true{{ end }}
+{{- else if eq (toString $c.create) "true" }}true
+{{- else if ne (toString $c.create) "false" }}
+{{- fail (printf "snapshots.volumeSnapshotClass.create must be auto, true or false, not %v" $c.create) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pools' flags, shared by serve and doctor (both take --pool and --optional-pool). Names are
+checked here as serve checks them, so a mistake fails at render time, not in a crash loop.
+*/}}
+{{- define "stickyvol.poolArgs" -}}
+{{- range .Values.pools }}
+{{- include "stickyvol.checkPool" . }}
+- --pool={{ .name }}={{ .path }}
+{{- end }}
+{{- range .Values.optionalPools }}
+{{- include "stickyvol.checkPool" . }}
+- --optional-pool={{ .name }}={{ .path }}
+{{- end }}
+{{- end }}
+
+{{- define "stickyvol.checkPool" -}}
+{{- if not (regexMatch "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$" (toString .name)) }}
+{{- fail (printf "pool name %q: 1 to 63 characters of [a-z0-9-], alphanumeric at both ends" (toString .name)) }}
+{{- end }}
+{{- if not (hasPrefix "/" (toString .path)) }}
+{{- fail (printf "pool %s: path %q must be absolute" .name (toString .path)) }}
+{{- end }}
+{{- end }}
+
+{{/* --enforcement and --overcommit, serve only. */}}
+{{- define "stickyvol.poolTuningArgs" -}}
+{{- range $name, $mode := .Values.enforcement }}
+- --enforcement={{ $name }}={{ $mode }}
+{{- end }}
+{{- range $name, $ratio := .Values.overcommit }}
+- --overcommit={{ $name }}={{ $ratio }}
+{{- end }}
+{{- end }}
+
+{{/*
+The host directories the pools need mounted, as a JSON list of {name, path, type}: one per
+distinct directory, none for a directory under /var/lib/kubelet (already mounted whole).
+*/}}
+{{- define "stickyvol.poolVolumes" -}}
+{{- $seen := dict }}
+{{- $out := list }}
+{{- range .Values.pools }}
+{{- $host := .hostPath | default .path }}
+{{- if and (not (hasPrefix "/var/lib/kubelet/" $host)) (not (hasKey $seen $host)) }}
+{{- $_ := set $seen $host true }}
+{{- $out = append $out (dict "name" (printf "pool-%s" .name) "path" $host "type" "Directory") }}
+{{- end }}
+{{- end }}
+{{- range .Values.optionalPools }}
+{{- $host := required (printf "optionalPools: %s needs hostPath (the directory that holds its path, e.g. where disks are mounted)" .name) .hostPath }}
+{{- if not (hasPrefix (printf "%s/" (trimSuffix "/" $host)) .path) }}
+{{- fail (printf "optionalPools: %s: path %s is not inside hostPath %s" .name .path $host) }}
+{{- end }}
+{{- if and (not (hasPrefix "/var/lib/kubelet/" $host)) (not (hasKey $seen $host)) }}
+{{- $_ := set $seen $host true }}
+{{- $out = append $out (dict "name" (printf "optional-pool-%s" .name) "path" $host "type" "DirectoryOrCreate") }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/* volumeMounts for the pools' host directories. */}}
+{{- define "stickyvol.poolMounts" -}}
+{{- range (include "stickyvol.poolVolumes" . | fromJsonArray) }}
+- name: {{ .name }}
+  mountPath: {{ .path }}
+  mountPropagation: Bidirectional
+{{- end }}
+{{- end }}
