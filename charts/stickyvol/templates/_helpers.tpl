@@ -82,6 +82,9 @@ distinct directory, none for a directory under /var/lib/kubelet (already mounted
 {{- $out := list }}
 {{- range .Values.pools }}
 {{- $host := .hostPath | default .path }}
+{{- if and .hostPath (not (hasPrefix (printf "%s/" (trimSuffix "/" $host)) .path)) (ne (trimSuffix "/" $host) (trimSuffix "/" .path)) }}
+{{- fail (printf "pools: %s: path %s is not inside hostPath %s" .name .path $host) }}
+{{- end }}
 {{- if and (not (hasPrefix "/var/lib/kubelet/" $host)) (not (hasKey $seen $host)) }}
 {{- $_ := set $seen $host true }}
 {{- $out = append $out (dict "name" (printf "pool-%s" .name) "path" $host "type" "Directory") }}
