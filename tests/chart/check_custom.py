@@ -44,10 +44,12 @@ for where, c in (("node", doctor), ("node", serve), ("controller", sts["spec"]["
           f"{where} {c['name']}: image and pull policy from values")
 
 # pools
-pool_args = ["--pool=nvme=/mnt/nvme/stickyvol", "--pool=inside=/var/lib/kubelet/stickyvol-inside",
-             "--optional-pool=ssd=/mnt/disks/ssd/stickyvol", "--optional-pool=hdd=/mnt/disks/hdd/stickyvol"]
+pools = "nvme=/mnt/nvme/stickyvol,inside=/var/lib/kubelet/stickyvol-inside"
+optional = "ssd=/mnt/disks/ssd/stickyvol,hdd=/mnt/disks/hdd/stickyvol"
 for c in (doctor, serve):
-    check(all(a in c["args"] for a in pool_args), f"{c['name']}: --pool and --optional-pool flags")
+    cenv = {e["name"]: e.get("value") for e in c["env"]}
+    check(cenv.get("POOLS") == pools and cenv.get("OPTIONAL_POOLS") == optional,
+          f"{c['name']}: POOLS and OPTIONAL_POOLS")
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     check(mounts.get("/mnt/nvme/stickyvol", {}).get("mountPropagation") == "Bidirectional",
           f"{c['name']}: the pool nvme mounted at its path, Bidirectional")
@@ -56,11 +58,12 @@ for c in (doctor, serve):
     check(not any(p.startswith("/var/lib/kubelet/") for p in mounts),
           f"{c['name']}: no mount nested in /var/lib/kubelet for the pool inside it")
     check(len(c["volumeMounts"]) == len(mounts), f"{c['name']}: no path mounted twice")
-check(not any(a.startswith("--enforcement") or a.startswith("--overcommit") for a in doctor["args"]),
-      "doctor: no --enforcement/--overcommit (serve's flags only)")
-check(all(a in serve["args"] for a in ["--enforcement=default=none", "--enforcement=nvme=project",
-                                       "--overcommit=nvme=1.5"]),
-      "stickyvol: --enforcement per pool and --overcommit")
+    check(not any("pool" in a for a in c["args"]), f"{c['name']}: no pool flags (the variables say it)")
+check(not ({"ENFORCEMENT", "OVERCOMMIT"} & {e["name"] for e in doctor["env"]}),
+      "doctor: no ENFORCEMENT/OVERCOMMIT (serve's flags only)")
+check(env.get("ENFORCEMENT", {}).get("value") == "default=none,nvme=project"
+      and env.get("OVERCOMMIT", {}).get("value") == "nvme=1.5",
+      "stickyvol: ENFORCEMENT per pool and OVERCOMMIT")
 vols = {v["name"]: v for v in pod["volumes"]}
 check(vols.get("pool-nvme", {}).get("hostPath") == {"path": "/mnt/nvme/stickyvol", "type": "Directory"},
       "volume pool-nvme: hostPath of type Directory")

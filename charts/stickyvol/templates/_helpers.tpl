@@ -40,17 +40,29 @@ app.kubernetes.io/part-of: stickyvol
 {{- end }}
 
 {{/*
-The pools' flags, shared by serve and doctor (both take --pool and --optional-pool). Names are
-checked here as serve checks them, so a mistake fails at render time, not in a crash loop.
+The pools, as environment variables rather than flags (serve and doctor read the same ones), so
+that `kubectl exec … -c stickyvol -- stickyvol doctor` and the admin commands see them too.
+Names and paths are checked here as serve checks them, so a mistake fails at render time, not in
+a crash loop.
 */}}
-{{- define "stickyvol.poolArgs" -}}
+{{- define "stickyvol.poolEnv" -}}
+{{- $pools := list }}
 {{- range .Values.pools }}
 {{- include "stickyvol.checkPool" . }}
-- --pool={{ .name }}={{ .path }}
+{{- $pools = append $pools (printf "%s=%s" .name .path) }}
 {{- end }}
+{{- $optional := list }}
 {{- range .Values.optionalPools }}
 {{- include "stickyvol.checkPool" . }}
-- --optional-pool={{ .name }}={{ .path }}
+{{- $optional = append $optional (printf "%s=%s" .name .path) }}
+{{- end }}
+{{- with $pools }}
+- name: POOLS
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- with $optional }}
+- name: OPTIONAL_POOLS
+  value: {{ join "," . | quote }}
 {{- end }}
 {{- end }}
 
@@ -61,15 +73,28 @@ checked here as serve checks them, so a mistake fails at render time, not in a c
 {{- if not (hasPrefix "/" (toString .path)) }}
 {{- fail (printf "pool %s: path %q must be absolute" .name (toString .path)) }}
 {{- end }}
+{{- if contains "," (toString .path) }}
+{{- fail (printf "pool %s: path %q has a comma (the variables are comma-separated lists)" .name (toString .path)) }}
+{{- end }}
 {{- end }}
 
-{{/* --enforcement and --overcommit, serve only. */}}
-{{- define "stickyvol.poolTuningArgs" -}}
+{{/* ENFORCEMENT and OVERCOMMIT, serve only (doctor has no such flags). */}}
+{{- define "stickyvol.poolTuningEnv" -}}
+{{- $enforcement := list }}
 {{- range $name, $mode := .Values.enforcement }}
-- --enforcement={{ $name }}={{ $mode }}
+{{- $enforcement = append $enforcement (printf "%s=%v" $name $mode) }}
 {{- end }}
+{{- $overcommit := list }}
 {{- range $name, $ratio := .Values.overcommit }}
-- --overcommit={{ $name }}={{ $ratio }}
+{{- $overcommit = append $overcommit (printf "%s=%v" $name $ratio) }}
+{{- end }}
+{{- with $enforcement }}
+- name: ENFORCEMENT
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- with $overcommit }}
+- name: OVERCOMMIT
+  value: {{ join "," . | quote }}
 {{- end }}
 {{- end }}
 
