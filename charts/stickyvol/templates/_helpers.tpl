@@ -82,10 +82,16 @@ a crash loop.
 {{- define "stickyvol.poolTuningEnv" -}}
 {{- $enforcement := list }}
 {{- range $name, $mode := .Values.enforcement }}
+{{- if not (has (toString $mode) (list "auto" "btrfs" "project" "none")) }}
+{{- fail (printf "enforcement.%s: %q is not auto, btrfs, project or none" $name (toString $mode)) }}
+{{- end }}
 {{- $enforcement = append $enforcement (printf "%s=%v" $name $mode) }}
 {{- end }}
 {{- $overcommit := list }}
 {{- range $name, $ratio := .Values.overcommit }}
+{{- if not (and (regexMatch "^[0-9]+(\\.[0-9]+)?$" (toString $ratio)) (ge (float64 $ratio) 1.0)) }}
+{{- fail (printf "overcommit.%s: %q is not a ratio of at least 1" $name (toString $ratio)) }}
+{{- end }}
 {{- $overcommit = append $overcommit (printf "%s=%v" $name $ratio) }}
 {{- end }}
 {{- with $enforcement }}
