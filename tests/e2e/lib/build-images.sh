@@ -537,6 +537,7 @@ e2e_image_archives() {
     echo "$E2E_CACHE/images-pause-${PAUSE_IMAGE##*:}/image.tar"
     echo "$E2E_CACHE/images-busybox-$(busybox_deb_version)/image.tar"
     echo "$E2E_CACHE/images-stickyvol-$(stickyvol_src_hash)/image.tar"
+    suite_image_archives
 }
 
 # Imports every image into the k8s.io namespace of the containerd at address $1. An image is

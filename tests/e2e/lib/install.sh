@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Installs stickyvol the way README tells a user to: `kubectl apply -k` of deploy/kubernetes,
-# through deploy/examples/pool-on-some-nodes (deploy/kubernetes as it is, plus the pool "nvme"
-# that only node 1 has, see node-init.sh), then the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a CSI driver
-# does not ship) and deploy/kubernetes/snapshots. The images were imported into each node under
-# the names deploy/ uses, except the sidecars the Go module proxy does not serve, whose stand-ins
-# (versions.sh, E2E_STANDIN_IMAGES) are put in with an overlay's `images:`, the way README tells
-# users to change an image. Waits until the driver runs on every node.
+# Installs stickyvol on the cluster the way a user would, with the pool "nvme" that only node 1
+# has (see node-init.sh), and waits until the driver runs on every node:
+#   install.sh [kustomize]   as README tells: `kubectl apply -k` of deploy/examples/pool-on-some-nodes
+#                            (deploy/kubernetes plus that pool), then deploy/kubernetes/snapshots;
+#   install.sh helm          `helm upgrade --install` of charts/stickyvol with that optional pool
+#                            (the chart makes the VolumeSnapshotClass itself).
+# A cluster installed the other way is uninstalled first (once no volume of ours is left).
+# Both put in the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a
+# CSI driver does not ship). The images were imported into each node under the names deploy/
+# uses, except the sidecars the Go module proxy does not serve, whose stand-ins (versions.sh,
+# E2E_STANDIN_IMAGES) replace them as README tells users to change an image: an overlay's
+# `images:`, or the chart's values.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$E2E_DIR/lib/pki.sh"
@@ -13,24 +18,81 @@ source "$E2E_DIR/lib/controlplane.sh"
 export KUBECONFIG=$PKI/admin.kubeconfig
 k() { "$K8S_BIN/kubectl" "$@"; }
 
+how=${1:-kustomize}
+installed_file=$E2E_STATE/installed-with
 overlay=$E2E_STATE/deploy-overlay
-mkdir -p "$overlay"
-{
-    echo "apiVersion: kustomize.config.k8s.io/v1beta1"
-    echo "kind: Kustomization"
-    echo "resources: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/examples/pool-on-some-nodes")]"
-    echo "images:"
+
+kustomize_overlay() {
+    mkdir -p "$overlay"
+    {
+        echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+        echo "kind: Kustomization"
+        echo "resources: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/examples/pool-on-some-nodes")]"
+        echo "images:"
+        for mapping in "${E2E_STANDIN_IMAGES[@]}"; do
+            new=${mapping#*=}
+            echo "- {name: ${mapping%%=*}, newName: ${new%:*}, newTag: ${new##*:}}"
+        done
+    } >"$overlay/kustomization.yaml"
+}
+
+# The chart's values key for sidecar image $1 (a deploy/ image name without its tag).
+chart_sidecar_key() {
+    case ${1##*/} in
+        csi-node-driver-registrar) echo nodeDriverRegistrar ;;
+        livenessprobe) echo livenessProbe ;;
+        *) die "no chart value for the image $1" ;;
+    esac
+}
+
+helm_install() {
+    local helm sets=() mapping
+    helm=$("$REPO_DIR/tests/chart/helm")
     for mapping in "${E2E_STANDIN_IMAGES[@]}"; do
-        new=${mapping#*=}
-        echo "- {name: ${mapping%%=*}, newName: ${new%:*}, newTag: ${new##*:}}"
+        sets+=(--set "sidecars.$(chart_sidecar_key "${mapping%%=*}").image=${mapping#*=}")
     done
-} >"$overlay/kustomization.yaml"
-k apply -k "$overlay" >/dev/null
+    "$helm" upgrade --install stickyvol "$REPO_DIR/charts/stickyvol" --namespace default \
+        --set 'optionalPools[0].name=nvme,optionalPools[0].path=/mnt/disks/nvme/stickyvol,optionalPools[0].hostPath=/mnt/disks' \
+        "${sets[@]}" >/dev/null
+}
+
+# Removes an installation made the other way, after the volumes of ours are gone (their
+# deletion needs the driver).
+uninstall_other() {
+    local was
+    was=$(cat "$installed_file" 2>/dev/null || echo none)
+    [[ $was == none || $was == "$how" ]] && return 0
+    log "stickyvol was installed with $was: waiting for its volumes to go, then uninstalling it"
+    local deadline=$((SECONDS + 300))
+    while k get pv -o jsonpath='{range .items[*]}{.spec.csi.driver}{"\n"}{end}' | grep -qx stickyvol.csi.io; do
+        ((SECONDS < deadline)) || die "volumes of stickyvol.csi.io still exist after 300 s: $(k get pv --no-headers)"
+        sleep 2
+    done
+    case $was in
+        kustomize)
+            k delete -k "$REPO_DIR/deploy/kubernetes/snapshots" --ignore-not-found --wait >/dev/null
+            k delete -k "$overlay" --ignore-not-found --wait --timeout=300s >/dev/null ;;
+        helm)
+            "$("$REPO_DIR/tests/chart/helm")" uninstall stickyvol --namespace default --wait --timeout 300s >/dev/null
+            k delete namespace stickyvol --ignore-not-found --wait --timeout=300s >/dev/null ;;
+    esac
+    rm -f "$installed_file"
+}
+
+uninstall_other
 k apply -f "$E2E_CACHE/snapshot-crds-$SNAPSHOT_CLIENT_VERSION/" >/dev/null
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
 k apply -f "$E2E_DIR/manifests/snapshot-controller.yaml" >/dev/null
-k apply -k "$REPO_DIR/deploy/kubernetes/snapshots" >/dev/null
+case $how in
+    kustomize)
+        kustomize_overlay
+        k apply -k "$overlay" >/dev/null
+        k apply -k "$REPO_DIR/deploy/kubernetes/snapshots" >/dev/null ;;
+    helm) helm_install ;;
+    *) die "install.sh: kustomize or helm, not $how" ;;
+esac
+echo "$how" >"$installed_file"
 k -n stickyvol rollout status daemonset/stickyvol-node --timeout=300s >/dev/null
 k -n stickyvol rollout status statefulset/stickyvol-controller --timeout=300s >/dev/null
 k -n kube-system rollout status deployment/snapshot-controller --timeout=300s >/dev/null
-log "stickyvol installed and running on every node"
+log "stickyvol installed with $how and running on every node"

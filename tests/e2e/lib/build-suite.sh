@@ -1,0 +1,80 @@
+# Kubernetes' external storage tests (tests/e2e/run kubernetes-suite): the test binary, ginkgo
+# and agnhost from the k8s.io/kubernetes module, and the test images they need. Sourced by
+# tests/e2e/build (build_suite) and by lib/kubernetes-suite.sh.
+#
+# Cache layout under $E2E_CACHE:
+#   suite-KUBEVERSION-SRCHASH/{storage.test,ginkgo,agnhost,images}   SRCHASH of modules/kubernetes;
+#                                            images: the test images' names, one per line
+#   images-suite-BASE-NAME-TAG/image.tar     each test image (NAME without its registry; BASE
+#                                            busybox or debian, see suite_images)
+# shellcheck shell=bash
+
+suite_dir() { echo "$E2E_CACHE/suite-$KUBE_VERSION-$(worktree_hash tests/e2e/modules/kubernetes)"; }
+
+# The images the storage tests run, of those `storage.test --list-images` names: busybox (most
+# pods), agnhost (subPath, volume content), nginx (the exec test, a shell script) and
+# glibc-dns-testing (the pods of the concurrent-access tests, shell loops). pause is the
+# cluster's sandbox image already. The others are for tests outside the storage suite.
+SUITE_IMAGES_RE='^registry\.k8s\.io/e2e-test-images/(busybox|agnhost|nginx|glibc-dns-testing):'
+
+build_suite() {
+    local out
+    out=$(suite_dir)
+    if [[ ! -d $out ]]; then
+        log "building Kubernetes $KUBE_VERSION's storage tests, ginkgo and agnhost (cold: about 15 minutes on 2 cores)"
+        rm -rf "$out.partial" && mkdir -p "$out.partial"
+        (
+            cd "$E2E_DIR/modules/kubernetes"
+            go test -c -vet=off -trimpath -ldflags "-s -w" -o "$out.partial/storage.test" ./storagesuite
+            go build -trimpath -ldflags "-s -w" -o "$out.partial/" \
+                github.com/onsi/ginkgo/v2/ginkgo k8s.io/kubernetes/test/images/agnhost
+        )
+        "$out.partial/storage.test" --list-images | grep -E "$SUITE_IMAGES_RE" >"$out.partial/images"
+        mv -T "$out.partial" "$out"
+        prune_except "$out" "$E2E_CACHE/suite-$KUBE_VERSION"-*
+    fi
+    suite_images "$out"
+}
+
+# One image per name in $1/images, made here: the upstream images come from registries these
+# machines cannot reach. Each holds what the tests run in it:
+#   busybox, nginx      Debian's static busybox (build-images.sh): sh, dd, ls, ...
+#   agnhost             the same, plus agnhost at /agnhost, its entrypoint, as its Dockerfile has it
+#   glibc-dns-testing   Debian bookworm minbase: GNU coreutils, whose dd has oflag=nocache
+#                       (busybox's has not; the concurrent-access tests write with it)
+suite_images() {
+    local dir=$1 name key env='"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]'
+    while read -r name; do
+        key=$(suite_image_key "$name")
+        case $name in
+            */agnhost:*)
+                AGNHOST_BIN=$dir/agnhost scratch_image "$key" fill_agnhost "$name" "{\"Entrypoint\":[\"/agnhost\"],$env}" ;;
+            */glibc-dns-testing:*)
+                scratch_image "$key" fill_debian_slim "$name" "{\"Cmd\":[\"bash\"],$env}" ;;
+            *)
+                scratch_image "$key" fill_busybox "$name" "{\"Cmd\":[\"sh\"],$env}" ;;
+        esac
+    done <"$dir/images"
+}
+# The cache key of test image $1: its name and what it is made of.
+suite_image_key() {
+    local base=busybox key
+    [[ $1 == */glibc-dns-testing:* ]] && base=debian
+    key="images-suite-$base-${1##*/}"
+    echo "${key//:/-}"
+}
+fill_agnhost() {
+    fill_busybox "$1"
+    install -m 0755 "$AGNHOST_BIN" "$1/agnhost"
+}
+
+# The test images' archives, when the suite is built (e2e_image_archives lists them too, so a
+# cluster brought up after the build has them).
+suite_image_archives() {
+    local dir name
+    dir=$(suite_dir)
+    [[ -f $dir/images ]] || return 0
+    while read -r name; do
+        echo "$E2E_CACHE/$(suite_image_key "$name")/image.tar"
+    done <"$dir/images"
+}
