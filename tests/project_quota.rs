@@ -269,7 +269,9 @@ async fn ext4_with_quota_accounting_but_no_enforcement_is_not_taken_for_enforcem
 }
 
 /// Directories under `pool` (a few levels down) that carry a project id of their own: the top
-/// of each volume's tree, with its id.
+/// of each volume's tree, with its id. The driver may be making or removing them meanwhile (a
+/// create renames its directory into place; a start removes leftovers on a thread of its own):
+/// one gone between listing and opening is not counted.
 fn project_dirs(pool: &Path) -> Vec<(PathBuf, u32)> {
     fn walk(dir: &Path, parent_id: u32, depth: u32, found: &mut Vec<(PathBuf, u32)>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -280,7 +282,11 @@ fn project_dirs(pool: &Path) -> Vec<(PathBuf, u32)> {
             if !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
-            let (id, _) = projquota::project_of(&path).unwrap();
+            let id = match projquota::project_of(&path) {
+                Ok((id, _)) => id,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("{}: {e}", path.display()),
+            };
             if id != 0 && id != parent_id {
                 found.push((path, id));
             } else if depth > 0 {
