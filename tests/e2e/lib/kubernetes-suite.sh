@@ -24,7 +24,7 @@ parts=("$@")
 
 suite=$(suite_dir)
 results=$E2E_STATE/results/kubernetes-suite
-rm -rf "$results" && mkdir -p "$results"
+mkdir -p "$results"
 focus='External.Storage'
 # Alpha feature gates are off in this cluster (as in a user's); the SELinux tests need an
 # SELinux-enabled kernel, which these machines are not.
@@ -42,6 +42,8 @@ run_part() {
         *) die "kubernetes-suite: parallel or serial, not $part" ;;
     esac
     log "kubernetes-suite: the $part tests"
+    # Only this part's earlier results go: a serial run after a parallel one keeps the other's.
+    rm -rf "$results/$part" "$results/$part".{json,log}
     local rc=0
     (cd "$results" && "$suite/ginkgo" "${flags[@]}" --timeout=80m --no-color \
         --json-report="$part.json" --output-dir="$results" "$suite/storage.test" -- \
