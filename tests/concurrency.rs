@@ -199,10 +199,20 @@ impl StalledExport {
             .env_remove("DRIVER_NAME")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         StalledExport(child)
+    }
+
+    /// How it ended, for a failure message: its exit status and what it printed on stderr.
+    fn how_it_ended(&mut self) -> String {
+        let status = self.0.wait().unwrap();
+        let mut stderr = String::new();
+        if let Some(mut err) = self.0.stderr.take() {
+            std::io::Read::read_to_string(&mut err, &mut stderr).unwrap();
+        }
+        format!("{status}: {stderr}")
     }
 
     fn still_running(&mut self) -> bool {
@@ -245,7 +255,9 @@ async fn operations_on_different_volumes_run_in_parallel() {
     while !is_held(&driver, &held.volume_id).await {
         probes += 1;
         assert!(probes < 600, "the export never took the volume");
-        assert!(export.still_running(), "the export ended by itself");
+        if !export.still_running() {
+            panic!("the export ended by itself: {}", export.how_it_ended());
+        }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // A deadlock detector, not a speed bound: the calls below take milliseconds each; under
