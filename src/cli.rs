@@ -29,6 +29,8 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
+// Made once per process, at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the CSI Identity, Controller and Node services on a unix socket.
     ///

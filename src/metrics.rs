@@ -53,6 +53,12 @@ struct ModeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLossLabels {
+    action: String,
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JournalLabels {
     journal: String,
 }
@@ -187,6 +193,8 @@ pub struct Metrics {
     journals: Arc<JournalCollector>,
     connections_refused: Counter,
     connections_timed_out: Counter,
+    node_loss_actions: Family<NodeLossLabels, Counter>,
+    node_loss_leader: Gauge,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -288,7 +296,22 @@ impl Metrics {
              byte for too long",
             connections_timed_out.clone(),
         );
+        let node_loss_actions = Family::<NodeLossLabels, Counter>::default();
+        registry.register(
+            "node_loss_actions",
+            "Node-loss reconciler actions (release_claim, delete_pods, delete_pv) by result: done, \
+             failed (retried next round) or dry_run (decided, not carried out)",
+            node_loss_actions.clone(),
+        );
+        let node_loss_leader = Gauge::default();
+        registry.register(
+            "node_loss_leader",
+            "1 while this replica holds the node-loss reconciler's Lease and acts",
+            node_loss_leader.clone(),
+        );
         Metrics {
+            node_loss_actions,
+            node_loss_leader,
             connections_refused,
             connections_timed_out,
             registry,
@@ -306,6 +329,29 @@ impl Metrics {
             data_dir_free,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// Counts one node-loss action carried out (or failed).
+    pub fn observe_node_loss(&self, action: &'static str, done: bool) {
+        self.count_node_loss(action, if done { "done" } else { "failed" });
+    }
+
+    /// Counts one node-loss action decided in a dry run.
+    pub fn observe_node_loss_dry_run(&self, action: &'static str) {
+        self.count_node_loss(action, "dry_run");
+    }
+
+    fn count_node_loss(&self, action: &'static str, result: &'static str) {
+        self.node_loss_actions
+            .get_or_create(&NodeLossLabels {
+                action: action.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_node_loss_leader(&self, leading: bool) {
+        self.node_loss_leader.set(i64::from(leading));
     }
 
     /// Records one finished RPC.

@@ -251,7 +251,7 @@ fn check_manifest(file: &str, text: &str, image: &Image) -> Outcome {
 
 /// What a started container would run, after validation.
 enum Started {
-    Serve(Config),
+    Serve(Box<Config>),
     Doctor(DoctorConfig),
     Admin,
 }
@@ -287,7 +287,7 @@ fn check_pod(label: &str, spec: &Value, object: &Object, image: &Image, outcome:
                 outcome.failures.push(format!("{label}: {why}"));
             }
             match started {
-                Started::Serve(config) => serves.push((label, config)),
+                Started::Serve(config) => serves.push((label, *config)),
                 Started::Doctor(config) => doctors.push((label, config)),
                 Started::Admin => {}
             }
@@ -365,7 +365,7 @@ fn start(
                 paths.extend(config.pools.iter().map(|p| p.path.clone()));
                 paths.extend(config.run_dir.clone());
             }
-            (Started::Serve(config), paths)
+            (Started::Serve(Box::new(config)), paths)
         }
         Command::Doctor(args) => {
             let config = DoctorConfig::from_args(args).map_err(|err| format!("doctor: {err}"))?;

@@ -373,7 +373,7 @@ fn release(
         .filter(|p| {
             p.object.namespace == claim.object.namespace
                 && !p.finished
-                && p.claims.iter().any(|c| *c == claim.object.name)
+                && p.claims.contains(&claim.object.name)
         })
         .collect();
     // A pod running elsewhere would mean the data is reachable after all: never pull it away.

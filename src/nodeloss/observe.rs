@@ -1,0 +1,149 @@
+//! The API objects the reconciler reads, turned into `decide`'s views: only the fields the rules
+//! use, so the rules never depend on the client's types.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::decide::{ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView, StatefulSetView};
+
+fn object(meta: &ObjectMeta) -> ObjectRef {
+    ObjectRef {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+    }
+}
+
+pub fn node(node: &Node) -> NodeView {
+    let spec = node.spec.as_ref();
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref());
+    NodeView {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        taints: spec
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|t| t.key.clone())
+            .collect(),
+        ready: conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+    }
+}
+
+/// The one node a PV's required affinity names on `topology_key` (`In` with a single value, as
+/// our provisioner writes it); None for any other shape, which `decide` then leaves alone.
+fn pinned_node(pv: &PersistentVolume, topology_key: &str) -> Option<String> {
+    let terms = &pv
+        .spec
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required
+        .as_ref()?
+        .node_selector_terms;
+    let mut found: Option<String> = None;
+    for term in terms {
+        for req in term.match_expressions.as_deref().unwrap_or_default() {
+            if req.key != topology_key {
+                continue;
+            }
+            match (req.operator.as_str(), req.values.as_deref()) {
+                ("In", Some([value])) if found.as_ref().is_none_or(|f| f == value) => {
+                    found = Some(value.clone());
+                }
+                _ => return None,
+            }
+        }
+    }
+    found
+}
+
+pub fn pv(pv: &PersistentVolume, topology_key: &str) -> PvView {
+    let spec = pv.spec.as_ref();
+    let csi = spec.and_then(|s| s.csi.as_ref());
+    PvView {
+        name: pv.metadata.name.clone().unwrap_or_default(),
+        uid: pv.metadata.uid.clone().unwrap_or_default(),
+        driver: csi.map(|c| c.driver.clone()).unwrap_or_default(),
+        volume_handle: csi.map(|c| c.volume_handle.clone()).unwrap_or_default(),
+        storage_class: spec
+            .and_then(|s| s.storage_class_name.clone())
+            .unwrap_or_default(),
+        node: pinned_node(pv, topology_key),
+        claim: spec.and_then(|s| s.claim_ref.as_ref()).map(|r| ObjectRef {
+            namespace: r.namespace.clone().unwrap_or_default(),
+            name: r.name.clone().unwrap_or_default(),
+            uid: r.uid.clone().unwrap_or_default(),
+        }),
+        reclaim_retain: spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+            == Some("Retain"),
+    }
+}
+
+pub fn claim(claim: &PersistentVolumeClaim) -> ClaimView {
+    ClaimView {
+        object: object(&claim.metadata),
+        volume_name: claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .unwrap_or_default(),
+        deleting: claim.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+pub fn pod(pod: &Pod) -> PodView {
+    let spec = pod.spec.as_ref();
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    PodView {
+        object: object(&pod.metadata),
+        node: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+        claims: spec
+            .and_then(|s| s.volumes.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|c| c.claim_name.clone())
+            .collect(),
+        statefulset_uid: pod
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .find(|o| {
+                o.controller == Some(true) && o.kind == "StatefulSet" && o.api_version == "apps/v1"
+            })
+            .map(|o| o.uid.clone()),
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+        finished: matches!(phase, Some("Succeeded" | "Failed")),
+    }
+}
+
+pub fn statefulset(set: &StatefulSet) -> StatefulSetView {
+    StatefulSetView {
+        object: object(&set.metadata),
+        templates: set
+            .spec
+            .volume_claim_templates
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|t| t.metadata.name.clone())
+            .collect(),
+    }
+}
+
+pub fn class(class: &StorageClass) -> ClassView {
+    ClassView {
+        name: class.metadata.name.clone().unwrap_or_default(),
+        provisioner: class.provisioner.clone(),
+        parameters: class.parameters.clone().unwrap_or_default(),
+    }
+}
