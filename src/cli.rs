@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::admin::cli::AdminCommand;
 use crate::config::{DoctorArgs, ServeArgs};
+use crate::nodeloss::orphans::ClusterCommand;
 
 /// stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
 ///
@@ -38,6 +39,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Check that this node can run stickyvol; exits non-zero when it cannot.
     Doctor(DoctorArgs),
+    /// Ask the Kubernetes API (KUBECONFIG or in-cluster credentials), from anywhere.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// `volumes` and `volume …`: ask the driver serving on this node about its volumes.
     #[command(flatten)]
     Admin(AdminCommand),

@@ -293,6 +293,18 @@ fn check_pod(label: &str, spec: &Value, object: &Object, image: &Image, outcome:
             }
         }
     }
+    // The controller runs the node-loss reconciler, named in its Lease by its pod (the
+    // downward API's stand-ins above), and nothing else does.
+    for (serve_label, serve) in &serves {
+        let runs = serve.node_loss.is_some();
+        if runs != (serve.mode == stickyvol::config::Mode::Controller) {
+            outcome.failures.push(format!(
+                "{serve_label}: node-loss reconciler {} in mode {:?}",
+                if runs { "on" } else { "off" },
+                serve.mode
+            ));
+        }
+    }
     // Doctor exists to check what serve will use: the same kubelet dir, pools and run dir.
     for (doctor_label, doctor) in &doctors {
         for (serve_label, serve) in serves.iter().filter(|(_, s)| s.mode.works_on_host()) {
@@ -374,7 +386,7 @@ fn start(
             paths.extend(config.run_dir.clone());
             (Started::Doctor(config), paths)
         }
-        Command::Admin(_) => (Started::Admin, Vec::new()),
+        Command::Admin(_) | Command::Cluster(_) => (Started::Admin, Vec::new()),
     })
 }
 

@@ -1,10 +1,12 @@
 //! Node loss: what happens to claims pinned to a node that is gone (issue 23). `policy` is the
 //! StorageClass parameter, `decide` the pure rules; `observe` turns API objects into their
 //! views, `lease` elects one acting replica, `reconcile` is the loop that reads, decides, acts
-//! and reports.
+//! and reports;
+//! `orphans` is `stickyvol cluster orphans`.
 
 pub mod decide;
 pub mod lease;
 pub mod observe;
+pub mod orphans;
 pub mod policy;
 pub mod reconcile;
