@@ -147,3 +147,104 @@ pub fn class(class: &StorageClass) -> ClassView {
         parameters: class.parameters.clone().unwrap_or_default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const KEY: &str = "topology.stickyvol.csi.io/node";
+
+    fn pv_with(terms: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pv"},
+            "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": terms}}}
+        }))
+        .unwrap()
+    }
+
+    fn expr(key: &str, op: &str, values: &[&str]) -> serde_json::Value {
+        json!({"key": key, "operator": op, "values": values})
+    }
+
+    #[test]
+    fn a_pv_is_pinned_only_by_one_in_value_on_our_key() {
+        let pinned = |terms| pinned_node(&pv_with(terms), KEY);
+        assert_eq!(
+            pinned(json!([{"matchExpressions": [expr(KEY, "In", &["b"])]}])),
+            Some("b".into())
+        );
+        // Other keys beside ours do not matter; the same node twice is still one node.
+        assert_eq!(
+            pinned(json!([
+                {"matchExpressions": [expr("zone", "In", &["z1", "z2"]), expr(KEY, "In", &["b"])]},
+                {"matchExpressions": [expr(KEY, "In", &["b"])]}
+            ])),
+            Some("b".into())
+        );
+        // Anything else on our key is not a shape our provisioner writes: no node, no decision.
+        for terms in [
+            json!([{"matchExpressions": [expr(KEY, "In", &["a", "b"])]}]),
+            json!([{"matchExpressions": [expr(KEY, "NotIn", &["b"])]}]),
+            json!([{"matchExpressions": [expr(KEY, "In", &[])]}]),
+            json!([
+                {"matchExpressions": [expr(KEY, "In", &["a"])]},
+                {"matchExpressions": [expr(KEY, "In", &["b"])]}
+            ]),
+            json!([{"matchExpressions": [expr("other", "In", &["b"])]}]),
+            json!([]),
+        ] {
+            assert_eq!(pinned(terms.clone()), None, "{terms}");
+        }
+        let bare: PersistentVolume = serde_json::from_value(json!({"metadata": {}})).unwrap();
+        assert_eq!(pinned_node(&bare, KEY), None);
+        assert_eq!(pv(&bare, KEY).driver, "");
+    }
+
+    #[test]
+    fn a_pod_belongs_to_the_statefulset_that_controls_it() {
+        let pod_with = |owners: serde_json::Value, phase: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u", "ownerReferences": owners},
+                "spec": {"containers": [], "nodeName": "",
+                         "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}},
+                                     {"name": "e", "emptyDir": {}}]},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let owner = |kind: &str, api: &str, controller: bool| json!([{"apiVersion": api, "kind": kind, "name": "db", "uid": "uid-db", "controller": controller}]);
+        let view = pod(&pod_with(owner("StatefulSet", "apps/v1", true), "Pending"));
+        assert_eq!(view.statefulset_uid.as_deref(), Some("uid-db"));
+        assert_eq!(view.claims, ["c"]);
+        assert_eq!(view.node, None, "an empty nodeName is unscheduled");
+        assert!(!view.finished);
+        for owners in [
+            owner("StatefulSet", "apps/v1", false),
+            owner("ReplicaSet", "apps/v1", true),
+            owner("StatefulSet", "example.com/v1", true),
+        ] {
+            assert_eq!(
+                pod(&pod_with(owners.clone(), "Pending")).statefulset_uid,
+                None,
+                "{owners}"
+            );
+        }
+        for phase in ["Succeeded", "Failed"] {
+            assert!(pod(&pod_with(json!([]), phase)).finished);
+        }
+    }
+
+    #[test]
+    fn nodes_report_taint_keys_and_readiness() {
+        let n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "b"},
+            "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}
+        }))
+        .unwrap();
+        let view = node(&n);
+        assert_eq!(view.taints, ["node.kubernetes.io/out-of-service"]);
+        assert!(!view.ready);
+    }
+}

@@ -48,18 +48,21 @@ pub struct Settings {
     pub identity: String,
 }
 
-/// Reads everything `decide` needs. Consistent reads (not the watch cache): a stale cache could
-/// show a node that came back as still deleted.
+/// Reads everything `decide` needs. Nodes and PVs, read every round, come from the API server's
+/// watch cache (no etcd read): a stale view costs at most a needless look, since `round` reads
+/// the Node again, consistently, before acting. What decides the deletes (claims, pods,
+/// StatefulSets, classes; read only while a PV of ours is on a lost node) is read consistently.
 pub async fn snapshot(client: &Client, settings: &Settings) -> Result<Snapshot, kube::Error> {
+    let cached = ListParams::default().match_any();
     let all = ListParams::default();
     let nodes: Vec<_> = Api::<Node>::all(client.clone())
-        .list(&all)
+        .list(&cached)
         .await?
         .iter()
         .map(observe::node)
         .collect();
     let pvs: Vec<_> = Api::<PersistentVolume>::all(client.clone())
-        .list(&all)
+        .list(&cached)
         .await?
         .iter()
         .map(|pv| observe::pv(pv, &settings.topology_key))
