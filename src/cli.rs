@@ -46,3 +46,22 @@ pub enum Command {
     #[command(flatten)]
     Admin(AdminCommand),
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::nodeloss::orphans::{ClusterCommand, OrphansArgs};
+
+    #[test]
+    fn the_command_line_is_consistent_and_parses_cluster_orphans() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["stickyvol", "cluster", "orphans", "--json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Cluster(ClusterCommand::Orphans(OrphansArgs { json: true, .. }))
+        ));
+        assert!(Cli::try_parse_from(["stickyvol", "cluster"]).is_err());
+    }
+}
