@@ -12,8 +12,19 @@ start and end times and the pods per second of the batch (N / the last start), t
 "pod start p50: stickyvol X ms, emptyDir Y ms, ratio Z" for the last N, when both were run.
 The pods run PAUSE_IMAGE (it exits at once on SIGTERM) and request little, so that kubelet's
 and the driver's work is what is measured, not the container's.
+
+With ROUNDS > 1 (env E2E_POD_START_ROUNDS), every N is measured ROUNDS times with the variants
+interleaved (emptyDir, stickyvol, …, emptyDir, stickyvol, …), so a slow spell of the machine
+hits every variant alike; the final line then gives the median of the rounds' p50s.
+
+Where the time goes, per batch (p50 of each pod's phase, from the same watches): "scheduled",
+apply to the pod bound to a node (for a WaitForFirstConsumer claim this includes provisioning:
+the scheduler binds the pod only once its claims are bound); "kubelet", bound to Running; and
+for claims, apply to the scheduler's node choice (the selected-node annotation) and to Bound.
 """
 import json
+import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -30,16 +41,23 @@ def percentile(values, p):
 
 
 class Watch:
-    """kubectl get pods --watch, each event stamped with the time it arrived."""
+    """kubectl get KIND --watch, each object's first sighting of each state stamped with the
+    time the event arrived: pods Running, bound to a node and gone; claims with a selected
+    node and Bound."""
 
-    def __init__(self, kubectl, namespace):
-        self.running, self.gone = {}, {}
+    SELECTED_NODE = "volume.kubernetes.io/selected-node"
+
+    def __init__(self, kubectl, namespace, kind):
+        self.seen = {"running": {}, "gone": {}, "scheduled": {}, "selected": {}, "bound": {}}
         self.proc = subprocess.Popen(
-            [kubectl, "-n", namespace, "get", "pods", "--watch", "--output-watch-events",
+            [kubectl, "-n", namespace, "get", kind, "--watch", "--output-watch-events",
              "-o", "json"],
             stdout=subprocess.PIPE, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
+
+    def _mark(self, state, name, now):
+        self.seen[state].setdefault(name, now)
 
     def _read(self):
         decoder, buf = json.JSONDecoder(), ""
@@ -52,12 +70,20 @@ class Watch:
                     break
                 buf = buf.lstrip()[end:]
                 now = time.monotonic()
-                pod = event.get("object", {})
-                name = pod.get("metadata", {}).get("name")
+                obj = event.get("object", {})
+                name = obj.get("metadata", {}).get("name")
+                status = obj.get("status", {})
                 if event.get("type") == "DELETED":
-                    self.gone.setdefault(name, now)
-                elif pod.get("status", {}).get("phase") == "Running":
-                    self.running.setdefault(name, now)
+                    self._mark("gone", name, now)
+                    continue
+                if obj.get("spec", {}).get("nodeName"):
+                    self._mark("scheduled", name, now)
+                if status.get("phase") == "Running":
+                    self._mark("running", name, now)
+                if self.SELECTED_NODE in obj.get("metadata", {}).get("annotations", {}):
+                    self._mark("selected", name, now)
+                if status.get("phase") == "Bound":
+                    self._mark("bound", name, now)
 
     def stop(self):
         self.proc.terminate()
@@ -101,7 +127,13 @@ def wait_for(what, predicate, timeout):
         time.sleep(0.1)
 
 
+def since(t0, stamps):
+    """Milliseconds from t0 to each stamp."""
+    return [(t - t0) * 1000 for t in stamps.values()]
+
+
 def batch(kubectl, namespace, n, variant, pause_image):
+    """One batch: (start times, end times, phases), in ms; phases maps a phase to its p50."""
     subprocess.run([kubectl, "create", "namespace", namespace], check=True,
                    stdout=subprocess.DEVNULL)
     try:
@@ -110,44 +142,68 @@ def batch(kubectl, namespace, n, variant, pause_image):
         wait_for("the default ServiceAccount", lambda: subprocess.run(
             [kubectl, "-n", namespace, "get", "serviceaccount", "default"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0, 60)
-        watch = Watch(kubectl, namespace)
-        time.sleep(1)  # the watch is established
+        pods = Watch(kubectl, namespace, "pods")
+        claims = Watch(kubectl, namespace, "pvc") if variant != "emptyDir" else None
+        time.sleep(1)  # the watches are established
         body = manifests(n, variant, pause_image)
         t0 = time.monotonic()
         subprocess.run([kubectl, "-n", namespace, "apply", "-f", "-"], input=body, text=True,
                        check=True, stdout=subprocess.DEVNULL)
-        wait_for(f"{n} pods Running ({variant})", lambda: len(watch.running) >= n, 600)
-        starts = [(t - t0) * 1000 for t in watch.running.values()]
+        wait_for(f"{n} pods Running ({variant})", lambda: len(pods.seen["running"]) >= n, 600)
+        running, scheduled = pods.seen["running"], pods.seen["scheduled"]
+        starts = since(t0, running)
+        phases = {"scheduled": percentile(since(t0, scheduled), 50),
+                  "kubelet": percentile([(running[p] - scheduled[p]) * 1000
+                                         for p in running if p in scheduled], 50)}
+        if claims:
+            phases["claim node chosen"] = percentile(since(t0, claims.seen["selected"]), 50)
+            phases["claim bound"] = percentile(since(t0, claims.seen["bound"]), 50)
+            claims.stop()
         t1 = time.monotonic()
         subprocess.run([kubectl, "-n", namespace, "delete", "pods,pvc", "--all", "--wait=false"],
                        check=True, stdout=subprocess.DEVNULL)
-        wait_for(f"{n} pods gone ({variant})", lambda: len(watch.gone) >= n, 600)
-        ends = [(t - t1) * 1000 for t in watch.gone.values()]
-        watch.stop()
+        wait_for(f"{n} pods gone ({variant})", lambda: len(pods.seen["gone"]) >= n, 600)
+        ends = since(t1, pods.seen["gone"])
+        pods.stop()
     finally:
         subprocess.run([kubectl, "delete", "namespace", namespace, "--wait=true",
                         "--timeout=300s"], stdout=subprocess.DEVNULL)
-    return starts, ends
+    return starts, ends, phases
 
 
 def main():
     kubectl, prefix, pause_image, counts, variants = (
         sys.argv[1], sys.argv[2], sys.argv[3], [int(c) for c in sys.argv[4].split(",")],
         sys.argv[5:])
-    print(f"{'pods':>5} {'volume':<20} {'start p50':>10} {'start p99':>10} "
-          f"{'gone p50':>10} {'gone p99':>10} {'pods/s':>7}")
-    p50 = {}
+    rounds = int(os.environ.get("E2E_POD_START_ROUNDS", "1"))
+    print(f"{'pods':>5} {'round':>5} {'volume':<20} {'start p50':>10} {'start p99':>10} "
+          f"{'gone p50':>10} {'gone p99':>10} {'pods/s':>7}  phases p50")
+    p50s = {}
     for n in counts:
-        for variant in variants:
-            starts, ends = batch(kubectl, f"{prefix}-{variant.lower()}-{n}", n, variant,
-                                 pause_image)
-            p50[variant] = percentile(starts, 50)
-            print(f"{n:>5} {variant:<20} {p50[variant]:>8.0f}ms "
-                  f"{percentile(starts, 99):>8.0f}ms {percentile(ends, 50):>8.0f}ms "
-                  f"{percentile(ends, 99):>8.0f}ms {n / (max(starts) / 1000):>7.1f}", flush=True)
-    if "stickyvol" in p50 and "emptyDir" in p50:
-        print(f"pod start p50: stickyvol {p50['stickyvol']:.0f} ms, emptyDir "
-              f"{p50['emptyDir']:.0f} ms, ratio {p50['stickyvol'] / p50['emptyDir']:.2f}")
+        p50s = {variant: [] for variant in variants}
+        for round_no in range(1, rounds + 1):
+            for variant in variants:
+                starts, ends, phases = batch(
+                    kubectl, f"{prefix}-{variant.lower()}-{n}-{round_no}", n, variant,
+                    pause_image)
+                p50s[variant].append(percentile(starts, 50))
+                where = ", ".join(f"{k} {v:.0f}ms" for k, v in phases.items())
+                print(f"{n:>5} {round_no:>5} {variant:<20} {p50s[variant][-1]:>8.0f}ms "
+                      f"{percentile(starts, 99):>8.0f}ms {percentile(ends, 50):>8.0f}ms "
+                      f"{percentile(ends, 99):>8.0f}ms {n / (max(starts) / 1000):>7.1f}  "
+                      f"{where}", flush=True)
+        if rounds > 1:
+            for variant in variants:
+                ratios = ""
+                if variant != "emptyDir" and "emptyDir" in p50s:
+                    ratios = ", per round / emptyDir: " + " ".join(
+                        f"{a / b:.2f}" for a, b in zip(p50s[variant], p50s["emptyDir"]))
+                print(f"{n:>5} median {variant:<20} {statistics.median(p50s[variant]):>8.0f}ms"
+                      f"{ratios}", flush=True)
+    if "stickyvol" in p50s and "emptyDir" in p50s:
+        ours, base = statistics.median(p50s["stickyvol"]), statistics.median(p50s["emptyDir"])
+        print(f"pod start p50: stickyvol {ours:.0f} ms, emptyDir {base:.0f} ms, "
+              f"ratio {ours / base:.2f}")
 
 
 if __name__ == "__main__":
