@@ -5,22 +5,24 @@
 
 A VARIANT is "emptyDir" (the same pods with an emptyDir, the baseline) or the name of a
 StorageClass (WaitForFirstConsumer: the claim is provisioned once its pod is scheduled). For each
-N and variant, in a namespace of its own: the start of `kubectl apply` is t0; a pod's start is
-the moment the watch sees it Running; then every pod and claim is deleted at once (t1) and a
-pod's end is the moment the watch sees it gone. Prints, per N and variant, the p50 and p99 of
-start and end times and the pods per second of the batch (N / the last start), then
-"pod start p50: stickyvol X ms, emptyDir Y ms, ratio Z" for the last N, when both were run.
-The pods run PAUSE_IMAGE (it exits at once on SIGTERM) and request little, so that kubelet's
-and the driver's work is what is measured, not the container's.
+N and variant, in a namespace of its own: the claims are applied first (a WaitForFirstConsumer
+claim waits for its pod, so nothing is provisioned yet), then the start of `kubectl apply` of
+the pods is t0; a pod's start is the moment the watch sees it Running; then every pod and claim
+is deleted at once (t1) and a pod's end is the moment the watch sees it gone. Prints, per N and
+variant, the p50 and p99 of start and end times and the pods per second of the batch (N / the
+last start), then "pod start p50: stickyvol X ms, emptyDir Y ms, ratio Z" for the last N, when
+both were run. The pods run PAUSE_IMAGE (it exits at once on SIGTERM) and request little, so
+that kubelet's and the driver's work is what is measured, not the container's.
 
 With ROUNDS > 1 (env E2E_POD_START_ROUNDS), every N is measured ROUNDS times with the variants
 interleaved (emptyDir, stickyvol, …, emptyDir, stickyvol, …), so a slow spell of the machine
 hits every variant alike; the final line then gives the median of the rounds' p50s.
 
-Where the time goes, per batch (p50 of each pod's phase, from the same watches): "scheduled",
-apply to the pod bound to a node (for a WaitForFirstConsumer claim this includes provisioning:
-the scheduler binds the pod only once its claims are bound); "kubelet", bound to Running; and
-for claims, apply to the scheduler's node choice (the selected-node annotation) and to Bound.
+Where the time goes, per batch (p50 of each pod's phase, from the same watches): "created", t0
+to the pod's creation (kubectl creates a list's objects one by one); "scheduled", t0 to the pod
+bound to a node (for a WaitForFirstConsumer claim this includes provisioning: the scheduler
+binds the pod only once its claims are bound); "kubelet", bound to Running; and for claims, t0
+to the scheduler's node choice (the selected-node annotation) and to Bound.
 """
 import json
 import os
@@ -48,7 +50,8 @@ class Watch:
     SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
     def __init__(self, kubectl, namespace, kind):
-        self.seen = {"running": {}, "gone": {}, "scheduled": {}, "selected": {}, "bound": {}}
+        self.seen = {state: {} for state in
+                     ("created", "scheduled", "running", "gone", "selected", "bound")}
         self.proc = subprocess.Popen(
             [kubectl, "-n", namespace, "get", kind, "--watch", "--output-watch-events",
              "-o", "json"],
@@ -76,6 +79,7 @@ class Watch:
                 if event.get("type") == "DELETED":
                     self._mark("gone", name, now)
                     continue
+                self._mark("created", name, now)
                 if obj.get("spec", {}).get("nodeName"):
                     self._mark("scheduled", name, now)
                 if status.get("phase") == "Running":
@@ -91,19 +95,20 @@ class Watch:
 
 
 def manifests(n, variant, pause_image):
-    docs = []
+    """(the claims, the pods), each a kubectl List; no claims for emptyDir."""
+    claims, pods = [], []
     for i in range(n):
         if variant == "emptyDir":
             volume = {"name": "data", "emptyDir": {}}
         else:
-            docs.append({
+            claims.append({
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": f"data-{i}"},
                 "spec": {"storageClassName": variant, "accessModes": ["ReadWriteOnce"],
                          "resources": {"requests": {"storage": CLAIM_SIZE}}},
             })
             volume = {"name": "data", "persistentVolumeClaim": {"claimName": f"data-{i}"}}
-        docs.append({
+        pods.append({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"pod-{i}", "labels": {"pod-start": "yes"}},
             "spec": {
@@ -116,7 +121,8 @@ def manifests(n, variant, pause_image):
                 "volumes": [volume],
             },
         })
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    return tuple(json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+                 for items in (claims, pods))
 
 
 def wait_for(what, predicate, timeout):
@@ -145,14 +151,23 @@ def batch(kubectl, namespace, n, variant, pause_image):
         pods = Watch(kubectl, namespace, "pods")
         claims = Watch(kubectl, namespace, "pvc") if variant != "emptyDir" else None
         time.sleep(1)  # the watches are established
-        body = manifests(n, variant, pause_image)
+        claim_list, pod_list = manifests(n, variant, pause_image)
+        if claims:
+            # The claims go in first, and the clock starts with the pods: kubectl applies a
+            # list one object at a time, so pairs would take twice as long to submit as the
+            # emptyDir pods, and that would be kubectl's time. A WaitForFirstConsumer claim
+            # waits for its pod, so none of the provisioning happens before t0.
+            subprocess.run([kubectl, "-n", namespace, "apply", "-f", "-"], input=claim_list,
+                           text=True, check=True, stdout=subprocess.DEVNULL)
+            wait_for(f"{n} claims", lambda: len(claims.seen["created"]) >= n, 120)
         t0 = time.monotonic()
-        subprocess.run([kubectl, "-n", namespace, "apply", "-f", "-"], input=body, text=True,
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([kubectl, "-n", namespace, "apply", "-f", "-"], input=pod_list,
+                       text=True, check=True, stdout=subprocess.DEVNULL)
         wait_for(f"{n} pods Running ({variant})", lambda: len(pods.seen["running"]) >= n, 600)
         running, scheduled = pods.seen["running"], pods.seen["scheduled"]
         starts = since(t0, running)
-        phases = {"scheduled": percentile(since(t0, scheduled), 50),
+        phases = {"created": percentile(since(t0, pods.seen["created"]), 50),
+                  "scheduled": percentile(since(t0, scheduled), 50),
                   "kubelet": percentile([(running[p] - scheduled[p]) * 1000
                                          for p in running if p in scheduled], 50)}
         if claims:
