@@ -5,7 +5,7 @@
 # Cache layout under $E2E_CACHE (a directory appears whole, renamed from NAME.partial, so its
 # presence means done; a name file in each images-*/base-* holds the image's name):
 #   sidecars-NAME-TAG/BINARY                 NAME and TAG as deploy/ names the image
-#   sidecars-standins-SRCHASH/{node-driver-registrar,livenessprobe}
+#   sidecars-standins-SRCHASH/{node-driver-registrar,livenessprobe,hello-populator}
 #   snapshot-crds-TAG/*.yaml                 csi-snapshotter's TAG
 #   images-NAME-TAG/image.tar                sidecars (and snapshot-controller), OCI archives
 #   images-standin-NAME-SRCHASH/image.tar
@@ -154,6 +154,11 @@ build_standins() {
     log "building the stand-ins (tests/e2e/standins, $hash)"
     for s in "${STANDINS[@]}"; do
         pkgs+=("./${s##* }")
+    done
+    # And those of the storage tests' images (build-suite.sh).
+    for s in "${SUITE_STANDINS[@]}"; do
+        read -r _ s _ <<<"$s"
+        pkgs+=("./$s")
     done
     (cd "$E2E_DIR/standins" && GOFLAGS="-buildvcs=false -mod=readonly" \
         go_build_into "$out" "-X main.version=standin-$hash" "${pkgs[@]}")
@@ -512,7 +517,7 @@ build_images() {
     build_debs
     build_sidecars
     local start=$SECONDS piece
-    for piece in sidecar_images standin_images pause_image busybox_image stickyvol_image; do
+    for piece in sidecar_images standin_images suite_standin_images pause_image busybox_image stickyvol_image; do
         "$piece"
         log "$piece: $((SECONDS - start)) s"
         start=$SECONDS

@@ -9,6 +9,9 @@
 # the reasons, counted, are in $E2E_STATE/results/kubernetes-suite/skips.txt.
 #
 #   tests/e2e/run kubernetes-suite [parallel|serial]...   (default: both)
+#   E2E_SUITE_FOCUS=REGEX tests/e2e/run kubernetes-suite serial   only the tests whose names
+#       match REGEX as well (between "External Storage" and "[Serial]"), e.g.
+#       E2E_SUITE_FOCUS='any volume data source'
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$E2E_DIR/lib/pki.sh"
@@ -26,6 +29,7 @@ suite=$(suite_dir)
 results=$E2E_STATE/results/kubernetes-suite
 mkdir -p "$results"
 focus='External.Storage'
+[[ -z ${E2E_SUITE_FOCUS:-} ]] || focus="$focus.*($E2E_SUITE_FOCUS)"
 # Alpha feature gates are off in this cluster (as in a user's); the SELinux tests need an
 # SELinux-enabled kernel, which these machines are not.
 # Pre-provisioned snapshots: with distributed snapshotting (deploy/), a node's csi-snapshotter

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The pod-start benchmark: brings the cluster up and stickyvol in (as `tests/e2e/run` does),
-# then, for each batch size N (default 20 and 100), applies N claim+pod pairs at once with the
-# WaitForFirstConsumer class stickyvol, and the same pods with emptyDir (the baseline), and
+# then, for each batch size N (default 20 and 100), starts N pods at once, each with a claim of
+# the WaitForFirstConsumer class stickyvol (the claims applied just before), and the same pods
+# with emptyDir (the baseline), and
 # reports start and deletion times (lib/pod_start.py). Other drivers installed in the cluster
 # are measured too when E2E_POD_START_CLASSES names their StorageClasses (peers are built and
 # installed outside the repository). Ends with
 # "pod start p50: stickyvol X ms, emptyDir Y ms, ratio Z" for the last N. A benchmark: it
 # fails only when a pod does not start or go.
 #
-#   tests/e2e/run pod-start [N...]
+#   tests/e2e/run pod-start [N...]        E2E_POD_START_ROUNDS=R: R interleaved rounds per N
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$E2E_DIR/lib/pki.sh"
