@@ -105,7 +105,13 @@ fn short_access_type(access_type: &str) -> &str {
 }
 
 fn status(volume: &api::Volume) -> &'static str {
-    if volume.abnormal { "abnormal" } else { "ok" }
+    if volume.orphaned {
+        "orphaned"
+    } else if volume.abnormal {
+        "abnormal"
+    } else {
+        "ok"
+    }
 }
 
 fn or_dash(text: &str) -> &str {
@@ -317,6 +323,7 @@ pub struct VolumeJson {
     pub access_modes: Vec<String>,
     pub created_unix_ms: u64,
     pub content_source: String,
+    pub orphaned: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -380,6 +387,7 @@ impl From<&api::Volume> for VolumeJson {
             access_modes: v.access_modes.clone(),
             created_unix_ms: v.created_unix_ms,
             content_source: v.content_source.clone(),
+            orphaned: v.orphaned,
         }
     }
 }
@@ -478,6 +486,7 @@ mod tests {
             access_modes: vec!["SINGLE_NODE_WRITER".into()],
             created_unix_ms: 1_700_000_000_123,
             content_source: String::new(),
+            orphaned: false,
         }
     }
 
@@ -586,6 +595,7 @@ sv-bb   -                   fast     block  512Mi     -  file          abnormal 
             "access_modes",
             "created_unix_ms",
             "content_source",
+            "orphaned",
         ];
         let mut keys = keys;
         keys.sort_unstable();
