@@ -103,6 +103,19 @@ pub struct ServeArgs {
     )]
     pub node_loss_interval: u64,
 
+    /// Seconds between looks for volumes of this node whose PV is gone (a node that came back
+    /// after the cluster released its claims); such a volume's data moves to its pool's
+    /// lost+found once its PV stays absent for two intervals (0: off; needs Kubernetes
+    /// credentials: in-cluster, or $KUBECONFIG).
+    #[arg(
+        long,
+        env = "ORPHAN_CHECK_INTERVAL",
+        value_name = "SECONDS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=3600)
+    )]
+    pub orphan_check_interval: u64,
+
     /// Namespace of the reconciler's Lease (the pod's own, from the downward API).
     #[arg(long, env = "POD_NAMESPACE")]
     pub lease_namespace: Option<String>,
@@ -239,6 +252,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// The node-loss reconciler, when it runs (controller mode only).
     pub node_loss: Option<NodeLossConfig>,
+    /// Between looks for orphaned volumes, when they run (modes with volumes only).
+    pub orphan_check: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -270,6 +285,16 @@ pub enum ConfigError {
 impl Config {
     pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
         let node_loss = node_loss(&args)?;
+        let orphan_check = match (args.orphan_check_interval, args.mode.works_on_host()) {
+            (0, _) => None,
+            (seconds, true) => Some(Duration::from_secs(seconds)),
+            (_, false) => {
+                return Err(ConfigError::NodeLoss(
+                    "--orphan-check-interval runs only where the volumes are (--mode=all or node)"
+                        .into(),
+                ));
+            }
+        };
         if !is_label_value(&args.node_id) {
             return Err(ConfigError::NodeId(args.node_id));
         }
@@ -295,6 +320,7 @@ impl Config {
         };
         Ok(Config {
             node_loss,
+            orphan_check,
             socket_path,
             node_id: args.node_id,
             data_dir: paths.pools[0].path.clone(),
@@ -683,6 +709,7 @@ mod tests {
             overcommit: Vec::new(),
             node_loss: NodeLossMode::Off,
             node_loss_interval: 5,
+            orphan_check_interval: 0,
             lease_namespace: None,
             identity: None,
         }

@@ -195,6 +195,7 @@ pub struct Metrics {
     connections_timed_out: Counter,
     node_loss_actions: Family<NodeLossLabels, Counter>,
     node_loss_leader: Gauge,
+    orphaned_volumes: Gauge,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -299,8 +300,9 @@ impl Metrics {
         let node_loss_actions = Family::<NodeLossLabels, Counter>::default();
         registry.register(
             "node_loss_actions",
-            "Node-loss reconciler actions (release_claim, delete_pods, delete_pv) by result: done, \
-             failed (retried next round) or dry_run (decided, not carried out)",
+            "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv; a node's \
+             orphan_to_lost_found) by result: done, failed (retried next round) or dry_run \
+             (decided, not carried out)",
             node_loss_actions.clone(),
         );
         let node_loss_leader = Gauge::default();
@@ -309,7 +311,14 @@ impl Metrics {
             "1 while this replica holds the node-loss reconciler's Lease and acts",
             node_loss_leader.clone(),
         );
+        let orphaned_volumes = Gauge::default();
+        registry.register(
+            "orphaned_volumes",
+            "Volumes of this node whose PV was found gone, their data moved to lost+found",
+            orphaned_volumes.clone(),
+        );
         Metrics {
+            orphaned_volumes,
             node_loss_actions,
             node_loss_leader,
             connections_refused,
@@ -407,6 +416,8 @@ impl Metrics {
                     .get_or_create(&ModeLabels { mode })
                     .inc_by(entry.capacity_bytes);
             }
+            self.orphaned_volumes
+                .set(i64::try_from(volumes.orphaned_count()).unwrap_or(i64::MAX));
             match volumes.space() {
                 Ok(space) => {
                     self.data_dir_capacity

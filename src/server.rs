@@ -27,7 +27,7 @@ use crate::driver::Driver;
 use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
-use crate::nodeloss::reconcile;
+use crate::nodeloss::{reconcile, returned};
 
 use crate::unix_channel::STREAM_WINDOW_BYTES;
 
@@ -51,7 +51,7 @@ pub enum ServeError {
     },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("node-loss reconciler: no Kubernetes client configuration: {0}")]
+    #[error("node loss (reconciler or orphan check): no Kubernetes client configuration: {0}")]
     Kubernetes(#[from] kube::Error),
 }
 
@@ -135,6 +135,31 @@ async fn serve_on(
         }
         None => None,
     };
+    // A node that comes back: volumes whose PV is gone move to lost+found.
+    let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
+    let orphan_check = match (driver.config.orphan_check, driver.volumes().ok()) {
+        (Some(interval), Some(volumes)) => {
+            let client = kube::Client::try_default().await?;
+            let settings = returned::Settings {
+                driver: driver.config.driver_name.clone(),
+                node: driver.config.node_id.clone(),
+                interval,
+                // Two looks at least two intervals apart (see `returned`).
+                confirm: interval * 2,
+            };
+            info!(interval = ?settings.interval, "orphan check starting");
+            Some(tokio::spawn(returned::run(
+                client,
+                volumes,
+                settings,
+                metrics.clone(),
+                async move {
+                    let _ = orphans_stopped.await;
+                },
+            )))
+        }
+        _ => None,
+    };
     let mut router = Server::builder()
         // HTTP/2's default 64 KiB windows stall a stream on a WINDOW_UPDATE round trip every
         // 64 KiB: export and import streams move MiB-sized messages.
@@ -169,6 +194,11 @@ async fn serve_on(
     driver.resume_interrupted_work();
     let served = serving.await;
     let _ = stop_reconciler.send(());
+    let _ = stop_orphans.send(());
+    if let Some(orphan_check) = orphan_check {
+        // A move under way finishes on its blocking thread; the loop itself just stops.
+        orphan_check.abort();
+    }
     if let Some(reconciler) = reconciler {
         // Bounded: a hung API call must not hold the stop past the pod's grace period.
         if tokio::time::timeout(std::time::Duration::from_secs(5), reconciler)

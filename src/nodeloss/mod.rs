@@ -2,7 +2,8 @@
 //! StorageClass parameter, `decide` the pure rules; `observe` turns API objects into their
 //! views, `lease` elects one acting replica, `reconcile` is the loop that reads, decides, acts
 //! and reports;
-//! `orphans` is `stickyvol cluster orphans`.
+//! `orphans` is `stickyvol cluster orphans`; `returned` runs in the node driver: a node that
+//! comes back moves the data of volumes whose PV is gone to lost+found.
 
 pub mod decide;
 pub mod lease;
@@ -10,3 +11,4 @@ pub mod observe;
 pub mod orphans;
 pub mod policy;
 pub mod reconcile;
+pub mod returned;
