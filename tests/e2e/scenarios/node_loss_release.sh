@@ -1,0 +1,58 @@
+# onNodeLoss: release. A StatefulSet's claim lives on the second node; the node is switched off
+# and its Node deleted: the reconciler deletes the claim and the pod waiting for it, and the
+# StatefulSet runs again on the first node with a new, empty volume; the old PV is removed. The
+# time from the deletion to Running is logged ("measured: …"). Then the node comes back: its
+# driver finds the volume whose PV is gone and moves its data to lost+found, and reports it
+# (`stickyvol volumes`, the metrics).
+source "$(dirname "$0")/../lib/scenario.sh"
+source "$E2E_DIR/lib/nodeloss.sh"
+
+class release
+step "db-0 and its claim on $LOST"
+start_on_lost_node
+
+step "$LOST switched off, its Node deleted"
+stop_lost_node
+k delete node "$LOST" >/dev/null
+t0=$(now)
+wait_running_on "$LIVE" 300
+log "measured: Node deleted -> db-0 Running on $LIVE in $(since "$t0") s"
+expect_new_empty_volume
+until_ok 120 "the old PV $PV removed" '! k get pv "$PV" >/dev/null 2>&1'
+kn get events -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' | grep -qx NodeLossReleased ||
+    fail "no NodeLossReleased event in $NS"
+
+step "$LOST comes back: the volume whose PV is gone goes to lost+found"
+cluster start "$LOST"
+until_true 240 "$LOST Ready again" ready "$LOST"
+until_ok 240 "a driver pod on $LOST" '[[ -n $(driver_pod "$LOST") ]]'
+driver=$(driver_pod "$LOST")
+k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$driver" --timeout=180s >/dev/null ||
+    fail "the driver on $LOST is not Ready"
+t1=$(now)
+# lost_path: where `stickyvol volumes` says the volume's data is, once it is orphaned.
+lost_path() {
+    k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes --json | python3 -c '
+import json, sys
+for v in json.load(sys.stdin):
+    if v["volume_id"] == sys.argv[1] and v["orphaned"]:
+        print(v["host_path"])
+' "$HANDLE"
+}
+# Two looks at least two intervals apart (60 s in deploy/): about two minutes.
+until_ok 420 "volume $HANDLE reported orphaned" '[[ -n $(lost_path) ]]'
+log "measured: driver on $LOST Ready -> volume in lost+found in $(since "$t1") s"
+path=$(lost_path)
+[[ $path == */lost+found/* ]] || fail "the orphaned volume's data is at $path, not in lost+found"
+expect_eq "$(cluster exec "$LOST" cat "$path/written")" db-0 "the data in lost+found"
+k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes | grep "$HANDLE" | grep -q orphaned ||
+    fail "stickyvol volumes does not show $HANDLE as orphaned"
+metrics=$(k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:8080/proxy/metrics")
+grep -qx 'stickyvol_orphaned_volumes 1' <<<"$metrics" || fail "stickyvol_orphaned_volumes is not 1"
+grep -q '^stickyvol_node_loss_actions_total{action="orphan_to_lost_found",result="done"} 1' <<<"$metrics" ||
+    fail "no orphan_to_lost_found action counted"
+
+step "the operator removes it by hand"
+k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volume delete "$HANDLE" >/dev/null
+expect_eq "$(cluster exec "$LOST" cat "$path/written")" db-0 "lost+found after the record's deletion"
+cluster exec "$LOST" rm -rf "$path"
