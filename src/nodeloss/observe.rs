@@ -1,12 +1,12 @@
 //! The API objects the reconciler reads, turned into `decide`'s views: only the fields the rules
 //! use, so the rules never depend on the client's types.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::decide::{ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView, StatefulSetView};
+use super::slim::{Pod, StatefulSet};
 
 fn object(meta: &ObjectMeta) -> ObjectRef {
     ObjectRef {
@@ -105,7 +105,7 @@ pub fn pod(pod: &Pod) -> PodView {
             .and_then(|s| s.node_name.clone())
             .filter(|n| !n.is_empty()),
         claims: spec
-            .and_then(|s| s.volumes.as_deref())
+            .map(|s| s.volumes.as_slice())
             .unwrap_or_default()
             .iter()
             .filter_map(|v| v.persistent_volume_claim.as_ref())
@@ -131,8 +131,8 @@ pub fn statefulset(set: &StatefulSet) -> StatefulSetView {
         object: object(&set.metadata),
         templates: set
             .spec
-            .volume_claim_templates
-            .as_deref()
+            .as_ref()
+            .map(|s| s.volume_claim_templates.as_slice())
             .unwrap_or_default()
             .iter()
             .filter_map(|t| t.metadata.name.clone())

@@ -9,11 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
-};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -24,6 +21,7 @@ use tracing::{info, warn};
 use super::decide::{self, Action, Decision, ObjectRef, Options, Snapshot};
 use super::lease::Election;
 use super::observe;
+use super::slim::{Pod, StatefulSet};
 use crate::metrics::Metrics;
 
 /// The finalizer external-provisioner puts on PVs it provisioned; only the dead node's
