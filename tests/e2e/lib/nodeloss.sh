@@ -85,6 +85,7 @@ YAML
 # The StatefulSet's first pod on the second node, with its data written; sets PV and HANDLE.
 start_on_lost_node() {
     statefulset
+    until_ok 60 "db-0 made" 'kn get pod db-0'
     wait_pod_running db-0 180
     expect_eq "$(pod_node db-0)" "$LOST" "db-0's node (it prefers $LOST)"
     PV=$(pv_of data-db-0)
@@ -112,6 +113,7 @@ expect_new_empty_volume() {
     pv=$(pv_of data-db-0)
     [[ -n $pv && $pv != "$PV" ]] || fail "the claim is still bound to the old PV $PV"
     expect_eq "$(pv_node "$pv")" "$LIVE" "the new claim's node"
+    until_ok 30 "db-0 looked at its volume" 'pexec db-0 test -e /data/written'
     expect_eq "$(pexec db-0 cat /tmp/found-at-start)" "" "what the new volume held when db-0 started"
 }
 

@@ -15,8 +15,9 @@ waiting() {
     [[ $(kn get pod db-0 -o jsonpath='{.status.phase}' 2>/dev/null) == Pending && -z $(pod_node db-0) ]]
 }
 until_true 180 "db-0 made again, waiting for its claim" waiting
+# About the PV (no claim is acted on), so in namespace default.
 until_ok 60 "a NodeLossKept event" \
-    'kn get events -o jsonpath="{range .items[*]}{.reason}{\"\n\"}{end}" | grep -qx NodeLossKept'
+    '[[ -n $(k -n default get events --field-selector "reason=NodeLossKept,involvedObject.name=$PV" -o name) ]]'
 # Several reconciler rounds (5 s each): still nothing changes.
 sleep 30
 waiting || fail "db-0 is no longer waiting: $(kn get pod db-0 -o wide)"
@@ -27,4 +28,5 @@ step "$LOST comes back: db-0 runs there with its data"
 cluster start "$LOST"
 until_true 240 "$LOST Ready again" ready "$LOST"
 wait_running_on "$LOST" 300
+until_ok 30 "db-0 looked at its volume" 'pexec db-0 test -e /tmp/found-at-start'
 expect_eq "$(pexec db-0 cat /tmp/found-at-start)" written "what the volume held when db-0 started again"

@@ -19,7 +19,7 @@ wait_running_on "$LIVE" 300
 log "measured: Node deleted -> db-0 Running on $LIVE in $(since "$t0") s"
 expect_new_empty_volume
 until_ok 120 "the old PV $PV removed" '! k get pv "$PV" >/dev/null 2>&1'
-kn get events -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' | grep -qx NodeLossReleased ||
+[[ -n $(kn get events --field-selector reason=NodeLossReleased -o name) ]] ||
     fail "no NodeLossReleased event in $NS"
 
 step "$LOST comes back: the volume whose PV is gone goes to lost+found"
