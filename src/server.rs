@@ -16,7 +16,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::codegen::http;
 use tonic::transport::Server;
 use tower::{Layer, Service};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::admin::service::AdminService;
 use crate::admin_api;
@@ -138,8 +138,16 @@ async fn serve_on(
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
     let orphan_check = match (driver.config.orphan_check, driver.volumes().ok()) {
-        (Some(interval), Some(volumes)) => {
-            let client = kube::Client::try_default().await?;
+        (Some(interval), Some(volumes)) => 'check: {
+            // The node's volumes matter more than this report: without credentials the driver
+            // serves anyway, and says so.
+            let client = match kube::Client::try_default().await {
+                Ok(client) => client,
+                Err(err) => {
+                    error!(error = %err, "orphan check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+                    break 'check None;
+                }
+            };
             let settings = returned::Settings {
                 driver: driver.config.driver_name.clone(),
                 node: driver.config.node_id.clone(),

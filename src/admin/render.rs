@@ -538,6 +538,17 @@ sv-bb   -                   fast     block  512Mi     -  file          abnormal 
     }
 
     #[test]
+    fn an_orphaned_volume_says_so_and_where_its_data_went() {
+        let mut v = volume("sv-a");
+        v.orphaned = true;
+        v.abnormal = true;
+        v.host_path = "/data/lost+found/sv-a".into();
+        let row = table(&[v]).lines().nth(1).unwrap().to_string();
+        assert!(row.contains(" orphaned "), "{row}");
+        assert!(row.ends_with("/data/lost+found/sv-a"), "{row}");
+    }
+
+    #[test]
     fn an_empty_table_is_its_header() {
         assert_eq!(
             table(&[]),
