@@ -301,3 +301,34 @@ async fn an_unreachable_api_moves_nothing() {
     assert!(driver.log_text().contains("cannot read the PV"));
     assert_eq!(listed(&driver, &volume.volume_id)["orphaned"], false);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_move_a_crash_interrupted_after_the_mark_is_finished_at_start() {
+    let api = Shared::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
+    let mut driver = TestDriver::start_with(Options {
+        kubeconfig: Some(kubeconfig),
+        extra_args: vec!["--orphan-check-interval".into(), "1".into()],
+        ..Options::default()
+    })
+    .await;
+    let volume = volume_of_pv(&driver, "pv-gone").await;
+    let data = driver.data.join("volumes").join(&volume.volume_id);
+    let lost = driver.data.join("lost+found").join(&volume.volume_id);
+    fs::write(data.join("precious"), b"keep me").unwrap();
+    eventually("the volume in lost+found", || {
+        lost.join("precious").exists()
+    })
+    .await;
+    // As if the driver had died between marking the record and renaming the data; started
+    // again without the check, it finishes the move from the record alone.
+    driver.stop().await;
+    fs::rename(&lost, &data).unwrap();
+    driver.options_mut().extra_args.clear();
+    driver.options_mut().kubeconfig = None;
+    driver.start_again().await;
+    assert!(!data.exists());
+    assert_eq!(fs::read(lost.join("precious")).unwrap(), b"keep me");
+    assert_eq!(listed(&driver, &volume.volume_id)["orphaned"], true);
+}
