@@ -14,9 +14,8 @@ give_node_back() {
     local rc=$?
     trap - EXIT
     set +e
-    cluster start "$LOST" >/dev/null 2>&1 || log "could not start $LOST again"
+    bring_back || log "$LOST not Ready again after the scenario"
     k taint node "$LOST" "$OUT_OF_SERVICE-" >/dev/null 2>&1
-    until_ready "$LOST" 240 || log "$LOST not Ready again after the scenario"
     # cleanup_namespace exits with the status it is entered with: in a subshell of its own.
     if ((rc)); then ( (exit "$rc") || cleanup_namespace ); else (cleanup_namespace); fi
     k delete storageclass "$CLASS" --ignore-not-found >/dev/null 2>&1
@@ -24,6 +23,20 @@ give_node_back() {
 }
 ready() {
     [[ $(k get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+}
+# bring_back: starts the second node and waits until it is Ready. A kubelet whose Node was
+# deleted registers it again only some time after it starts (a minute here), and if that is after
+# its CSINode setup gave up, it stays NotReady ("failed to initialize CSINode") until restarted:
+# restarted once then, as a person would.
+bring_back() {
+    cluster start "$LOST" >/dev/null || return 1
+    until_ready "$LOST" 120 && return 0
+    local why
+    why=$(k get node "$LOST" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}' 2>/dev/null)
+    [[ $why == *CSINode* ]] || { until_ready "$LOST" 120; return; }
+    log "$LOST: kubelet gave up on its CSINode ($why); restarting it"
+    cluster restart-kubelet "$LOST"
+    until_ready "$LOST" 180
 }
 until_ready() {
     local deadline=$((SECONDS + $2))

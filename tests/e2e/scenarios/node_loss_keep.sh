@@ -25,8 +25,7 @@ expect_eq "$(pv_of data-db-0)" "$PV" "the claim's PV"
 k get pv "$PV" >/dev/null 2>&1 || fail "the PV of a kept claim went"
 
 step "$LOST comes back: db-0 runs there with its data"
-cluster start "$LOST"
-until_true 240 "$LOST Ready again" ready "$LOST"
+bring_back || fail "$LOST not Ready again"
 wait_running_on "$LOST" 300
 until_ok 30 "db-0 looked at its volume" 'pexec db-0 test -e /tmp/found-at-start'
 expect_eq "$(pexec db-0 cat /tmp/found-at-start)" written "what the volume held when db-0 started again"

@@ -23,8 +23,7 @@ until_ok 120 "the old PV $PV removed" '! k get pv "$PV" >/dev/null 2>&1'
     fail "no NodeLossReleased event in $NS"
 
 step "$LOST comes back: the volume whose PV is gone goes to lost+found"
-cluster start "$LOST"
-until_true 240 "$LOST Ready again" ready "$LOST"
+bring_back || fail "$LOST not Ready again"
 until_ok 240 "a driver pod on $LOST" '[[ -n $(driver_pod "$LOST") ]]'
 driver=$(driver_pod "$LOST")
 k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$driver" --timeout=180s >/dev/null ||

@@ -20,9 +20,8 @@ expect_new_empty_volume
 k get pv "$PV" >/dev/null 2>&1 || fail "the old PV went although its node may come back"
 
 step "$LOST back and untainted: its provisioner deletes the released volume"
-cluster start "$LOST"
 k taint node "$LOST" "$OUT_OF_SERVICE-" >/dev/null
-until_true 240 "$LOST Ready again" ready "$LOST"
+bring_back || fail "$LOST not Ready again"
 until_ok 300 "the old PV $PV deleted by its node" '! k get pv "$PV" >/dev/null 2>&1'
 driver=$(driver_pod "$LOST")
 [[ -z $(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes --json |
