@@ -48,6 +48,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"stickyvol-e2e/standins/internal/cli"
 )
 
 var version = "unknown"
@@ -82,16 +84,7 @@ func main() {
 	resync := flag.Duration("resync", 2*time.Second, "controller: how often every claim is looked at")
 	fileName := flag.String("file-name", "", "populate: the file (or device) to write")
 	fileContents := flag.String("file-contents", "", "populate: what to write")
-	showVersion := flag.Bool("version", false, "print the version and exit")
-	flag.Int("v", 0, "log verbosity (accepted; this stand-in logs little)")
-	flag.Parse()
-	if *showVersion {
-		fmt.Println(os.Args[0], version)
-		return
-	}
-	if flag.NArg() > 0 {
-		log.Fatalf("unexpected arguments %q", flag.Args())
-	}
+	cli.Parse(version)
 	switch *mode {
 	case "populate":
 		if err := populate(*fileName, *fileContents); err != nil {

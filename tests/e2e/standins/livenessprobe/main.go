@@ -9,11 +9,11 @@ import (
 	"fmt"
 	"log"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"stickyvol-e2e/standins/internal/cli"
 	"stickyvol-e2e/standins/internal/csiconn"
 )
 
@@ -24,16 +24,7 @@ func main() {
 	httpEndpoint := flag.String("http-endpoint", "", "address for /healthz; empty: :<health-port>")
 	healthPort := flag.Int("health-port", 9808, "port for /healthz when --http-endpoint is empty (deprecated)")
 	probeTimeout := flag.Duration("probe-timeout", time.Second, "time limit of each Probe call")
-	showVersion := flag.Bool("version", false, "print the version and exit")
-	flag.Int("v", 0, "log verbosity (accepted; this stand-in logs little)")
-	flag.Parse()
-	if *showVersion {
-		fmt.Println(os.Args[0], version)
-		return
-	}
-	if flag.NArg() > 0 {
-		log.Fatalf("unexpected arguments %q", flag.Args())
-	}
+	cli.Parse(version)
 	addr := *httpEndpoint
 	if addr == "" {
 		addr = fmt.Sprintf(":%d", *healthPort)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"stickyvol-e2e/standins/internal/cli"
 	"stickyvol-e2e/standins/internal/csiconn"
 )
 
@@ -57,16 +58,7 @@ func main() {
 	regDir := flag.String("plugin-registration-path", "/registration", "kubelet's plugin registration directory in this container")
 	httpEndpoint := flag.String("http-endpoint", "", "address for /healthz; empty: none")
 	timeout := flag.Duration("timeout", time.Second, "time limit of each call to the driver")
-	showVersion := flag.Bool("version", false, "print the version and exit")
-	flag.Int("v", 0, "log verbosity (accepted; this stand-in logs little)")
-	flag.Parse()
-	if *showVersion {
-		fmt.Println(os.Args[0], version)
-		return
-	}
-	if flag.NArg() > 0 {
-		log.Fatalf("unexpected arguments %q", flag.Args())
-	}
+	cli.Parse(version)
 	if *kubeletPath == "" {
 		log.Fatal("--kubelet-registration-path is required")
 	}
