@@ -116,9 +116,10 @@ pub struct ServeArgs {
     )]
     pub orphan_check_interval: u64,
 
-    /// Namespace of the reconciler's Lease (the pod's own, from the downward API).
+    /// The pod's own namespace (from the downward API): where the reconciler's Lease is, and
+    /// where the orphan check keeps this node's report for `stickyvol cluster orphans`.
     #[arg(long, env = "POD_NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    pub namespace: Option<String>,
 
     /// This replica's name in the Lease (its pod name, from the downward API).
     #[arg(long, env = "POD_NAME")]
@@ -131,6 +132,14 @@ pub enum NodeLossMode {
     Off,
     On,
     DryRun,
+}
+
+/// The orphan check's validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrphanCheckConfig {
+    pub interval: Duration,
+    /// Where this node's report of PV-less volumes goes; None: not reported there.
+    pub report_namespace: Option<String>,
 }
 
 /// The node-loss reconciler's validated settings.
@@ -252,8 +261,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// The node-loss reconciler, when it runs (controller mode only).
     pub node_loss: Option<NodeLossConfig>,
-    /// Between looks for orphaned volumes, when they run (modes with volumes only).
-    pub orphan_check: Option<Duration>,
+    /// The looks for orphaned volumes, when they run (modes with volumes only).
+    pub orphan_check: Option<OrphanCheckConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -287,7 +296,18 @@ impl Config {
         let node_loss = node_loss(&args)?;
         let orphan_check = match (args.orphan_check_interval, args.mode.works_on_host()) {
             (0, _) => None,
-            (seconds, true) => Some(Duration::from_secs(seconds)),
+            (seconds, true) => Some(OrphanCheckConfig {
+                interval: Duration::from_secs(seconds),
+                report_namespace: match args.namespace.as_deref() {
+                    None => None,
+                    Some(ns) if is_object_name(ns) => Some(ns.to_string()),
+                    Some(ns) => {
+                        return Err(ConfigError::NodeLoss(format!(
+                            "--namespace {ns:?} is not a Kubernetes object name"
+                        )));
+                    }
+                },
+            }),
             (_, false) => {
                 return Err(ConfigError::NodeLoss(
                     "--orphan-check-interval runs only where the volumes are (--mode=all or node)"
@@ -369,7 +389,7 @@ fn node_loss(args: &ServeArgs) -> Result<Option<NodeLossConfig>, ConfigError> {
     Ok(Some(NodeLossConfig {
         dry_run: args.node_loss == NodeLossMode::DryRun,
         interval: Duration::from_secs(args.node_loss_interval),
-        lease_namespace: named("--lease-namespace", &args.lease_namespace)?,
+        lease_namespace: named("--namespace", &args.namespace)?,
         identity: named("--identity", &args.identity)?,
     }))
 }
@@ -633,7 +653,7 @@ fn is_driver_name(name: &str) -> bool {
 
 /// A DNS-1123 subdomain (pod and namespace names fit it): 1–253 bytes of [a-z0-9.-],
 /// alphanumeric at both ends.
-fn is_object_name(name: &str) -> bool {
+pub fn is_object_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 253
@@ -710,7 +730,7 @@ mod tests {
             node_loss: NodeLossMode::Off,
             node_loss_interval: 5,
             orphan_check_interval: 0,
-            lease_namespace: None,
+            namespace: None,
             identity: None,
         }
     }
@@ -984,7 +1004,7 @@ mod tests {
             let mut a = args("n");
             a.mode = mode;
             a.node_loss = node_loss;
-            a.lease_namespace = namespace.map(Into::into);
+            a.namespace = namespace.map(Into::into);
             a.identity = identity.map(Into::into);
             Config::from_args(a)
         };
@@ -1017,6 +1037,39 @@ mod tests {
             (Mode::Controller, ns, Some("")),
         ] {
             let err = with(mode, NodeLossMode::On, namespace, identity).unwrap_err();
+            assert!(matches!(err, ConfigError::NodeLoss(_)), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_orphan_check_reports_in_the_pods_namespace_when_it_has_one() {
+        let with = |mode, seconds, namespace: Option<&str>| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.orphan_check_interval = seconds;
+            a.namespace = namespace.map(Into::into);
+            Config::from_args(a)
+        };
+        assert_eq!(
+            with(Mode::All, 0, Some("stickyvol")).unwrap().orphan_check,
+            None
+        );
+        assert_eq!(
+            with(Mode::Node, 60, Some("stickyvol"))
+                .unwrap()
+                .orphan_check,
+            Some(OrphanCheckConfig {
+                interval: Duration::from_secs(60),
+                report_namespace: Some("stickyvol".into()),
+            })
+        );
+        let unreported = with(Mode::All, 60, None).unwrap().orphan_check.unwrap();
+        assert_eq!(unreported.report_namespace, None);
+        for (mode, namespace) in [
+            (Mode::Controller, Some("stickyvol")),
+            (Mode::All, Some("Bad_NS")),
+        ] {
+            let err = with(mode, 60, namespace).unwrap_err();
             assert!(matches!(err, ConfigError::NodeLoss(_)), "{err}");
         }
     }

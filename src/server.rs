@@ -27,7 +27,7 @@ use crate::driver::Driver;
 use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
-use crate::nodeloss::{reconcile, returned};
+use crate::nodeloss::{reconcile, report, returned};
 
 use crate::unix_channel::STREAM_WINDOW_BYTES;
 
@@ -137,8 +137,8 @@ async fn serve_on(
     };
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
-    let orphan_check = match (driver.config.orphan_check, driver.volumes().ok()) {
-        (Some(interval), Some(volumes)) => 'check: {
+    let orphan_check = match (driver.config.orphan_check.clone(), driver.volumes().ok()) {
+        (Some(check), Some(volumes)) => 'check: {
             // The node's volumes matter more than this report: without credentials the driver
             // serves anyway, and says so.
             let client = match kube::Client::try_default().await {
@@ -151,11 +151,16 @@ async fn serve_on(
             let settings = returned::Settings {
                 driver: driver.config.driver_name.clone(),
                 node: driver.config.node_id.clone(),
-                interval,
+                interval: check.interval,
                 // Two looks at least two intervals apart (see `returned`).
-                confirm: interval * 2,
+                confirm: check.interval * 2,
+                report: check.report_namespace.map(|namespace| report::Target {
+                    driver: driver.config.driver_name.clone(),
+                    node: driver.config.node_id.clone(),
+                    namespace,
+                }),
             };
-            info!(interval = ?settings.interval, "orphan check starting");
+            info!(interval = ?settings.interval, report = ?settings.report.as_ref().map(|r| &r.namespace), "orphan check starting");
             Some(tokio::spawn(returned::run(
                 client,
                 volumes,

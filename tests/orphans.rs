@@ -1,7 +1,8 @@
 //! A node that comes back after the cluster released its claims: the real driver, with
 //! `--orphan-check-interval`, reads PVs from a stub API server (its kubeconfig) and moves the
 //! data of volumes whose PV is gone to lost+found, never deleting it; a volume whose PV exists,
-//! one that is published, and one whose PV cannot be read stay where they are.
+//! one that is published, and one whose PV cannot be read stay where they are. The node's
+//! report of them (a ConfigMap owned by its Node) follows what is left.
 
 mod common;
 
@@ -29,6 +30,8 @@ struct Api {
     pvs: HashMap<String, Value>,
     /// Bodies of the Events posted.
     events: Vec<Value>,
+    /// ConfigMaps of namespace `stickyvol` by name, as last applied.
+    config_maps: HashMap<String, Value>,
 }
 
 type Shared = Arc<Mutex<Api>>;
@@ -46,8 +49,8 @@ fn status(code: u16, reason: &str) -> Value {
            "message": reason, "reason": reason, "code": code})
 }
 
-/// The two paths the driver uses: GET a PV (names starting with "pv-broken" answer 500),
-/// POST an Event.
+/// The paths the driver uses: GET a PV (names starting with "pv-broken" answer 500), POST an
+/// Event, GET its Node, apply (PATCH) and DELETE a ConfigMap of namespace `stickyvol`.
 async fn handle(api: Shared, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     use http_body_util::BodyExt;
     let method = req.method().to_string();
@@ -64,6 +67,31 @@ async fn handle(api: Shared, req: Request<Incoming>) -> Result<Response<Full<Byt
             Some(pv) => respond(200, pv),
             None => respond(404, &status(404, "NotFound")),
         });
+    }
+    if method == "GET" && path == format!("/api/v1/nodes/{NODE_ID}") {
+        return Ok(respond(
+            200,
+            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_ID, "uid": "uid-node"}}),
+        ));
+    }
+    if let Some(name) = path.strip_prefix("/api/v1/namespaces/stickyvol/configmaps/") {
+        match method.as_str() {
+            "PATCH" => {
+                let applied: Value = serde_json::from_slice(&body).unwrap();
+                api.config_maps.insert(name.to_string(), applied.clone());
+                return Ok(respond(200, &applied));
+            }
+            "DELETE" => {
+                return Ok(match api.config_maps.remove(name) {
+                    Some(_) => respond(
+                        200,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    ),
+                    None => respond(404, &status(404, "NotFound")),
+                });
+            }
+            _ => {}
+        }
     }
     if method == "POST" && path == "/api/v1/namespaces/default/events" {
         let event: Value = serde_json::from_slice(&body).unwrap();
@@ -138,6 +166,29 @@ fn volumes_json(driver: &TestDriver) -> Vec<Value> {
         .clone()
 }
 
+/// The volume ids and states in the node's report, if there is one.
+fn reported(api: &Shared) -> Option<Vec<(String, String)>> {
+    let api = api.lock().unwrap();
+    let report = api
+        .config_maps
+        .get(&format!("{DRIVER_NAME}-orphans-{NODE_ID}"))?;
+    assert_eq!(report["metadata"]["ownerReferences"][0]["uid"], "uid-node");
+    assert_eq!(report["data"]["node"], NODE_ID);
+    let entries: Vec<Value> =
+        serde_json::from_str(report["data"]["volumes.json"].as_str().unwrap()).unwrap();
+    let mut entries: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["volume_id"].as_str().unwrap().to_string(),
+                e["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    entries.sort();
+    Some(entries)
+}
+
 fn listed(driver: &TestDriver, id: &str) -> Value {
     volumes_json(driver)
         .into_iter()
@@ -152,7 +203,12 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
     let kubeconfig = stub_api(api.clone(), scratch.path()).await;
     let mut driver = TestDriver::start_with_metrics(Options {
         kubeconfig: Some(kubeconfig),
-        extra_args: vec!["--orphan-check-interval".into(), "1".into()],
+        extra_args: vec![
+            "--orphan-check-interval".into(),
+            "1".into(),
+            "--namespace".into(),
+            "stickyvol".into(),
+        ],
         ..Options::default()
     })
     .await;
@@ -237,6 +293,15 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         assert_eq!(event["involvedObject"]["kind"], "Node");
         assert_eq!(event["involvedObject"]["name"], NODE_ID);
     }
+    let mut both = vec![
+        (gone.volume_id.clone(), "orphaned".to_string()),
+        (renamed.volume_id.clone(), "orphaned".to_string()),
+    ];
+    both.sort();
+    eventually("both in the node's report", || {
+        reported(&api).as_ref() == Some(&both)
+    })
+    .await;
 
     // The mark is durable.
     driver.restart().await;
@@ -270,6 +335,21 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         fs::read(lost.join(&gone.volume_id).join("precious")).unwrap(),
         b"keep me"
     );
+    // The report follows: one volume left, then none, and then no report at all.
+    let one = vec![(renamed.volume_id.clone(), "orphaned".to_string())];
+    eventually("the deleted record out of the report", || {
+        reported(&api).as_ref() == Some(&one)
+    })
+    .await;
+    driver
+        .controller()
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: renamed.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    eventually("the report deleted", || reported(&api).is_none()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

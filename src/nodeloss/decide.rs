@@ -69,6 +69,8 @@ pub struct PvView {
     /// `spec.claimRef`: namespace, name and (when bound) uid of the claim.
     pub claim: Option<ObjectRef>,
     pub reclaim_retain: bool,
+    /// It has a deletionTimestamp: a finalizer (pv-protection, the provisioner's) holds it.
+    pub deleting: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -190,6 +192,7 @@ pub enum Reason {
     PvReleased,
     ReclaimRetain,
     NodeMayReturn,
+    PvBeingDeleted,
 }
 
 impl fmt::Display for Reason {
@@ -222,6 +225,9 @@ impl fmt::Display for Reason {
             Self::ReclaimRetain => f.write_str("its reclaim policy is Retain"),
             Self::NodeMayReturn => {
                 f.write_str("its node is only out of service and may return with the data")
+            }
+            Self::PvBeingDeleted => {
+                f.write_str("the PV is already being deleted; it goes when its finalizers do")
             }
         }
     }
@@ -425,6 +431,8 @@ fn remove_pv(pv: &PvView, loss: Loss) -> (Action, Reason) {
     match loss {
         Loss::OutOfService => (Action::Nothing, Reason::NodeMayReturn),
         Loss::Deleted if pv.reclaim_retain => (Action::Nothing, Reason::ReclaimRetain),
+        // Deleting it again would only count the same deletion twice.
+        Loss::Deleted if pv.deleting => (Action::Nothing, Reason::PvBeingDeleted),
         Loss::Deleted => (
             Action::DeletePv {
                 pv: ObjectRef {
@@ -494,6 +502,7 @@ mod tests {
                 node: Some("b".into()),
                 claim: Some(obj("ns", "data-db-0")),
                 reclaim_retain: false,
+                deleting: false,
             }],
             claims: vec![ClaimView {
                 object: obj("ns", "data-db-0"),
@@ -749,6 +758,14 @@ mod tests {
         assert_eq!(
             (d.action, d.reason),
             (Action::Nothing, Reason::ReclaimRetain)
+        );
+        // A PV already being deleted (a finalizer holds it) is not deleted, nor counted, twice.
+        let mut s = released.clone();
+        s.pvs[0].deleting = true;
+        let d = only(decide(&s, ACT));
+        assert_eq!(
+            (d.action, d.reason),
+            (Action::Nothing, Reason::PvBeingDeleted)
         );
         // keep keeps the PV too.
         let mut s = released;

@@ -3,7 +3,7 @@
 //! StatefulSets as `slim` reads them) into their views, `lease` elects one acting replica,
 //! `reconcile` is the loop that reads, decides, acts and reports; `orphans` is `stickyvol
 //! cluster orphans`; `returned` runs in the node driver: a node that comes back moves the data of
-//! volumes whose PV is gone to lost+found.
+//! volumes whose PV is gone to lost+found, and lists them in the node's `report`.
 
 pub mod decide;
 pub mod lease;
@@ -11,5 +11,6 @@ pub mod observe;
 pub mod orphans;
 pub mod policy;
 pub mod reconcile;
+pub mod report;
 pub mod returned;
 pub mod slim;

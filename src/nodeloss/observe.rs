@@ -81,6 +81,7 @@ pub fn pv(pv: &PersistentVolume, topology_key: &str) -> PvView {
         }),
         reclaim_retain: spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
             == Some("Retain"),
+        deleting: pv.metadata.deletion_timestamp.is_some(),
     }
 }
 
@@ -199,6 +200,12 @@ mod tests {
         let bare: PersistentVolume = serde_json::from_value(json!({"metadata": {}})).unwrap();
         assert_eq!(pinned_node(&bare, KEY), None);
         assert_eq!(pv(&bare, KEY).driver, "");
+        assert!(!pv(&bare, KEY).deleting);
+        let held: PersistentVolume = serde_json::from_value(json!({"metadata": {
+            "deletionTimestamp": "2026-11-26T08:00:00Z", "finalizers": ["kubernetes.io/pv-protection"]
+        }}))
+        .unwrap();
+        assert!(pv(&held, KEY).deleting);
     }
 
     #[test]

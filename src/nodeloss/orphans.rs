@@ -1,6 +1,8 @@
 //! `stickyvol cluster orphans`: from anywhere with a kubeconfig, our PVs whose node is deleted or
 //! out of service, and what the reconciler would do with each (`decide` in dry run, on the same
-//! reads the reconciler makes). Read-only: it needs only the reconciler's list permissions.
+//! reads the reconciler makes); then the volumes that no PV names, from each node's report
+//! (`report`). Read-only: the reconciler's list permissions, and listing ConfigMaps in the
+//! driver's namespace.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,12 +12,14 @@ use serde::Serialize;
 
 use super::decide::{self, Action, Decision, Options, Snapshot};
 use super::reconcile::{self, Settings};
+use super::report::{self, Entry, State};
 
 /// Commands that ask the Kubernetes API rather than the driver on this node.
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
     /// Our PVs whose node is deleted or tainted node.kubernetes.io/out-of-service, with the
-    /// node-loss reconciler's decision for each (KUBECONFIG, or in-cluster credentials).
+    /// node-loss reconciler's decision for each, and the volumes that no PV names, as their
+    /// nodes report them (KUBECONFIG, or in-cluster credentials).
     Orphans(OrphansArgs),
 }
 
@@ -24,7 +28,10 @@ pub struct OrphansArgs {
     /// CSI driver name whose PVs to look at.
     #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
     pub driver_name: String,
-    /// One JSON array instead of a table.
+    /// The driver's namespace, where the nodes keep their reports.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "stickyvol")]
+    pub namespace: String,
+    /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -44,6 +51,23 @@ pub struct Orphan {
     /// The objects it would delete.
     pub deletes: Vec<String>,
     pub reason: String,
+}
+
+/// A volume that no PV names, as its node reported it.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Unnamed {
+    pub node: String,
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+/// Everything the command shows.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct Report {
+    pub pvs_on_lost_nodes: Vec<Orphan>,
+    pub volumes_without_pv: Vec<Unnamed>,
+    /// Reports that could not be read, and why.
+    pub unreadable_reports: Vec<String>,
 }
 
 pub fn orphans(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Orphan> {
@@ -77,8 +101,60 @@ pub fn orphans(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Orphan> {
         .collect()
 }
 
-/// The table: one PV per line, then what would be deleted and why, indented beneath it.
-pub fn table(orphans: &[Orphan]) -> String {
+/// Each node's entries, by node then volume.
+pub fn unnamed(reports: Vec<Result<(String, Vec<Entry>), String>>) -> (Vec<Unnamed>, Vec<String>) {
+    let mut volumes = Vec::new();
+    let mut unreadable = Vec::new();
+    for report in reports {
+        match report {
+            Ok((node, entries)) => volumes.extend(entries.into_iter().map(|entry| Unnamed {
+                node: node.clone(),
+                entry,
+            })),
+            Err(why) => unreadable.push(why),
+        }
+    }
+    volumes.sort_by(|a, b| (&a.node, &a.entry.volume_id).cmp(&(&b.node, &b.entry.volume_id)));
+    (volumes, unreadable)
+}
+
+/// The report as text: the PVs, then the volumes no PV names.
+pub fn table(report: &Report) -> String {
+    let mut out = pv_table(&report.pvs_on_lost_nodes);
+    if report.volumes_without_pv.is_empty() {
+        out.push_str("no node reports a volume that no PV names\n");
+    }
+    for v in &report.volumes_without_pv {
+        let since = since(v.entry.since_unix_ms);
+        out.push_str(&match (v.entry.state, &v.entry.lost_path) {
+            (State::Orphaned, Some(path)) => format!(
+                "volume {} on node {}  PV {} gone  orphaned since {since}\n    data in {path} (on that node); remove it by hand once looked at\n",
+                v.entry.volume_id, v.node, v.entry.pv
+            ),
+            _ => format!(
+                "volume {} on node {}  PV {} absent since {since}\n    moved to lost+found if it stays absent\n",
+                v.entry.volume_id, v.node, v.entry.pv
+            ),
+        });
+    }
+    for why in &report.unreadable_reports {
+        out.push_str(&format!("unreadable: {why}\n"));
+    }
+    out
+}
+
+fn since(unix_ms: u64) -> String {
+    i64::try_from(unix_ms)
+        .ok()
+        .and_then(|ms| k8s_openapi::jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(
+            || format!("{unix_ms} ms"),
+            |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        )
+}
+
+/// One PV per line, then what would be deleted and why, indented beneath it.
+fn pv_table(orphans: &[Orphan]) -> String {
     if orphans.is_empty() {
         return "no PV of this driver is on a deleted or out-of-service node\n".into();
     }
@@ -128,10 +204,12 @@ pub fn run(command: ClusterCommand) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = kube::Client::try_default().await?;
-        reconcile::snapshot(&client, &settings).await
+        let snapshot = reconcile::snapshot(&client, &settings).await?;
+        let reports = report::read_all(&client, &args.namespace, &settings.driver).await?;
+        Ok::<_, kube::Error>((snapshot, reports))
     });
-    let snapshot = match result {
-        Ok(snapshot) => snapshot,
+    let (snapshot, reports) = match result {
+        Ok(read) => read,
         Err(err) => {
             eprintln!("stickyvol cluster orphans: {err}");
             return ExitCode::FAILURE;
@@ -144,7 +222,12 @@ pub fn run(command: ClusterCommand) -> ExitCode {
             dry_run: true,
         },
     );
-    let found = orphans(&snapshot, &decisions);
+    let (volumes_without_pv, unreadable_reports) = unnamed(reports);
+    let found = Report {
+        pvs_on_lost_nodes: orphans(&snapshot, &decisions),
+        volumes_without_pv,
+        unreadable_reports,
+    };
     if args.json {
         match serde_json::to_string_pretty(&found) {
             Ok(text) => println!("{text}"),
@@ -184,6 +267,7 @@ mod tests {
                 uid: String::new(),
             }),
             reclaim_retain: false,
+            deleting: false,
         };
         let snapshot = Snapshot {
             nodes: vec![decide::NodeView {
@@ -216,13 +300,75 @@ mod tests {
             (found[1].action, found[1].deletes.clone()),
             ("delete_pv", vec!["pv/released".to_string()])
         );
-        let text = table(&found);
+        let text = pv_table(&found);
         assert!(text.contains("node gone (deleted)"), "{text}");
         assert!(
             text.contains("would: delete_pv (delete pv/released)"),
             "{text}"
         );
         assert!(text.contains("onNodeLoss: keep"), "{text}");
-        assert!(table(&[]).starts_with("no PV"));
+        assert!(pv_table(&[]).starts_with("no PV"));
+    }
+
+    #[test]
+    fn volumes_no_pv_names_are_listed_from_every_readable_report() {
+        let entry = |id: &str, state, lost: Option<&str>| Entry {
+            volume_id: id.into(),
+            pv: format!("pvc-{id}"),
+            state,
+            since_unix_ms: 1_764_144_000_000,
+            lost_path: lost.map(Into::into),
+        };
+        let (volumes, unreadable) = unnamed(vec![
+            Ok(("b".into(), vec![entry("sv-2", State::PvAbsent, None)])),
+            Err("report x is unreadable: EOF".into()),
+            Ok((
+                "a".into(),
+                vec![entry(
+                    "sv-1",
+                    State::Orphaned,
+                    Some("/pool/lost+found/sv-1"),
+                )],
+            )),
+        ]);
+        assert_eq!(
+            volumes.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        let report = Report {
+            pvs_on_lost_nodes: Vec::new(),
+            volumes_without_pv: volumes,
+            unreadable_reports: unreadable,
+        };
+        let text = table(&report);
+        assert!(text.starts_with("no PV of this driver"), "{text}");
+        assert!(
+            text.contains(
+                "volume sv-1 on node a  PV pvc-sv-1 gone  orphaned since 2025-11-26T08:00:00Z"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("data in /pool/lost+found/sv-1"), "{text}");
+        assert!(
+            text.contains("volume sv-2 on node b  PV pvc-sv-2 absent since"),
+            "{text}"
+        );
+        assert!(
+            text.contains("unreadable: report x is unreadable: EOF"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["volumes_without_pv"][0]["node"], "a");
+        assert_eq!(json["volumes_without_pv"][0]["state"], "orphaned");
+        assert_eq!(json["volumes_without_pv"][1]["state"], "pv-absent");
+        let none = table(&Report {
+            pvs_on_lost_nodes: Vec::new(),
+            volumes_without_pv: Vec::new(),
+            unreadable_reports: Vec::new(),
+        });
+        assert!(
+            none.contains("no node reports a volume that no PV names"),
+            "{none}"
+        );
     }
 }

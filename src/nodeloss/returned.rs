@@ -19,6 +19,8 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use tracing::{debug, info, warn};
 
+use super::report::{self, Entry, State};
+use crate::config::is_object_name;
 use crate::metrics::Metrics;
 use crate::volume::Volumes;
 use crate::volume::orphan::Candidate;
@@ -35,6 +37,8 @@ pub struct Settings {
     pub interval: Duration,
     /// How long a PV must stay absent (and the volume exist) before the data moves.
     pub confirm: Duration,
+    /// Where the node's report goes (`report`); None: no report.
+    pub report: Option<report::Target>,
 }
 
 /// What one read of a candidate's PV showed.
@@ -99,27 +103,15 @@ pub fn seen(read: &Result<Option<PersistentVolume>, kube::Error>, driver: &str, 
     }
 }
 
-/// A DNS-1123 subdomain, what a PV name is: anything else is not looked up (it would be put
-/// into a request path).
-pub fn is_pv_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 253
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
-}
-
-/// One round: reads each candidate's PV, judges, and moves the orphans. Returns the ids moved.
+/// One round: reads each candidate's PV, judges, and moves the orphans. Returns the volumes
+/// whose PV is absent but not yet for long enough.
 pub async fn round(
     client: &Client,
     volumes: &Arc<Volumes>,
     settings: &Settings,
     metrics: &Metrics,
     suspects: &mut Suspects,
-) -> Vec<VolumeId> {
+) -> Vec<Entry> {
     let listed = volumes.clone();
     let candidates = match tokio::task::spawn_blocking(move || listed.orphan_candidates()).await {
         Ok(candidates) => candidates,
@@ -132,9 +124,9 @@ pub async fn round(
     let current: HashSet<&VolumeId> = candidates.iter().map(|c| &c.id).collect();
     suspects.retain(|id, _| current.contains(id));
     let pvs = Api::<PersistentVolume>::all(client.clone());
-    let mut moved = Vec::new();
+    let mut absent = Vec::new();
     for candidate in &candidates {
-        if !is_pv_name(&candidate.pv_name) {
+        if !is_object_name(&candidate.pv_name) {
             debug!(volume = %candidate.id, "orphan check: the record's PV name is not a valid name; not looked up");
             continue;
         }
@@ -146,7 +138,14 @@ pub async fn round(
         match judge(suspects, candidate, seen, now_ms(), settings.confirm) {
             Verdict::Keep => {}
             Verdict::Suspect => {
-                info!(volume = %candidate.id, pv = %candidate.pv_name, "orphan check: the volume's PV is absent; checked again before anything moves")
+                info!(volume = %candidate.id, pv = %candidate.pv_name, "orphan check: the volume's PV is absent; checked again before anything moves");
+                absent.push(Entry {
+                    volume_id: candidate.id.to_string(),
+                    pv: candidate.pv_name.clone(),
+                    state: State::PvAbsent,
+                    since_unix_ms: suspects.get(&candidate.id).copied().unwrap_or_default(),
+                    lost_path: None,
+                });
             }
             Verdict::Orphaned => {
                 let owner = volumes.clone();
@@ -155,7 +154,6 @@ pub async fn round(
                 match result {
                     Ok(Ok(path)) => {
                         metrics.observe_node_loss(ACTION, true);
-                        moved.push(candidate.id.clone());
                         report(client, settings, candidate, &path.display().to_string()).await;
                     }
                     Ok(Err(err)) => {
@@ -170,7 +168,26 @@ pub async fn round(
             }
         }
     }
-    moved
+    absent
+}
+
+/// The node's report: the orphaned volumes, then those whose PV is absent.
+async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Vec<Entry> {
+    let listed = volumes.clone();
+    let orphaned = tokio::task::spawn_blocking(move || listed.orphaned())
+        .await
+        .unwrap_or_default();
+    orphaned
+        .into_iter()
+        .map(|(id, orphaned)| Entry {
+            volume_id: id.to_string(),
+            pv: orphaned.pv_name,
+            state: State::Orphaned,
+            since_unix_ms: orphaned.since_unix_ms,
+            lost_path: Some(orphaned.lost_path.display().to_string()),
+        })
+        .chain(absent)
+        .collect()
 }
 
 /// An Event on this node's Node object (the PV it would concern is gone).
@@ -220,9 +237,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let mut suspects = Suspects::new();
+    // A report may be left from before this start.
+    let mut published = true;
     tokio::pin!(shutdown);
     loop {
-        round(&client, &volumes, &settings, &metrics, &mut suspects).await;
+        let absent = round(&client, &volumes, &settings, &metrics, &mut suspects).await;
+        if let Some(target) = &settings.report {
+            let entries = report_entries(&volumes, absent).await;
+            if let Err(err) = report::publish(&client, target, &entries, &mut published).await {
+                warn!(error = %err, "orphan check: could not write this node's report; written again next round");
+            }
+        }
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tokio::time::sleep(settings.interval) => {}
@@ -340,7 +365,7 @@ mod tests {
 
     #[test]
     fn hostile_pv_names_are_not_looked_up() {
-        assert!(is_pv_name("pvc-0b6c1a2e-7f00-4d1e-aa00-000000000000"));
+        assert!(is_object_name("pvc-0b6c1a2e-7f00-4d1e-aa00-000000000000"));
         for bad in [
             "",
             "../nodes/x",
@@ -351,7 +376,7 @@ mod tests {
             "a?b",
             &"a".repeat(254),
         ] {
-            assert!(!is_pv_name(bad), "{bad}");
+            assert!(!is_object_name(bad), "{bad}");
         }
     }
 }

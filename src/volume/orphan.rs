@@ -56,6 +56,18 @@ impl Volumes {
             .collect()
     }
 
+    /// The orphaned volumes and where their data went, in id order (for the node's report).
+    pub fn orphaned(&self) -> Vec<(VolumeId, Orphaned)> {
+        let mut orphaned: Vec<_> = self
+            .store
+            .all()
+            .into_iter()
+            .filter_map(|r| Some((r.id.clone(), r.orphaned.clone()?)))
+            .collect();
+        orphaned.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        orphaned
+    }
+
     /// How many volumes are orphaned (for metrics).
     pub fn orphaned_count(&self) -> usize {
         self.store
