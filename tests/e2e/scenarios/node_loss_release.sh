@@ -3,7 +3,7 @@
 # StatefulSet runs again on the first node with a new, empty volume; the old PV is removed. The
 # time from the deletion to Running is logged ("measured: …"). Then the node comes back: its
 # driver finds the volume whose PV is gone and moves its data to lost+found, and reports it
-# (`stickyvol volumes`, the metrics).
+# (`stickyvol volumes`, the metrics, its report that `stickyvol cluster orphans` lists).
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/nodeloss.sh"
 
@@ -51,7 +51,27 @@ grep -qx 'stickyvol_orphaned_volumes 1' <<<"$metrics" || fail "stickyvol_orphane
 grep -q '^stickyvol_node_loss_actions_total{action="orphan_to_lost_found",result="done"} 1' <<<"$metrics" ||
     fail "no orphan_to_lost_found action counted"
 
-step "the operator removes it by hand"
+step "stickyvol cluster orphans lists it, from $LOST's report"
+# listed_orphan: node, state and place of the volume in `cluster orphans --json`, run where an
+# operator may run it: in the controller's pod, with its service account.
+listed_orphan() {
+    k -n "$DRIVER_NS" exec stickyvol-controller-0 -c stickyvol -- stickyvol cluster orphans --json |
+        python3 -c '
+import json, sys
+for v in json.load(sys.stdin)["volumes_without_pv"]:
+    if v["volume_id"] == sys.argv[1]:
+        print(v["node"], v["state"], v.get("lost_path", "-"))
+' "$HANDLE"
+}
+until_ok 90 "$HANDLE in cluster orphans" '[[ $(listed_orphan) == "$LOST orphaned $path" ]]'
+REPORT=stickyvol.csi.io-orphans-$LOST
+[[ $(k -n "$DRIVER_NS" get configmap "$REPORT" -o jsonpath='{.metadata.ownerReferences[0].name}') == "$LOST" ]] ||
+    fail "the report $REPORT is not owned by Node $LOST"
+
+step "the operator removes it by hand; the report goes"
 k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volume delete "$HANDLE" >/dev/null
 expect_eq "$(cluster exec "$LOST" cat "$path/written")" db-0 "lost+found after the record's deletion"
 cluster exec "$LOST" rm -rf "$path"
+# The next look (60 s in deploy/) finds nothing left to report.
+until_ok 150 "the report $REPORT deleted" '! k -n "$DRIVER_NS" get configmap "$REPORT" >/dev/null 2>&1'
+[[ -z $(listed_orphan) ]] || fail "cluster orphans still lists $HANDLE"
