@@ -4,6 +4,7 @@
 //! (`report`). Read-only: the reconciler's list permissions, and listing ConfigMaps in the
 //! driver's namespace.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use serde::Serialize;
 
 use super::decide::{self, Action, Decision, Options, Snapshot};
 use super::reconcile::{self, Settings};
-use super::report::{self, Entry, State};
+use super::report::{self, Entry, NodeReport, State};
 
 /// Commands that ask the Kubernetes API rather than the driver on this node.
 #[derive(Debug, Subcommand)]
@@ -66,6 +67,8 @@ pub struct Unnamed {
 pub struct Report {
     pub pvs_on_lost_nodes: Vec<Orphan>,
     pub volumes_without_pv: Vec<Unnamed>,
+    /// Per node, volumes beyond what its report lists (`stickyvol volumes` there has them).
+    pub not_listed: BTreeMap<String, u64>,
     /// Reports that could not be read, and why.
     pub unreadable_reports: Vec<String>,
 }
@@ -101,21 +104,38 @@ pub fn orphans(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Orphan> {
         .collect()
 }
 
-/// Each node's entries, by node then volume.
-pub fn unnamed(reports: Vec<Result<(String, Vec<Entry>), String>>) -> (Vec<Unnamed>, Vec<String>) {
-    let mut volumes = Vec::new();
-    let mut unreadable = Vec::new();
-    for report in reports {
-        match report {
-            Ok((node, entries)) => volumes.extend(entries.into_iter().map(|entry| Unnamed {
-                node: node.clone(),
-                entry,
-            })),
-            Err(why) => unreadable.push(why),
+/// The reports' part of the command's report: entries by node then volume.
+pub fn unnamed(reports: Vec<Result<NodeReport, String>>, pvs_on_lost_nodes: Vec<Orphan>) -> Report {
+    let mut report = Report {
+        pvs_on_lost_nodes,
+        volumes_without_pv: Vec::new(),
+        not_listed: BTreeMap::new(),
+        unreadable_reports: Vec::new(),
+    };
+    for read in reports {
+        match read {
+            Ok(NodeReport {
+                node,
+                entries,
+                omitted,
+            }) => {
+                if omitted > 0 {
+                    report.not_listed.insert(node.clone(), omitted);
+                }
+                report
+                    .volumes_without_pv
+                    .extend(entries.into_iter().map(|entry| Unnamed {
+                        node: node.clone(),
+                        entry,
+                    }));
+            }
+            Err(why) => report.unreadable_reports.push(why),
         }
     }
-    volumes.sort_by(|a, b| (&a.node, &a.entry.volume_id).cmp(&(&b.node, &b.entry.volume_id)));
-    (volumes, unreadable)
+    report
+        .volumes_without_pv
+        .sort_by(|a, b| (&a.node, &a.entry.volume_id).cmp(&(&b.node, &b.entry.volume_id)));
+    report
 }
 
 /// The report as text: the PVs, then the volumes no PV names.
@@ -136,6 +156,11 @@ pub fn table(report: &Report) -> String {
                 v.entry.volume_id, v.node, v.entry.pv
             ),
         });
+    }
+    for (node, count) in &report.not_listed {
+        out.push_str(&format!(
+            "and {count} more on node {node}, beyond what its report holds: stickyvol volumes there lists them\n"
+        ));
     }
     for why in &report.unreadable_reports {
         out.push_str(&format!("unreadable: {why}\n"));
@@ -222,12 +247,7 @@ pub fn run(command: ClusterCommand) -> ExitCode {
             dry_run: true,
         },
     );
-    let (volumes_without_pv, unreadable_reports) = unnamed(reports);
-    let found = Report {
-        pvs_on_lost_nodes: orphans(&snapshot, &decisions),
-        volumes_without_pv,
-        unreadable_reports,
-    };
+    let found = unnamed(reports, orphans(&snapshot, &decisions));
     if args.json {
         match serde_json::to_string_pretty(&found) {
             Ok(text) => println!("{text}"),
@@ -319,27 +339,34 @@ mod tests {
             since_unix_ms: 1_764_144_000_000,
             lost_path: lost.map(Into::into),
         };
-        let (volumes, unreadable) = unnamed(vec![
-            Ok(("b".into(), vec![entry("sv-2", State::PvAbsent, None)])),
-            Err("report x is unreadable: EOF".into()),
-            Ok((
-                "a".into(),
-                vec![entry(
-                    "sv-1",
-                    State::Orphaned,
-                    Some("/pool/lost+found/sv-1"),
-                )],
-            )),
-        ]);
+        let report = unnamed(
+            vec![
+                Ok(NodeReport {
+                    node: "b".into(),
+                    entries: vec![entry("sv-2", State::PvAbsent, None)],
+                    omitted: 7,
+                }),
+                Err("report x is unreadable: EOF".into()),
+                Ok(NodeReport {
+                    node: "a".into(),
+                    entries: vec![entry(
+                        "sv-1",
+                        State::Orphaned,
+                        Some("/pool/lost+found/sv-1"),
+                    )],
+                    omitted: 0,
+                }),
+            ],
+            Vec::new(),
+        );
         assert_eq!(
-            volumes.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(),
+            report
+                .volumes_without_pv
+                .iter()
+                .map(|v| v.node.as_str())
+                .collect::<Vec<_>>(),
             ["a", "b"]
         );
-        let report = Report {
-            pvs_on_lost_nodes: Vec::new(),
-            volumes_without_pv: volumes,
-            unreadable_reports: unreadable,
-        };
         let text = table(&report);
         assert!(text.starts_with("no PV of this driver"), "{text}");
         assert!(
@@ -357,15 +384,13 @@ mod tests {
             text.contains("unreadable: report x is unreadable: EOF"),
             "{text}"
         );
+        assert!(text.contains("and 7 more on node b"), "{text}");
+        assert_eq!(serde_json::to_value(&report).unwrap()["not_listed"]["b"], 7);
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["volumes_without_pv"][0]["node"], "a");
         assert_eq!(json["volumes_without_pv"][0]["state"], "orphaned");
         assert_eq!(json["volumes_without_pv"][1]["state"], "pv-absent");
-        let none = table(&Report {
-            pvs_on_lost_nodes: Vec::new(),
-            volumes_without_pv: Vec::new(),
-            unreadable_reports: Vec::new(),
-        });
+        let none = table(&unnamed(Vec::new(), Vec::new()));
         assert!(
             none.contains("no node reports a volume that no PV names"),
             "{none}"

@@ -20,7 +20,12 @@ use crate::config::is_object_name;
 pub const LABEL: &str = "stickyvol.csi.io/orphan-report";
 const KEY_NODE: &str = "node";
 const KEY_VOLUMES: &str = "volumes.json";
+/// How many volumes did not fit (absent when none).
+const KEY_OMITTED: &str = "omitted";
 const FIELD_MANAGER: &str = "stickyvol-orphan-check";
+/// What the entries of one report may take: a ConfigMap holds at most 1 MiB, and a node with
+/// thousands of orphans still gets a report (the rest counted, not listed).
+const REPORT_BUDGET_BYTES: usize = 256 * 1024;
 /// Reports are read back from the API server: one bigger than this is not believed.
 const MAX_REPORT_BYTES: usize = 512 * 1024;
 
@@ -53,15 +58,49 @@ pub fn name(driver: &str, node: &str) -> Option<String> {
     is_object_name(&name).then_some(name)
 }
 
-/// The report as applied (server-side): `node`, `volumes.json`, owned by the Node when its uid
-/// is known.
+/// A node's report read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeReport {
+    pub node: String,
+    pub entries: Vec<Entry>,
+    /// Volumes beyond the report's budget: counted, not listed.
+    pub omitted: u64,
+}
+
+/// The entries as one JSON array, as many as fit the budget, and how many did not.
+fn encode(entries: &[Entry]) -> (String, u64) {
+    let mut encoded = Vec::new();
+    let mut used = 2;
+    for entry in entries {
+        let Ok(text) = serde_json::to_string(entry) else {
+            continue;
+        };
+        if used + text.len() + 2 > REPORT_BUDGET_BYTES {
+            break;
+        }
+        used += text.len() + 2;
+        encoded.push(text);
+    }
+    let omitted = (entries.len() - encoded.len()) as u64;
+    (format!("[{}]", encoded.join(",\n")), omitted)
+}
+
+/// The report as applied (server-side): `node`, `volumes.json` (and `omitted`), owned by the
+/// Node when its uid is known.
 pub fn config_map(
     driver: &str,
     node: &str,
     node_uid: Option<&str>,
     entries: &[Entry],
 ) -> Option<ConfigMap> {
-    let volumes = serde_json::to_string_pretty(entries).ok()?;
+    let (volumes, omitted) = encode(entries);
+    let mut data = BTreeMap::from([
+        (KEY_NODE.to_string(), node.to_string()),
+        (KEY_VOLUMES.to_string(), volumes),
+    ]);
+    if omitted > 0 {
+        data.insert(KEY_OMITTED.to_string(), omitted.to_string());
+    }
     Some(ConfigMap {
         metadata: ObjectMeta {
             name: Some(name(driver, node)?),
@@ -77,16 +116,13 @@ pub fn config_map(
             }),
             ..ObjectMeta::default()
         },
-        data: Some(BTreeMap::from([
-            (KEY_NODE.to_string(), node.to_string()),
-            (KEY_VOLUMES.to_string(), volumes),
-        ])),
+        data: Some(data),
         ..ConfigMap::default()
     })
 }
 
-/// A report read back: its node and entries, or why it cannot be believed.
-pub fn parse(config_map: &ConfigMap) -> Result<(String, Vec<Entry>), String> {
+/// A report read back, or why it cannot be believed.
+pub fn parse(config_map: &ConfigMap) -> Result<NodeReport, String> {
     let name = config_map.metadata.name.as_deref().unwrap_or("?");
     let data = config_map.data.as_ref();
     let field = |key: &str| {
@@ -102,7 +138,17 @@ pub fn parse(config_map: &ConfigMap) -> Result<(String, Vec<Entry>), String> {
     }
     let entries = serde_json::from_str(volumes)
         .map_err(|err| format!("report {name} is unreadable: {err}"))?;
-    Ok((node.clone(), entries))
+    let omitted = match data.and_then(|d| d.get(KEY_OMITTED)) {
+        None => 0,
+        Some(count) => count
+            .parse()
+            .map_err(|_| format!("report {name} has an unreadable {KEY_OMITTED}"))?,
+    };
+    Ok(NodeReport {
+        node: node.clone(),
+        entries,
+        omitted,
+    })
 }
 
 /// Where a node's report goes.
@@ -155,12 +201,12 @@ pub async fn publish(
     Ok(())
 }
 
-/// Every node's report of `driver` in `namespace`: (node, entries) or why one is unreadable.
+/// Every node's report of `driver` in `namespace`, or why one is unreadable.
 pub async fn read_all(
     client: &Client,
     namespace: &str,
     driver: &str,
-) -> Result<Vec<Result<(String, Vec<Entry>), String>>, kube::Error> {
+) -> Result<Vec<Result<NodeReport, String>>, kube::Error> {
     let reports = Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("{LABEL}={driver}")))
         .await?;
@@ -203,12 +249,48 @@ mod tests {
         );
         let owner = &report.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Node", "uid-b"));
-        assert_eq!(parse(&report).unwrap(), ("node-b".to_string(), entries()));
+        assert_eq!(
+            parse(&report).unwrap(),
+            NodeReport {
+                node: "node-b".into(),
+                entries: entries(),
+                omitted: 0
+            }
+        );
         let text = &report.data.as_ref().unwrap()[KEY_VOLUMES];
-        assert!(text.contains("\"state\": \"pv-absent\""), "{text}");
+        assert!(text.contains("\"state\":\"pv-absent\""), "{text}");
+        assert!(!report.data.as_ref().unwrap().contains_key(KEY_OMITTED));
         // No uid known (the Node unreadable): no owner, still a report.
         let bare = config_map("d", "n", None, &entries()).unwrap();
         assert!(bare.metadata.owner_references.is_none());
+    }
+
+    #[test]
+    fn a_node_with_thousands_of_orphans_reports_what_fits_and_counts_the_rest() {
+        let many: Vec<Entry> = (0..10_000)
+            .map(|i| Entry {
+                volume_id: format!("sv-{i:08}"),
+                pv: format!("pvc-{i:08}-0000-0000-0000-000000000000"),
+                state: State::Orphaned,
+                since_unix_ms: 1_000,
+                lost_path: Some(format!(
+                    "/var/lib/kubelet/volumes/stickyvol.csi.io/lost+found/sv-{i:08}"
+                )),
+            })
+            .collect();
+        let report = config_map("d", "n", None, &many).unwrap();
+        let size: usize = report
+            .data
+            .as_ref()
+            .unwrap()
+            .values()
+            .map(String::len)
+            .sum();
+        assert!(size <= REPORT_BUDGET_BYTES + 64, "{size} bytes");
+        let back = parse(&report).unwrap();
+        assert!(back.entries.len() > 500, "{}", back.entries.len());
+        assert_eq!(back.entries[..], many[..back.entries.len()]);
+        assert_eq!(back.entries.len() as u64 + back.omitted, 10_000);
     }
 
     #[test]
@@ -239,5 +321,11 @@ mod tests {
         let huge = format!("[{}]", " ".repeat(MAX_REPORT_BYTES));
         let oversized = parse(&with(&[(KEY_NODE, "n".into()), (KEY_VOLUMES, huge)]));
         assert!(oversized.unwrap_err().contains("over"));
+        let bad_count = parse(&with(&[
+            (KEY_NODE, "n".into()),
+            (KEY_VOLUMES, "[]".into()),
+            (KEY_OMITTED, "-1".into()),
+        ]));
+        assert!(bad_count.unwrap_err().contains("omitted"));
     }
 }

@@ -171,13 +171,14 @@ pub async fn round(
     absent
 }
 
-/// The node's report: the orphaned volumes, then those whose PV is absent.
-async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Vec<Entry> {
+/// The node's report: the orphaned volumes, then those whose PV is absent (None if the records
+/// could not be listed: no report is better than a wrong one).
+async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Option<Vec<Entry>> {
     let listed = volumes.clone();
     let orphaned = tokio::task::spawn_blocking(move || listed.orphaned())
         .await
-        .unwrap_or_default();
-    orphaned
+        .ok()?;
+    let entries = orphaned
         .into_iter()
         .map(|(id, orphaned)| Entry {
             volume_id: id.to_string(),
@@ -187,7 +188,8 @@ async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Vec<Entry
             lost_path: Some(orphaned.lost_path.display().to_string()),
         })
         .chain(absent)
-        .collect()
+        .collect();
+    Some(entries)
 }
 
 /// An Event on this node's Node object (the PV it would concern is gone).
@@ -242,11 +244,11 @@ pub async fn run(
     tokio::pin!(shutdown);
     loop {
         let absent = round(&client, &volumes, &settings, &metrics, &mut suspects).await;
-        if let Some(target) = &settings.report {
-            let entries = report_entries(&volumes, absent).await;
-            if let Err(err) = report::publish(&client, target, &entries, &mut published).await {
-                warn!(error = %err, "orphan check: could not write this node's report; written again next round");
-            }
+        if let Some(target) = &settings.report
+            && let Some(entries) = report_entries(&volumes, absent).await
+            && let Err(err) = report::publish(&client, target, &entries, &mut published).await
+        {
+            warn!(error = %err, "orphan check: could not write this node's report; written again next round");
         }
         tokio::select! {
             _ = &mut shutdown => break,
