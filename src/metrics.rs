@@ -350,6 +350,17 @@ impl Metrics {
         self.count_node_loss(action, "dry_run");
     }
 
+    /// How many node-loss actions were counted with these labels.
+    #[cfg(test)]
+    pub fn node_loss_count(&self, action: &str, result: &str) -> u64 {
+        self.node_loss_actions
+            .get_or_create(&NodeLossLabels {
+                action: action.to_string(),
+                result: result.to_string(),
+            })
+            .get()
+    }
+
     fn count_node_loss(&self, action: &'static str, result: &'static str) {
         self.node_loss_actions
             .get_or_create(&NodeLossLabels {

@@ -25,6 +25,10 @@ use std::fmt;
 
 use super::policy::{OnNodeLoss, PARAM_ON_NODE_LOSS};
 
+/// The finalizer external-provisioner puts on PVs it provisioned; only the dead node's
+/// provisioner would remove it.
+pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
 /// The taint Kubernetes documents for a node shut down non-gracefully.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
@@ -71,6 +75,9 @@ pub struct PvView {
     pub reclaim_retain: bool,
     /// It has a deletionTimestamp: a finalizer (pv-protection, the provisioner's) holds it.
     pub deleting: bool,
+    /// It carries external-provisioner's finalizer, which only the provisioner of its node
+    /// removes.
+    pub provisioner_finalizer: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -162,6 +169,11 @@ pub enum Action {
     DeletePv {
         pv: ObjectRef,
     },
+    /// The PV is already being deleted: drop the provisioner's finalizer that holds it (what
+    /// `DeletePv` left when its patch met a conflict).
+    DropPvFinalizer {
+        pv: ObjectRef,
+    },
 }
 
 impl Action {
@@ -172,6 +184,7 @@ impl Action {
             Self::ReleaseClaim { .. } => "release_claim",
             Self::DeletePods { .. } => "delete_pods",
             Self::DeletePv { .. } => "delete_pv",
+            Self::DropPvFinalizer { .. } => "drop_pv_finalizer",
         }
     }
 }
@@ -193,6 +206,7 @@ pub enum Reason {
     ReclaimRetain,
     NodeMayReturn,
     PvBeingDeleted,
+    PvHeldByProvisionerFinalizer,
 }
 
 impl fmt::Display for Reason {
@@ -229,6 +243,9 @@ impl fmt::Display for Reason {
             Self::PvBeingDeleted => {
                 f.write_str("the PV is already being deleted; it goes when its finalizers do")
             }
+            Self::PvHeldByProvisionerFinalizer => f.write_str(
+                "the PV is being deleted but held by the finalizer of the provisioner that ran on its deleted node",
+            ),
         }
     }
 }
@@ -428,21 +445,22 @@ fn is_out_of_service(node: &NodeView) -> bool {
 }
 
 fn remove_pv(pv: &PvView, loss: Loss) -> (Action, Reason) {
+    let this_pv = || ObjectRef {
+        namespace: String::new(),
+        name: pv.name.clone(),
+        uid: pv.uid.clone(),
+    };
     match loss {
         Loss::OutOfService => (Action::Nothing, Reason::NodeMayReturn),
         Loss::Deleted if pv.reclaim_retain => (Action::Nothing, Reason::ReclaimRetain),
-        // Deleting it again would only count the same deletion twice.
-        Loss::Deleted if pv.deleting => (Action::Nothing, Reason::PvBeingDeleted),
-        Loss::Deleted => (
-            Action::DeletePv {
-                pv: ObjectRef {
-                    namespace: String::new(),
-                    name: pv.name.clone(),
-                    uid: pv.uid.clone(),
-                },
-            },
-            Reason::PvReleased,
+        // Deleted already: only what holds it is left to do (not a second deletion, which
+        // would be counted twice).
+        Loss::Deleted if pv.deleting && pv.provisioner_finalizer => (
+            Action::DropPvFinalizer { pv: this_pv() },
+            Reason::PvHeldByProvisionerFinalizer,
         ),
+        Loss::Deleted if pv.deleting => (Action::Nothing, Reason::PvBeingDeleted),
+        Loss::Deleted => (Action::DeletePv { pv: this_pv() }, Reason::PvReleased),
     }
 }
 
@@ -503,6 +521,7 @@ mod tests {
                 claim: Some(obj("ns", "data-db-0")),
                 reclaim_retain: false,
                 deleting: false,
+                provisioner_finalizer: true,
             }],
             claims: vec![ClaimView {
                 object: obj("ns", "data-db-0"),
@@ -759,9 +778,22 @@ mod tests {
             (d.action, d.reason),
             (Action::Nothing, Reason::ReclaimRetain)
         );
-        // A PV already being deleted (a finalizer holds it) is not deleted, nor counted, twice.
+        // A PV already being deleted is not deleted, nor counted, twice: the provisioner's
+        // finalizer is dropped if it still holds it, and then it is left to go.
         let mut s = released.clone();
         s.pvs[0].deleting = true;
+        let d = only(decide(&s, ACT));
+        let Action::DeletePv { pv } = pv_gone.clone() else {
+            unreachable!()
+        };
+        assert_eq!(
+            (d.action, d.reason),
+            (
+                Action::DropPvFinalizer { pv },
+                Reason::PvHeldByProvisionerFinalizer
+            )
+        );
+        s.pvs[0].provisioner_finalizer = false;
         let d = only(decide(&s, ACT));
         assert_eq!(
             (d.action, d.reason),

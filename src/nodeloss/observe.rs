@@ -5,7 +5,10 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::decide::{ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView, StatefulSetView};
+use super::decide::{
+    ClaimView, ClassView, NodeView, ObjectRef, PROVISIONER_FINALIZER, PodView, PvView,
+    StatefulSetView,
+};
 use super::slim::{Pod, StatefulSet};
 
 fn object(meta: &ObjectMeta) -> ObjectRef {
@@ -82,6 +85,11 @@ pub fn pv(pv: &PersistentVolume, topology_key: &str) -> PvView {
         reclaim_retain: spec.and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
             == Some("Retain"),
         deleting: pv.metadata.deletion_timestamp.is_some(),
+        provisioner_finalizer: pv
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == PROVISIONER_FINALIZER)),
     }
 }
 
@@ -206,6 +214,12 @@ mod tests {
         }}))
         .unwrap();
         assert!(pv(&held, KEY).deleting);
+        assert!(!pv(&held, KEY).provisioner_finalizer);
+        let ours: PersistentVolume = serde_json::from_value(json!({"metadata": {
+            "finalizers": ["kubernetes.io/pv-protection", PROVISIONER_FINALIZER]
+        }}))
+        .unwrap();
+        assert!(pv(&ours, KEY).provisioner_finalizer);
     }
 
     #[test]

@@ -47,7 +47,8 @@ pub struct Orphan {
     pub node_state: &'static str,
     pub claim: String,
     pub on_node_loss: &'static str,
-    /// What the reconciler would do: none, release_claim, delete_pods, delete_pv.
+    /// What the reconciler would do: none, release_claim, delete_pods, delete_pv,
+    /// drop_pv_finalizer.
     pub action: &'static str,
     /// The objects it would delete.
     pub deletes: Vec<String>,
@@ -85,6 +86,7 @@ pub fn orphans(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Orphan> {
                     .collect(),
                 Action::DeletePods { pods } => pods.iter().map(|p| format!("pod/{p}")).collect(),
                 Action::DeletePv { pv } => vec![format!("pv/{pv}")],
+                Action::DropPvFinalizer { .. } => Vec::new(),
             };
             Orphan {
                 pv: d.pv.clone(),
@@ -288,6 +290,7 @@ mod tests {
             }),
             reclaim_retain: false,
             deleting: false,
+            provisioner_finalizer: true,
         };
         let snapshot = Snapshot {
             nodes: vec![decide::NodeView {

@@ -18,15 +18,11 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use tracing::{info, warn};
 
-use super::decide::{self, Action, Decision, ObjectRef, Options, Snapshot};
+use super::decide::{self, Action, Decision, ObjectRef, Options, PROVISIONER_FINALIZER, Snapshot};
 use super::lease::Election;
 use super::observe;
 use super::slim::{Pod, StatefulSet};
 use crate::metrics::Metrics;
-
-/// The finalizer external-provisioner puts on PVs it provisioned; only the dead node's
-/// provisioner would remove it.
-pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
 /// The Lease the replicas compete for (in their own namespace).
 pub const LEASE_NAME: &str = "stickyvol-node-loss";
@@ -155,33 +151,44 @@ pub async fn carry_out(client: &Client, action: &Action) -> Result<(), kube::Err
         Action::DeletePv { pv } => {
             let api = Api::<PersistentVolume>::all(client.clone());
             settled(api.delete(&pv.name, &delete_params(&pv.uid)).await)?;
-            // Drop the provisioner's finalizer, at the resourceVersion read (a conflict is
-            // retried next round); pv-protection's is Kubernetes' own to remove.
-            let Some(current) = api.get_opt(&pv.name).await? else {
-                return Ok(());
-            };
-            if current.metadata.uid.as_deref() != Some(pv.uid.as_str()) {
-                return Ok(());
-            }
-            let finalizers: Vec<String> = current
-                .metadata
-                .finalizers
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|f| f != PROVISIONER_FINALIZER)
-                .collect();
-            let patch = serde_json::json!({
-                "metadata": {
-                    "finalizers": finalizers,
-                    "resourceVersion": current.metadata.resource_version,
-                }
-            });
-            settled(
-                api.patch(&pv.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await,
-            )
+            drop_provisioner_finalizer(&api, pv).await
+        }
+        Action::DropPvFinalizer { pv } => {
+            drop_provisioner_finalizer(&Api::<PersistentVolume>::all(client.clone()), pv).await
         }
     }
+}
+
+/// Drops the provisioner's finalizer from PV `pv` (that provisioner ran on the deleted node), at
+/// the resourceVersion read: after a conflict the PV still holds it, and the next round decides
+/// `DropPvFinalizer`. pv-protection's finalizer is Kubernetes' own to remove.
+async fn drop_provisioner_finalizer(
+    api: &Api<PersistentVolume>,
+    pv: &ObjectRef,
+) -> Result<(), kube::Error> {
+    let Some(current) = api.get_opt(&pv.name).await? else {
+        return Ok(());
+    };
+    if current.metadata.uid.as_deref() != Some(pv.uid.as_str()) {
+        return Ok(());
+    }
+    let finalizers: Vec<String> = current
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f != PROVISIONER_FINALIZER)
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": current.metadata.resource_version,
+        }
+    });
+    settled(
+        api.patch(&pv.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
 }
 
 /// The Event for a decision, about the claim it acts on (or the PV).
@@ -218,7 +225,7 @@ fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
         (_, true) => "NodeLossDryRun",
         (Action::ReleaseClaim { .. }, false) => "NodeLossReleased",
         (Action::DeletePods { .. }, false) => "NodeLossPodsDeleted",
-        (Action::DeletePv { .. }, false) => "NodeLossPvDeleted",
+        (Action::DeletePv { .. } | Action::DropPvFinalizer { .. }, false) => "NodeLossPvDeleted",
     };
     let mut note = format!(
         "node {} is {} (onNodeLoss: {}): {}: {}{}",
@@ -311,10 +318,12 @@ pub async fn round(
                     }
                 }
             }
-        } else if decision.dry_run && decision.action != Action::Nothing {
-            metrics.observe_node_loss_dry_run(decision.action.kind());
         }
         if !reported.contains(&key) {
+            // Counted once per decision, as announced, not every round it stays the same.
+            if decision.dry_run && decision.action != Action::Nothing {
+                metrics.observe_node_loss_dry_run(decision.action.kind());
+            }
             let event = event(decision, settings, pv_uid);
             let ns = event.metadata.namespace.clone().unwrap_or_default();
             if let Err(err) = Api::<Event>::namespaced(client.clone(), &ns)
@@ -415,6 +424,8 @@ mod tests {
         /// Every write: "METHOD path".
         writes: Vec<String>,
         events: Vec<Value>,
+        /// How many of the next PATCHes answer 409, as when the object changed since read.
+        patch_conflicts: usize,
     }
 
     type Shared = Arc<Mutex<Store>>;
@@ -500,6 +511,10 @@ mod tests {
                 }
                 objects.insert(name, obj.clone());
                 respond(201, &obj)
+            }
+            ("PATCH", Some(_)) if store.patch_conflicts > 0 => {
+                store.patch_conflicts -= 1;
+                respond(409, &status(409, "Conflict"))
             }
             ("PUT", Some(name)) | ("PATCH", Some(name)) => {
                 store.version += 1;
@@ -691,14 +706,18 @@ mod tests {
         dry_run: bool,
         reported: &mut HashSet<(String, String, String)>,
     ) -> Vec<Decision> {
-        round(
-            &client(store),
-            &settings(dry_run),
-            &Metrics::new(),
-            reported,
-        )
-        .await
-        .unwrap()
+        counted_round(store, dry_run, reported, &Metrics::new()).await
+    }
+
+    async fn counted_round(
+        store: &Shared,
+        dry_run: bool,
+        reported: &mut HashSet<(String, String, String)>,
+        metrics: &Metrics,
+    ) -> Vec<Decision> {
+        round(&client(store), &settings(dry_run), metrics, reported)
+            .await
+            .unwrap()
     }
 
     #[tokio::test]
@@ -731,6 +750,41 @@ mod tests {
         assert_eq!(writes(&store), Vec::<String>::new());
         let s = store.lock().unwrap();
         assert!(s.objects["/api/v1/persistentvolumes"].contains_key("pv-other"));
+    }
+
+    #[tokio::test]
+    async fn a_finalizer_left_by_a_conflict_is_dropped_next_round_and_the_pv_counted_once() {
+        let store = cluster("release");
+        // The claim is gone already: the PV is released.
+        store
+            .lock()
+            .unwrap()
+            .objects
+            .remove("/api/v1/namespaces/ns/persistentvolumeclaims");
+        let metrics = Metrics::new();
+        let mut reported = HashSet::new();
+        store.lock().unwrap().patch_conflicts = 1;
+        counted_round(&store, false, &mut reported, &metrics).await;
+        assert_eq!(
+            writes(&store),
+            [
+                "DELETE /api/v1/persistentvolumes/pv-b",
+                "PATCH /api/v1/persistentvolumes/pv-b"
+            ]
+        );
+        let pvs = "/api/v1/persistentvolumes";
+        assert!(store.lock().unwrap().objects[pvs].contains_key("pv-b"));
+        // Being deleted, still held by the provisioner's finalizer: dropped, not deleted again.
+        let decisions = counted_round(&store, false, &mut reported, &metrics).await;
+        assert_eq!(decisions[0].action.kind(), "drop_pv_finalizer");
+        assert_eq!(writes(&store), ["PATCH /api/v1/persistentvolumes/pv-b"]);
+        assert!(!store.lock().unwrap().objects[pvs].contains_key("pv-b"));
+        assert_eq!(
+            counted_round(&store, false, &mut reported, &metrics).await,
+            vec![]
+        );
+        assert_eq!(metrics.node_loss_count("delete_pv", "done"), 1);
+        assert_eq!(metrics.node_loss_count("drop_pv_finalizer", "done"), 1);
     }
 
     #[tokio::test]
@@ -804,10 +858,16 @@ mod tests {
     #[tokio::test]
     async fn dry_run_writes_nothing_but_events() {
         let store = cluster("release");
-        let decisions = one_round(&store, true, &mut HashSet::new()).await;
-        assert_eq!(decisions[0].action.kind(), "release_claim");
+        let metrics = Metrics::new();
+        let mut reported = HashSet::new();
+        for _ in 0..3 {
+            let decisions = counted_round(&store, true, &mut reported, &metrics).await;
+            assert_eq!(decisions[0].action.kind(), "release_claim");
+        }
         assert_eq!(writes(&store), Vec::<String>::new());
         assert_eq!(event_reasons(&store), ["NodeLossDryRun"]);
+        // One decision, announced once and counted once, however many rounds it stays.
+        assert_eq!(metrics.node_loss_count("release_claim", "dry_run"), 1);
     }
 
     #[tokio::test]
