@@ -300,9 +300,9 @@ impl Metrics {
         let node_loss_actions = Family::<NodeLossLabels, Counter>::default();
         registry.register(
             "node_loss_actions",
-            "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv; a node's \
-             orphan_to_lost_found) by result: done, failed (retried next round) or dry_run \
-             (decided, not carried out)",
+            "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv, \
+             drop_pv_finalizer; a node's orphan_to_lost_found) by result: done, failed (retried \
+             next round) or dry_run (decided and announced, not carried out)",
             node_loss_actions.clone(),
         );
         let node_loss_leader = Gauge::default();
