@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::admin::cli::AdminCommand;
 use crate::config::{DoctorArgs, ServeArgs};
+use crate::nodeloss::orphans::ClusterCommand;
 
 /// stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
 ///
@@ -29,6 +30,8 @@ pub enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
+// Made once per process, at start: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the CSI Identity, Controller and Node services on a unix socket.
     ///
@@ -36,7 +39,29 @@ pub enum Command {
     Serve(ServeArgs),
     /// Check that this node can run stickyvol; exits non-zero when it cannot.
     Doctor(DoctorArgs),
+    /// Ask the Kubernetes API (KUBECONFIG or in-cluster credentials), from anywhere.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// `volumes` and `volume …`: ask the driver serving on this node about its volumes.
     #[command(flatten)]
     Admin(AdminCommand),
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::nodeloss::orphans::{ClusterCommand, OrphansArgs};
+
+    #[test]
+    fn the_command_line_is_consistent_and_parses_cluster_orphans() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["stickyvol", "cluster", "orphans", "--json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Cluster(ClusterCommand::Orphans(OrphansArgs { json: true, .. }))
+        ));
+        assert!(Cli::try_parse_from(["stickyvol", "cluster"]).is_err());
+    }
 }

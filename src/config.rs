@@ -86,6 +86,69 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub overcommit: Vec<String>,
+
+    /// Controller mode only: the node-loss reconciler, which applies the StorageClasses'
+    /// `onNodeLoss` to claims whose node is deleted or out of service (see docs/operations.md,
+    /// "Node loss"): off, on, or dry-run (decides and reports, changes nothing).
+    #[arg(long, env = "NODE_LOSS", value_enum, default_value_t = NodeLossMode::Off)]
+    pub node_loss: NodeLossMode,
+
+    /// Seconds between the reconciler's rounds; its Lease lasts three.
+    #[arg(
+        long,
+        env = "NODE_LOSS_INTERVAL",
+        value_name = "SECONDS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..=300)
+    )]
+    pub node_loss_interval: u64,
+
+    /// Seconds between looks for volumes of this node whose PV is gone (a node that came back
+    /// after the cluster released its claims); such a volume's data moves to its pool's
+    /// lost+found once its PV stays absent for two intervals (0: off; needs Kubernetes
+    /// credentials: in-cluster, or $KUBECONFIG).
+    #[arg(
+        long,
+        env = "ORPHAN_CHECK_INTERVAL",
+        value_name = "SECONDS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=3600)
+    )]
+    pub orphan_check_interval: u64,
+
+    /// The pod's own namespace (from the downward API): where the reconciler's Lease is, and
+    /// where the orphan check keeps this node's report for `stickyvol cluster orphans`.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// This replica's name in the Lease (its pod name, from the downward API).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+/// Whether the node-loss reconciler runs, and whether it acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodeLossMode {
+    Off,
+    On,
+    DryRun,
+}
+
+/// The orphan check's validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrphanCheckConfig {
+    pub interval: Duration,
+    /// Where this node's report of PV-less volumes goes; None: not reported there.
+    pub report_namespace: Option<String>,
+}
+
+/// The node-loss reconciler's validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLossConfig {
+    pub dry_run: bool,
+    pub interval: Duration,
+    pub lease_namespace: String,
+    pub identity: String,
 }
 
 /// Flags of `stickyvol doctor`: the paths `serve` will use, with the same names, environment
@@ -196,6 +259,10 @@ pub struct Config {
     pub run_dir: Option<PathBuf>,
     /// The default pool (the data dir) first, then the extra pools in flag order.
     pub pools: Vec<PoolConfig>,
+    /// The node-loss reconciler, when it runs (controller mode only).
+    pub node_loss: Option<NodeLossConfig>,
+    /// The looks for orphaned volumes, when they run (modes with volumes only).
+    pub orphan_check: Option<OrphanCheckConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,6 +281,8 @@ pub enum ConfigError {
     RelativePath { flag: &'static str, path: PathBuf },
     #[error("--max-volumes-per-node must not be negative")]
     MaxVolumes,
+    #[error("--node-loss: {0}")]
+    NodeLoss(String),
     #[error("{flag} {value:?}: {why}")]
     Pool {
         flag: &'static str,
@@ -224,6 +293,28 @@ pub enum ConfigError {
 
 impl Config {
     pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
+        let node_loss = node_loss(&args)?;
+        let orphan_check = match (args.orphan_check_interval, args.mode.works_on_host()) {
+            (0, _) => None,
+            (seconds, true) => Some(OrphanCheckConfig {
+                interval: Duration::from_secs(seconds),
+                report_namespace: match args.namespace.as_deref() {
+                    None => None,
+                    Some(ns) if is_object_name(ns) => Some(ns.to_string()),
+                    Some(ns) => {
+                        return Err(ConfigError::NodeLoss(format!(
+                            "--namespace {ns:?} is not a Kubernetes object name"
+                        )));
+                    }
+                },
+            }),
+            (_, false) => {
+                return Err(ConfigError::NodeLoss(
+                    "--orphan-check-interval runs only where the volumes are (--mode=all or node)"
+                        .into(),
+                ));
+            }
+        };
         if !is_label_value(&args.node_id) {
             return Err(ConfigError::NodeId(args.node_id));
         }
@@ -248,6 +339,8 @@ impl Config {
                 .map_or(defaults.max_connections, |n| n as usize),
         };
         Ok(Config {
+            node_loss,
+            orphan_check,
             socket_path,
             node_id: args.node_id,
             data_dir: paths.pools[0].path.clone(),
@@ -271,6 +364,34 @@ impl Config {
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)
     }
+}
+
+/// The reconciler's settings: it runs only in controller mode, named in its Lease by its pod's
+/// name and namespace.
+fn node_loss(args: &ServeArgs) -> Result<Option<NodeLossConfig>, ConfigError> {
+    if args.node_loss == NodeLossMode::Off {
+        return Ok(None);
+    }
+    if args.mode != Mode::Controller {
+        return Err(ConfigError::NodeLoss(
+            "runs only with --mode=controller".into(),
+        ));
+    }
+    let named = |flag: &str, value: &Option<String>| match value.as_deref() {
+        Some(v) if is_object_name(v) => Ok(v.to_string()),
+        Some(v) => Err(ConfigError::NodeLoss(format!(
+            "{flag} {v:?} is not a Kubernetes object name"
+        ))),
+        None => Err(ConfigError::NodeLoss(format!(
+            "needs {flag} (the pod's, from the downward API)"
+        ))),
+    };
+    Ok(Some(NodeLossConfig {
+        dry_run: args.node_loss == NodeLossMode::DryRun,
+        interval: Duration::from_secs(args.node_loss_interval),
+        lease_namespace: named("--namespace", &args.namespace)?,
+        identity: named("--identity", &args.identity)?,
+    }))
 }
 
 /// Validated flags of `stickyvol doctor`: the paths it checks, judged by the same rules as
@@ -530,6 +651,19 @@ fn is_driver_name(name: &str) -> bool {
     })
 }
 
+/// A DNS-1123 subdomain (pod and namespace names fit it): 1–253 bytes of [a-z0-9.-],
+/// alphanumeric at both ends.
+pub fn is_object_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 253
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+}
+
 /// 1–63 bytes, alphanumeric at both ends, every byte `allowed`.
 fn is_bounded_name(value: &str, allowed: impl Fn(u8) -> bool) -> bool {
     let bytes = value.as_bytes();
@@ -593,6 +727,11 @@ mod tests {
             metrics_max_connections: None,
             enforcement: Vec::new(),
             overcommit: Vec::new(),
+            node_loss: NodeLossMode::Off,
+            node_loss_interval: 5,
+            orphan_check_interval: 0,
+            namespace: None,
+            identity: None,
         }
     }
 
@@ -856,6 +995,82 @@ mod tests {
         }
         for good in ["a", "node-1.example", "A_b-C"] {
             assert!(Config::from_args(args(good)).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn node_loss_runs_only_in_controller_mode_with_a_lease_name() {
+        let with = |mode, node_loss, namespace: Option<&str>, identity: Option<&str>| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.node_loss = node_loss;
+            a.namespace = namespace.map(Into::into);
+            a.identity = identity.map(Into::into);
+            Config::from_args(a)
+        };
+        let ns = Some("stickyvol");
+        let pod = Some("stickyvol-controller-0");
+        assert_eq!(
+            with(Mode::All, NodeLossMode::Off, None, None)
+                .unwrap()
+                .node_loss,
+            None
+        );
+        let on = with(Mode::Controller, NodeLossMode::On, ns, pod).unwrap();
+        assert_eq!(
+            on.node_loss,
+            Some(NodeLossConfig {
+                dry_run: false,
+                interval: Duration::from_secs(5),
+                lease_namespace: "stickyvol".into(),
+                identity: "stickyvol-controller-0".into(),
+            })
+        );
+        let dry = with(Mode::Controller, NodeLossMode::DryRun, ns, pod).unwrap();
+        assert!(dry.node_loss.unwrap().dry_run);
+        for (mode, namespace, identity) in [
+            (Mode::All, ns, pod),
+            (Mode::Node, ns, pod),
+            (Mode::Controller, None, pod),
+            (Mode::Controller, ns, None),
+            (Mode::Controller, Some("Bad_NS"), pod),
+            (Mode::Controller, ns, Some("")),
+        ] {
+            let err = with(mode, NodeLossMode::On, namespace, identity).unwrap_err();
+            assert!(matches!(err, ConfigError::NodeLoss(_)), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_orphan_check_reports_in_the_pods_namespace_when_it_has_one() {
+        let with = |mode, seconds, namespace: Option<&str>| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.orphan_check_interval = seconds;
+            a.namespace = namespace.map(Into::into);
+            Config::from_args(a)
+        };
+        assert_eq!(
+            with(Mode::All, 0, Some("stickyvol")).unwrap().orphan_check,
+            None
+        );
+        assert_eq!(
+            with(Mode::Node, 60, Some("stickyvol"))
+                .unwrap()
+                .orphan_check,
+            Some(OrphanCheckConfig {
+                interval: Duration::from_secs(60),
+                report_namespace: Some("stickyvol".into()),
+            })
+        );
+        let unreported = with(Mode::All, 60, None).unwrap().orphan_check.unwrap();
+        assert_eq!(unreported.report_namespace, None);
+        for (mode, namespace) in [
+            (Mode::Controller, Some("stickyvol")),
+            (Mode::All, Some("Bad_NS")),
+        ] {
+            let err = with(mode, 60, namespace).unwrap_err();
+            assert!(matches!(err, ConfigError::NodeLoss(_)), "{err}");
         }
     }
 }

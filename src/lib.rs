@@ -18,6 +18,7 @@ pub mod host;
 pub mod identity;
 pub mod metrics;
 pub mod node;
+pub mod nodeloss;
 pub mod request;
 pub mod server;
 pub mod unix_channel;

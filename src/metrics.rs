@@ -53,6 +53,12 @@ struct ModeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLossLabels {
+    action: String,
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JournalLabels {
     journal: String,
 }
@@ -187,6 +193,9 @@ pub struct Metrics {
     journals: Arc<JournalCollector>,
     connections_refused: Counter,
     connections_timed_out: Counter,
+    node_loss_actions: Family<NodeLossLabels, Counter>,
+    node_loss_leader: Gauge,
+    orphaned_volumes: Gauge,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -288,7 +297,30 @@ impl Metrics {
              byte for too long",
             connections_timed_out.clone(),
         );
+        let node_loss_actions = Family::<NodeLossLabels, Counter>::default();
+        registry.register(
+            "node_loss_actions",
+            "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv, \
+             drop_pv_finalizer; a node's orphan_to_lost_found) by result: done, failed (retried \
+             next round) or dry_run (decided and announced, not carried out)",
+            node_loss_actions.clone(),
+        );
+        let node_loss_leader = Gauge::default();
+        registry.register(
+            "node_loss_leader",
+            "1 while this replica holds the node-loss reconciler's Lease and acts",
+            node_loss_leader.clone(),
+        );
+        let orphaned_volumes = Gauge::default();
+        registry.register(
+            "orphaned_volumes",
+            "Volumes of this node whose PV was found gone, their data moved to lost+found",
+            orphaned_volumes.clone(),
+        );
         Metrics {
+            orphaned_volumes,
+            node_loss_actions,
+            node_loss_leader,
             connections_refused,
             connections_timed_out,
             registry,
@@ -306,6 +338,40 @@ impl Metrics {
             data_dir_free,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// Counts one node-loss action carried out (or failed).
+    pub fn observe_node_loss(&self, action: &'static str, done: bool) {
+        self.count_node_loss(action, if done { "done" } else { "failed" });
+    }
+
+    /// Counts one node-loss action decided in a dry run.
+    pub fn observe_node_loss_dry_run(&self, action: &'static str) {
+        self.count_node_loss(action, "dry_run");
+    }
+
+    /// How many node-loss actions were counted with these labels.
+    #[cfg(test)]
+    pub fn node_loss_count(&self, action: &str, result: &str) -> u64 {
+        self.node_loss_actions
+            .get_or_create(&NodeLossLabels {
+                action: action.to_string(),
+                result: result.to_string(),
+            })
+            .get()
+    }
+
+    fn count_node_loss(&self, action: &'static str, result: &'static str) {
+        self.node_loss_actions
+            .get_or_create(&NodeLossLabels {
+                action: action.to_string(),
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_node_loss_leader(&self, leading: bool) {
+        self.node_loss_leader.set(i64::from(leading));
     }
 
     /// Records one finished RPC.
@@ -361,6 +427,8 @@ impl Metrics {
                     .get_or_create(&ModeLabels { mode })
                     .inc_by(entry.capacity_bytes);
             }
+            self.orphaned_volumes
+                .set(i64::try_from(volumes.orphaned_count()).unwrap_or(i64::MAX));
             match volumes.space() {
                 Ok(space) => {
                     self.data_dir_capacity

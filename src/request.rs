@@ -28,6 +28,9 @@ pub const PARAM_POOL: &str = "pool";
 pub const PARAM_BLOCK_ALLOCATION: &str = "blockAllocation";
 /// StorageClass parameter: `"true"` refuses filesystem volumes on pools that cannot limit sizes.
 pub const PARAM_REQUIRE_ENFORCEMENT: &str = "requireEnforcement";
+use crate::nodeloss::policy::OnNodeLoss;
+/// StorageClass parameter: `keep` (the default) or `release` claims whose node is lost.
+pub use crate::nodeloss::policy::PARAM_ON_NODE_LOSS;
 /// StorageClass parameter: `"true"` lets claims ask ReadWriteMany / ReadOnlyMany.
 pub use crate::volume::capability::PARAM_SHARED_ACCESS;
 
@@ -38,6 +41,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_BLOCK_ALLOCATION,
     PARAM_REQUIRE_ENFORCEMENT,
     PARAM_SHARED_ACCESS,
+    PARAM_ON_NODE_LOSS,
 ];
 
 /// Validated StorageClass parameters.
@@ -50,6 +54,9 @@ pub struct ClassParameters {
     pub require_enforcement: bool,
     /// Multi-node access modes are accepted (the volume still lives on one node).
     pub shared_access: bool,
+    /// Read by the node-loss reconciler from the class; checked here so a bad value is refused
+    /// when the first claim is provisioned, not found when a node is lost.
+    pub on_node_loss: OnNodeLoss,
 }
 
 pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
@@ -294,12 +301,15 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
     };
     let require_enforcement = flag(PARAM_REQUIRE_ENFORCEMENT)?;
     let shared_access = flag(PARAM_SHARED_ACCESS)?;
+    let on_node_loss = OnNodeLoss::parse(params.get(PARAM_ON_NODE_LOSS).map(String::as_str))
+        .map_err(Error::InvalidArgument)?;
     Ok(ClassParameters {
         raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         pool,
         allocation,
         require_enforcement,
         shared_access,
+        on_node_loss,
     })
 }
 
@@ -561,12 +571,19 @@ mod tests {
             ("nvme-1", Allocation::Thick, true)
         );
         assert_eq!(set.raw.len(), 3);
+        assert_eq!(plain.on_node_loss, OnNodeLoss::Keep);
+        assert_eq!(
+            given(&[("onNodeLoss", "release")]).unwrap().on_node_loss,
+            OnNodeLoss::Release
+        );
         for bad in [
             ("pool", "NVMe"),
             ("pool", "../x"),
             ("pool", ""),
             ("blockAllocation", "sparse"),
             ("requireEnforcement", "yes"),
+            ("onNodeLoss", "delete"),
+            ("onNodeLoss", ""),
         ] {
             let err = given(&[bad]).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::codegen::http;
 use tonic::transport::Server;
 use tower::{Layer, Service};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::admin::service::AdminService;
 use crate::admin_api;
@@ -27,6 +27,7 @@ use crate::driver::Driver;
 use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
+use crate::nodeloss::{reconcile, report, returned};
 
 use crate::unix_channel::STREAM_WINDOW_BYTES;
 
@@ -50,6 +51,8 @@ pub enum ServeError {
     },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("node loss (reconciler or orphan check): no Kubernetes client configuration: {0}")]
+    Kubernetes(#[from] kube::Error),
 }
 
 /// Serves until `shutdown` completes, then finishes in-flight calls and removes the socket.
@@ -105,6 +108,71 @@ async fn serve_on(
             .await
             .map_err(|source| ServeError::Metrics { address, source })?;
     }
+    // The node-loss reconciler stops with the server; it then hands its Lease over.
+    let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
+    let reconciler = match driver.config.node_loss.clone() {
+        Some(node_loss) => {
+            // In-cluster: the service account's token and CA; else $KUBECONFIG.
+            let client = kube::Client::try_default().await?;
+            let settings = reconcile::Settings {
+                driver: driver.config.driver_name.clone(),
+                topology_key: driver.config.topology_key(),
+                dry_run: node_loss.dry_run,
+                interval: node_loss.interval,
+                lease_namespace: node_loss.lease_namespace,
+                lease_name: reconcile::LEASE_NAME.into(),
+                identity: node_loss.identity,
+            };
+            info!(dry_run = settings.dry_run, interval = ?settings.interval, "node-loss reconciler starting");
+            Some(tokio::spawn(reconcile::run(
+                client,
+                settings,
+                metrics.clone(),
+                async move {
+                    let _ = stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
+    // A node that comes back: volumes whose PV is gone move to lost+found.
+    let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
+    let orphan_check = match (driver.config.orphan_check.clone(), driver.volumes().ok()) {
+        (Some(check), Some(volumes)) => 'check: {
+            // The node's volumes matter more than this report: without credentials the driver
+            // serves anyway, and says so.
+            let client = match kube::Client::try_default().await {
+                Ok(client) => client,
+                Err(err) => {
+                    error!(error = %err, "orphan check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+                    break 'check None;
+                }
+            };
+            let settings = returned::Settings {
+                driver: driver.config.driver_name.clone(),
+                node: driver.config.node_id.clone(),
+                interval: check.interval,
+                // Two looks at least two intervals apart (see `returned`).
+                confirm: check.interval * 2,
+                report: check.report_namespace.map(|namespace| report::Target {
+                    driver: driver.config.driver_name.clone(),
+                    node: driver.config.node_id.clone(),
+                    namespace,
+                }),
+            };
+            info!(interval = ?settings.interval, report = ?settings.report.as_ref().map(|r| &r.namespace), "orphan check starting");
+            Some(tokio::spawn(returned::run(
+                client,
+                volumes,
+                settings,
+                metrics.clone(),
+                async move {
+                    let _ = orphans_stopped.await;
+                },
+            )))
+        }
+        _ => None,
+    };
     let mut router = Server::builder()
         // HTTP/2's default 64 KiB windows stall a stream on a WINDOW_UPDATE round trip every
         // 64 KiB: export and import streams move MiB-sized messages.
@@ -137,7 +205,23 @@ async fn serve_on(
     // The socket is bound and its calls are taken from here on; interrupted copies start
     // beside them (each on a thread of its own), not before.
     driver.resume_interrupted_work();
-    serving.await?;
+    let served = serving.await;
+    let _ = stop_reconciler.send(());
+    let _ = stop_orphans.send(());
+    if let Some(orphan_check) = orphan_check {
+        // A move under way finishes on its blocking thread; the loop itself just stops.
+        orphan_check.abort();
+    }
+    if let Some(reconciler) = reconciler {
+        // Bounded: a hung API call must not hold the stop past the pod's grace period.
+        if tokio::time::timeout(std::time::Duration::from_secs(5), reconciler)
+            .await
+            .is_err()
+        {
+            warn!("node-loss reconciler did not stop in 5 s");
+        }
+    }
+    served?;
     // The clean stop's write-back of the records runs where the volumes are dropped last: not
     // in a background thread (a snapshot copy just done) that the process exit cuts short.
     let idle = driver.clone();

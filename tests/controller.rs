@@ -341,6 +341,34 @@ async fn create_parameters_unknown_refused_provisioner_keys_accepted() {
 }
 
 #[tokio::test]
+async fn create_on_node_loss_is_keep_or_release() {
+    let driver = TestDriver::start().await;
+    for bad in ["delete", "Release", ""] {
+        let status = expect_code(
+            driver
+                .controller()
+                .create_volume(csi::CreateVolumeRequest {
+                    parameters: params(&[("onNodeLoss", bad)]),
+                    ..create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE)
+                })
+                .await,
+            Code::InvalidArgument,
+        );
+        assert!(status.message().contains("onNodeLoss"), "{status:?}");
+    }
+    assert_eq!(driver.list_all().await.len(), 0);
+    for good in ["keep", "release"] {
+        let volume = driver
+            .create(csi::CreateVolumeRequest {
+                parameters: params(&[("onNodeLoss", good)]),
+                ..create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE)
+            })
+            .await;
+        assert!(is_volume_id(&volume.volume_id), "{good}");
+    }
+}
+
+#[tokio::test]
 async fn create_capacity_rules() {
     let driver = TestDriver::start().await;
     let range = |required_bytes, limit_bytes| csi::CreateVolumeRequest {

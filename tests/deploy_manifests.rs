@@ -251,7 +251,7 @@ fn check_manifest(file: &str, text: &str, image: &Image) -> Outcome {
 
 /// What a started container would run, after validation.
 enum Started {
-    Serve(Config),
+    Serve(Box<Config>),
     Doctor(DoctorConfig),
     Admin,
 }
@@ -287,10 +287,22 @@ fn check_pod(label: &str, spec: &Value, object: &Object, image: &Image, outcome:
                 outcome.failures.push(format!("{label}: {why}"));
             }
             match started {
-                Started::Serve(config) => serves.push((label, config)),
+                Started::Serve(config) => serves.push((label, *config)),
                 Started::Doctor(config) => doctors.push((label, config)),
                 Started::Admin => {}
             }
+        }
+    }
+    // The controller runs the node-loss reconciler, named in its Lease by its pod (the
+    // downward API's stand-ins above), and nothing else does.
+    for (serve_label, serve) in &serves {
+        let runs = serve.node_loss.is_some();
+        if runs != (serve.mode == stickyvol::config::Mode::Controller) {
+            outcome.failures.push(format!(
+                "{serve_label}: node-loss reconciler {} in mode {:?}",
+                if runs { "on" } else { "off" },
+                serve.mode
+            ));
         }
     }
     // Doctor exists to check what serve will use: the same kubelet dir, pools and run dir.
@@ -365,7 +377,7 @@ fn start(
                 paths.extend(config.pools.iter().map(|p| p.path.clone()));
                 paths.extend(config.run_dir.clone());
             }
-            (Started::Serve(config), paths)
+            (Started::Serve(Box::new(config)), paths)
         }
         Command::Doctor(args) => {
             let config = DoctorConfig::from_args(args).map_err(|err| format!("doctor: {err}"))?;
@@ -374,7 +386,7 @@ fn start(
             paths.extend(config.run_dir.clone());
             (Started::Doctor(config), paths)
         }
-        Command::Admin(_) => (Started::Admin, Vec::new()),
+        Command::Admin(_) | Command::Cluster(_) => (Started::Admin, Vec::new()),
     })
 }
 

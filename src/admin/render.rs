@@ -105,7 +105,13 @@ fn short_access_type(access_type: &str) -> &str {
 }
 
 fn status(volume: &api::Volume) -> &'static str {
-    if volume.abnormal { "abnormal" } else { "ok" }
+    if volume.orphaned {
+        "orphaned"
+    } else if volume.abnormal {
+        "abnormal"
+    } else {
+        "ok"
+    }
 }
 
 fn or_dash(text: &str) -> &str {
@@ -317,6 +323,7 @@ pub struct VolumeJson {
     pub access_modes: Vec<String>,
     pub created_unix_ms: u64,
     pub content_source: String,
+    pub orphaned: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -380,6 +387,7 @@ impl From<&api::Volume> for VolumeJson {
             access_modes: v.access_modes.clone(),
             created_unix_ms: v.created_unix_ms,
             content_source: v.content_source.clone(),
+            orphaned: v.orphaned,
         }
     }
 }
@@ -478,6 +486,7 @@ mod tests {
             access_modes: vec!["SINGLE_NODE_WRITER".into()],
             created_unix_ms: 1_700_000_000_123,
             content_source: String::new(),
+            orphaned: false,
         }
     }
 
@@ -526,6 +535,17 @@ sv-a    default/data-web-0  default  fs     1.0Gi  12Mi  btrfs-qgroup  ok       
 sv-bb   -                   fast     block  512Mi     -  file          abnormal     0          2  /mnt/fast/volumes/sv-bb.img
 ";
         assert_eq!(text, expected, "\n{text}");
+    }
+
+    #[test]
+    fn an_orphaned_volume_says_so_and_where_its_data_went() {
+        let mut v = volume("sv-a");
+        v.orphaned = true;
+        v.abnormal = true;
+        v.host_path = "/data/lost+found/sv-a".into();
+        let row = table(&[v]).lines().nth(1).unwrap().to_string();
+        assert!(row.contains(" orphaned "), "{row}");
+        assert!(row.ends_with("/data/lost+found/sv-a"), "{row}");
     }
 
     #[test]
@@ -586,6 +606,7 @@ sv-bb   -                   fast     block  512Mi     -  file          abnormal 
             "access_modes",
             "created_unix_ms",
             "content_source",
+            "orphaned",
         ];
         let mut keys = keys;
         keys.sort_unstable();

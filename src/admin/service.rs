@@ -203,6 +203,7 @@ fn to_api(volumes: &Volumes, report: &VolumeReport) -> api::Volume {
         }
         .to_string(),
         abnormal: report.condition.abnormal,
+        orphaned: record.orphaned.is_some(),
         condition: report.condition.message.clone(),
         publications: record
             .publications

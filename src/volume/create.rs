@@ -157,6 +157,7 @@ impl Volumes {
                 created_unix_ms: now_ms(),
                 content_source: req.content_source,
                 importing: false,
+                orphaned: None,
                 publications: Vec::new(),
             };
             let record = self.store.put(record).map_err(|err| {
@@ -228,6 +229,15 @@ impl Volumes {
             return Ok(());
         };
         let pool = self.pool_of(&record)?;
+        if let Some(orphaned) = &record.orphaned {
+            // Its data is in lost+found, for a person to judge: only the record goes.
+            self.store
+                .remove(id)
+                .context(|| format!("removing the record of volume {id}"))?;
+            pool.release(id);
+            info!(volume = %id, lost_path = %orphaned.lost_path.display(), "deleted the record of an orphaned volume; its data stays in lost+found");
+            return Ok(());
+        }
         let live = self.live_targets(&record)?;
         if !live.is_empty() {
             return Err(Error::FailedPrecondition(format!(

@@ -89,8 +89,10 @@ impl Volumes {
             pool.commit_qgroups();
             cheap_usage(pool, &record).or_else(|| measure.then(|| self.measured(pool, &record))?)
         });
-        let host_path =
-            pool.map_or_else(PathBuf::new, |pool| pool.data_path(&record.id, record.kind));
+        let host_path = match &record.orphaned {
+            Some(orphaned) => orphaned.lost_path.clone(),
+            None => pool.map_or_else(PathBuf::new, |pool| pool.data_path(&record.id, record.kind)),
+        };
         let mut taken: Vec<_> = snapshots
             .iter()
             .filter(|s| s.source_volume == record.id)

@@ -25,6 +25,7 @@ mod devices;
 mod expand;
 pub mod guard;
 pub mod inventory;
+pub mod orphan;
 mod publish;
 mod recover;
 pub mod stats;
@@ -428,6 +429,13 @@ impl Volumes {
     /// Healthy unless the volume's data is missing or of the wrong type, or its size limit is
     /// gone or exceeded.
     pub fn condition(&self, record: &VolumeRecord) -> Condition {
+        if let Some(orphaned) = &record.orphaned {
+            return Condition::from_problem(Some(format!(
+                "orphaned: PV {} is gone; the data was moved to {}",
+                orphaned.pv_name,
+                orphaned.lost_path.display()
+            )));
+        }
         let problem = self.data_path(record).map_or_else(
             |err| Some(err.to_string()),
             |path| data_problem(record, &path).or_else(|| limit_problem(record, &path)),

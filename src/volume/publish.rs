@@ -43,6 +43,13 @@ impl Volumes {
     pub fn publish(&self, id: &VolumeId, req: PublishRequest) -> Result<()> {
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
+        if let Some(orphaned) = &record.orphaned {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is orphaned (PV {} was gone); its data is in {}",
+                orphaned.pv_name,
+                orphaned.lost_path.display()
+            )));
+        }
         if record.importing {
             // Partial content: emptied in the background after a restart (`transfer`).
             return Err(Error::Pending(format!(

@@ -68,6 +68,7 @@ impl Volumes {
         // Still sees the publications a crash left, which tell a used volume from a new one.
         self.remake_recent_data(&report.created_recently)?;
         self.forget_stale_publications()?;
+        self.finish_orphans();
         info!(volumes = self.store.len(), data_dir = %self.default_pool().root.display(), "volume state loaded");
         Ok(())
     }

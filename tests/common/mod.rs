@@ -107,6 +107,8 @@ pub struct Options {
     /// (see [`TestDriver::prepare_other_node_at_same_paths`]). Not carried by
     /// [`TestDriver::shell_command`].
     pub data_dir_in_own_namespace: bool,
+    /// `KUBECONFIG` for the driver (the Kubernetes API it reads, e.g. a stub); none when None.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -247,6 +249,17 @@ impl TestDriver {
         }
         for var in DRIVER_ENV {
             cmd.env_remove(var);
+        }
+        // Kubernetes credentials only where a test gives them.
+        for var in [
+            "KUBECONFIG",
+            "KUBERNETES_SERVICE_HOST",
+            "KUBERNETES_SERVICE_PORT",
+        ] {
+            cmd.env_remove(var);
+        }
+        if let Some(kubeconfig) = &self.options.kubeconfig {
+            cmd.env("KUBECONFIG", kubeconfig);
         }
         cmd.env("RUST_LOG", self.options.rust_log.unwrap_or("info"));
         let log = OpenOptions::new()

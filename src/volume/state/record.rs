@@ -175,9 +175,22 @@ pub struct VolumeRecord {
     /// start empties the volume instead of leaving it half-written.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub importing: bool,
+    /// Its PV was found gone: the data was moved to lost+found (see `volume::orphan`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orphaned: Option<Orphaned>,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,
+}
+
+/// A volume whose PV was found gone: where its data went, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Orphaned {
+    pub since_unix_ms: u64,
+    /// The PV the record named, found absent (or naming another volume).
+    pub pv_name: String,
+    /// Where the data is now, in its pool's lost+found.
+    pub lost_path: PathBuf,
 }
 
 fn default_pool() -> String {

@@ -288,6 +288,7 @@ mod tests {
             created_unix_ms: 1,
             content_source: None,
             importing: false,
+            orphaned: None,
             publications: vec![],
         }
     }

@@ -1,0 +1,384 @@
+//! A node that comes back after its claims were released: its driver finds the volumes whose
+//! PV is gone and moves their data to lost+found (`volume::orphan`), never deleting it, and
+//! reports each (log, Event, metric; `stickyvol volumes` shows them).
+//!
+//! Every interval each candidate's PV (the record's `csi.storage.k8s.io/pv/name`) is read with
+//! a consistent GET. A volume is orphaned only when its PV was absent (or named another volume)
+//! on two reads at least `confirm` apart, and the volume is older than `confirm`: the
+//! provisioner creates the PV only after CreateVolume returns. An error, a PV present, or a
+//! published volume clears the suspicion: nothing is ever decided on a failed read.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, PersistentVolume};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use tracing::{debug, info, warn};
+
+use super::report::{self, Entry, State};
+use crate::config::is_object_name;
+use crate::metrics::Metrics;
+use crate::volume::Volumes;
+use crate::volume::orphan::Candidate;
+use crate::volume::state::id::VolumeId;
+use crate::volume::state::record::now_ms;
+
+/// The metric's action label.
+pub const ACTION: &str = "orphan_to_lost_found";
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver: String,
+    pub node: String,
+    pub interval: Duration,
+    /// How long a PV must stay absent (and the volume exist) before the data moves.
+    pub confirm: Duration,
+    /// Where the node's report goes (`report`); None: no report.
+    pub report: Option<report::Target>,
+}
+
+/// What one read of a candidate's PV showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// A PV of our driver naming this volume.
+    Present,
+    /// No PV of that name, or one of another driver or volume.
+    Absent,
+    /// The read failed: nothing can be concluded.
+    Unknown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Keep,
+    /// Absent once: looked at again next round.
+    Suspect,
+    Orphaned,
+}
+
+/// When each suspect's PV was first seen absent, in ms since the epoch.
+pub type Suspects = HashMap<VolumeId, u64>;
+
+/// The rule, pure: see the module comment.
+pub fn judge(
+    suspects: &mut Suspects,
+    candidate: &Candidate,
+    seen: Seen,
+    now_ms: u64,
+    confirm: Duration,
+) -> Verdict {
+    let confirm = confirm.as_millis() as u64;
+    if seen != Seen::Absent {
+        suspects.remove(&candidate.id);
+        return Verdict::Keep;
+    }
+    let first = *suspects.entry(candidate.id.clone()).or_insert(now_ms);
+    let absent_long = now_ms.saturating_sub(first) >= confirm && now_ms > first;
+    let old_enough = now_ms.saturating_sub(candidate.created_unix_ms) >= confirm;
+    if absent_long && old_enough {
+        suspects.remove(&candidate.id);
+        Verdict::Orphaned
+    } else {
+        Verdict::Suspect
+    }
+}
+
+/// What a GET of the PV showed about volume `id`.
+pub fn seen(read: &Result<Option<PersistentVolume>, kube::Error>, driver: &str, id: &str) -> Seen {
+    match read {
+        Err(_) => Seen::Unknown,
+        Ok(None) => Seen::Absent,
+        Ok(Some(pv)) => {
+            let csi = pv.spec.as_ref().and_then(|s| s.csi.as_ref());
+            if csi.is_some_and(|c| c.driver == driver && c.volume_handle == id) {
+                Seen::Present
+            } else {
+                Seen::Absent
+            }
+        }
+    }
+}
+
+/// One round: reads each candidate's PV, judges, and moves the orphans. Returns the volumes
+/// whose PV is absent but not yet for long enough.
+pub async fn round(
+    client: &Client,
+    volumes: &Arc<Volumes>,
+    settings: &Settings,
+    metrics: &Metrics,
+    suspects: &mut Suspects,
+) -> Vec<Entry> {
+    let listed = volumes.clone();
+    let candidates = match tokio::task::spawn_blocking(move || listed.orphan_candidates()).await {
+        Ok(candidates) => candidates,
+        Err(err) => {
+            warn!(error = %err, "orphan check: could not list the volumes");
+            return Vec::new();
+        }
+    };
+    // A volume published, deleted or orphaned meanwhile is no suspect any more.
+    let current: HashSet<&VolumeId> = candidates.iter().map(|c| &c.id).collect();
+    suspects.retain(|id, _| current.contains(id));
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let mut absent = Vec::new();
+    for candidate in &candidates {
+        if !is_object_name(&candidate.pv_name) {
+            debug!(volume = %candidate.id, "orphan check: the record's PV name is not a valid name; not looked up");
+            continue;
+        }
+        let read = pvs.get_opt(&candidate.pv_name).await;
+        if let Err(err) = &read {
+            warn!(volume = %candidate.id, pv = %candidate.pv_name, error = %err, "orphan check: cannot read the PV; nothing decided");
+        }
+        let seen = seen(&read, &settings.driver, candidate.id.as_str());
+        match judge(suspects, candidate, seen, now_ms(), settings.confirm) {
+            Verdict::Keep => {}
+            Verdict::Suspect => {
+                info!(volume = %candidate.id, pv = %candidate.pv_name, "orphan check: the volume's PV is absent; checked again before anything moves");
+                absent.push(Entry {
+                    volume_id: candidate.id.to_string(),
+                    pv: candidate.pv_name.clone(),
+                    state: State::PvAbsent,
+                    since_unix_ms: suspects.get(&candidate.id).copied().unwrap_or_default(),
+                    lost_path: None,
+                });
+            }
+            Verdict::Orphaned => {
+                let owner = volumes.clone();
+                let (id, pv) = (candidate.id.clone(), candidate.pv_name.clone());
+                let result = tokio::task::spawn_blocking(move || owner.orphan(&id, &pv)).await;
+                match result {
+                    Ok(Ok(path)) => {
+                        metrics.observe_node_loss(ACTION, true);
+                        report(client, settings, candidate, &path.display().to_string()).await;
+                    }
+                    Ok(Err(err)) => {
+                        metrics.observe_node_loss(ACTION, false);
+                        warn!(volume = %candidate.id, error = %err, "orphan check: could not move the data to lost+found");
+                    }
+                    Err(err) => {
+                        metrics.observe_node_loss(ACTION, false);
+                        warn!(volume = %candidate.id, error = %err, "orphan check: the move failed unexpectedly");
+                    }
+                }
+            }
+        }
+    }
+    absent
+}
+
+/// The node's report: the orphaned volumes, then those whose PV is absent (None if the records
+/// could not be listed: no report is better than a wrong one).
+async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Option<Vec<Entry>> {
+    let listed = volumes.clone();
+    let orphaned = tokio::task::spawn_blocking(move || listed.orphaned())
+        .await
+        .ok()?;
+    let entries = orphaned
+        .into_iter()
+        .map(|(id, orphaned)| Entry {
+            volume_id: id.to_string(),
+            pv: orphaned.pv_name,
+            state: State::Orphaned,
+            since_unix_ms: orphaned.since_unix_ms,
+            lost_path: Some(orphaned.lost_path.display().to_string()),
+        })
+        .chain(absent)
+        .collect();
+    Some(entries)
+}
+
+/// An Event on this node's Node object (the PV it would concern is gone).
+async fn report(client: &Client, settings: &Settings, candidate: &Candidate, lost_path: &str) {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some("stickyvol-orphaned-".into()),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(settings.node.clone()),
+            ..ObjectReference::default()
+        },
+        reason: Some("VolumeOrphaned".into()),
+        message: Some(format!(
+            "volume {} of PV {} (gone) moved to {lost_path} on node {}; inspect and remove it by hand",
+            candidate.id, candidate.pv_name, settings.node
+        )),
+        type_: Some("Warning".into()),
+        source: Some(EventSource {
+            component: Some(settings.driver.clone()),
+            host: Some(settings.node.clone()),
+        }),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        count: Some(1),
+        ..Event::default()
+    };
+    if let Err(err) = Api::<Event>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &event)
+        .await
+    {
+        warn!(volume = %candidate.id, error = %err, "orphan check: could not record the event");
+    }
+}
+
+/// Runs a round every interval until `shutdown`.
+pub async fn run(
+    client: Client,
+    volumes: Arc<Volumes>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut suspects = Suspects::new();
+    // A report may be left from before this start.
+    let mut published = true;
+    tokio::pin!(shutdown);
+    loop {
+        let absent = round(&client, &volumes, &settings, &metrics, &mut suspects).await;
+        if let Some(target) = &settings.report
+            && let Some(entries) = report_entries(&volumes, absent).await
+            && let Err(err) = report::publish(&client, target, &entries, &mut published).await
+        {
+            warn!(error = %err, "orphan check: could not write this node's report; written again next round");
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(settings.interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const MIN: u64 = 60_000;
+
+    fn candidate(created: u64) -> Candidate {
+        Candidate {
+            id: VolumeId::generate(&crate::volume::state::id::NodeTag::of("n")),
+            pv_name: "pvc-1".into(),
+            created_unix_ms: created,
+        }
+    }
+
+    #[test]
+    fn orphaned_only_after_two_absent_reads_confirm_apart_of_an_old_enough_volume() {
+        let confirm = Duration::from_secs(120);
+        let c = candidate(0);
+        let mut s = Suspects::new();
+        let t0 = 10 * MIN;
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, t0, confirm),
+            Verdict::Suspect
+        );
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, t0 + MIN, confirm),
+            Verdict::Suspect,
+            "not yet confirm apart"
+        );
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, t0 + 2 * MIN, confirm),
+            Verdict::Orphaned
+        );
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_failed_read_or_a_present_pv_clears_the_suspicion() {
+        let confirm = Duration::from_secs(120);
+        let c = candidate(0);
+        for between in [Seen::Unknown, Seen::Present] {
+            let mut s = Suspects::new();
+            judge(&mut s, &c, Seen::Absent, 10 * MIN, confirm);
+            assert_eq!(judge(&mut s, &c, between, 11 * MIN, confirm), Verdict::Keep);
+            // The clock starts again.
+            assert_eq!(
+                judge(&mut s, &c, Seen::Absent, 13 * MIN, confirm),
+                Verdict::Suspect
+            );
+        }
+        let mut s = Suspects::new();
+        for t in 0..10 {
+            assert_eq!(
+                judge(&mut s, &c, Seen::Unknown, t * MIN, confirm),
+                Verdict::Keep,
+                "errors never lead anywhere"
+            );
+        }
+    }
+
+    #[test]
+    fn a_young_volume_waits_for_its_pv() {
+        let confirm = Duration::from_secs(120);
+        let c = candidate(10 * MIN);
+        let mut s = Suspects::new();
+        // Absent from its first second: the provisioner has not created the PV yet.
+        judge(&mut s, &c, Seen::Absent, 10 * MIN, confirm);
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, 11 * MIN + MIN / 2, confirm),
+            Verdict::Suspect
+        );
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, 12 * MIN, confirm),
+            Verdict::Orphaned
+        );
+        // A zero confirm still needs two reads at different times.
+        let mut s = Suspects::new();
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, 20 * MIN, Duration::ZERO),
+            Verdict::Suspect
+        );
+    }
+
+    #[test]
+    fn only_a_pv_of_our_driver_naming_the_volume_is_its_pv() {
+        let pv = |driver: &str, handle: &str| -> PersistentVolume {
+            serde_json::from_value(json!({
+                "metadata": {"name": "pvc-1"},
+                "spec": {"csi": {"driver": driver, "volumeHandle": handle}}
+            }))
+            .unwrap()
+        };
+        let d = "stickyvol.csi.io";
+        assert_eq!(seen(&Ok(Some(pv(d, "v1"))), d, "v1"), Seen::Present);
+        assert_eq!(seen(&Ok(Some(pv(d, "v2"))), d, "v1"), Seen::Absent);
+        assert_eq!(seen(&Ok(Some(pv("other", "v1"))), d, "v1"), Seen::Absent);
+        let bare: PersistentVolume =
+            serde_json::from_value(json!({"metadata": {"name": "pvc-1"}})).unwrap();
+        assert_eq!(seen(&Ok(Some(bare)), d, "v1"), Seen::Absent);
+        assert_eq!(seen(&Ok(None), d, "v1"), Seen::Absent);
+        let err = kube::Error::Api(Box::new(kube::core::Status::failure(
+            "boom",
+            "InternalError",
+        )));
+        assert_eq!(seen(&Err(err), d, "v1"), Seen::Unknown);
+    }
+
+    #[test]
+    fn hostile_pv_names_are_not_looked_up() {
+        assert!(is_object_name("pvc-0b6c1a2e-7f00-4d1e-aa00-000000000000"));
+        for bad in [
+            "",
+            "../nodes/x",
+            "a/b",
+            "A",
+            "-a",
+            "a-",
+            "a?b",
+            &"a".repeat(254),
+        ] {
+            assert!(!is_object_name(bad), "{bad}");
+        }
+    }
+}

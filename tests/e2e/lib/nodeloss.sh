@@ -1,0 +1,138 @@
+# What the node-loss scenarios share (sourced after scenario.sh): a StorageClass with an
+# onNodeLoss policy, a one-replica StatefulSet whose claim is made on the second node, and an
+# exit that gives the cluster its second node back, whatever happened.
+# shellcheck shell=bash
+
+LOST=${E2E_NODES[1]}
+LIVE=${E2E_NODES[0]}
+CLASS=$NS
+OUT_OF_SERVICE=node.kubernetes.io/out-of-service
+
+# At exit, pass or fail: the second node comes back (started, untainted) before the namespace
+# goes (its volumes' deletions need its provisioner), then the class goes.
+give_node_back() {
+    local rc=$?
+    trap - EXIT
+    set +e
+    bring_back || log "$LOST not Ready again after the scenario"
+    k taint node "$LOST" "$OUT_OF_SERVICE-" >/dev/null 2>&1
+    # cleanup_namespace exits with the status it is entered with: in a subshell of its own.
+    if ((rc)); then ( (exit "$rc") || cleanup_namespace ); else (true && cleanup_namespace); fi
+    k delete storageclass "$CLASS" --ignore-not-found >/dev/null 2>&1
+    exit "$rc"
+}
+ready() {
+    [[ $(k get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+}
+# bring_back: starts the second node and waits until it is Ready. A kubelet whose Node was
+# deleted registers it again only some time after it starts (a minute here), and if that is after
+# its CSINode setup gave up, it stays NotReady ("failed to initialize CSINode") until restarted:
+# restarted once then, as a person would.
+bring_back() {
+    cluster start "$LOST" >/dev/null || return 1
+    until_ready "$LOST" 120 && return 0
+    local why
+    why=$(k get node "$LOST" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}' 2>/dev/null)
+    [[ $why == *CSINode* ]] || { until_ready "$LOST" 120; return; }
+    log "$LOST: kubelet gave up on its CSINode ($why); restarting it"
+    cluster restart-kubelet "$LOST"
+    until_ready "$LOST" 180
+}
+until_ready() {
+    local deadline=$((SECONDS + $2))
+    until ready "$1"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 1
+    done
+}
+trap give_node_back EXIT
+
+# class POLICY: the scenario's StorageClass (named after its namespace).
+class() {
+    k apply -f - >/dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $CLASS}
+provisioner: stickyvol.csi.io
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+parameters: {onNodeLoss: $1}
+YAML
+}
+
+# statefulset: StatefulSet "db" of one replica that prefers the second node; its pod writes
+# /data/written and records what /data held when it started in /tmp/found-at-start.
+statefulset() {
+    apply <<YAML
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 1
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      affinity:
+        nodeAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            preference:
+              matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$LOST]}]
+      containers:
+      - name: app
+        image: $TEST_IMAGE
+        command: [sh, -c, "ls -A /data >/tmp/found-at-start; echo \$(hostname) > /data/written; sleep 100000"]
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      storageClassName: $CLASS
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 64Mi}}
+YAML
+}
+
+# The StatefulSet's first pod on the second node, with its data written; sets PV and HANDLE.
+start_on_lost_node() {
+    statefulset
+    until_ok 60 "db-0 made" 'kn get pod db-0'
+    wait_pod_running db-0 180
+    expect_eq "$(pod_node db-0)" "$LOST" "db-0's node (it prefers $LOST)"
+    PV=$(pv_of data-db-0)
+    HANDLE=$(k get pv "$PV" -o jsonpath='{.spec.csi.volumeHandle}')
+    expect_eq "$(pv_node "$PV")" "$LOST" "the claim's node"
+    until_ok 30 "db-0 wrote its data" '[[ $(pexec db-0 cat /data/written) == db-0 ]]'
+}
+
+# now: seconds since the epoch, with fractions.
+now() { date +%s.%N; }
+# since T: seconds since T, one decimal.
+since() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
+
+# running_on NODE: db-0 is Ready on NODE (a new pod: the old one may still be listed on the
+# lost node).
+running_on() {
+    [[ $(pod_node db-0 2>/dev/null) == "$1" ]] &&
+        [[ $(kn get pod db-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
+}
+wait_running_on() { until_true "$2" "db-0 Ready on $1" running_on "$1"; }
+
+# The released pod's volume is another, empty, on the live node.
+expect_new_empty_volume() {
+    local pv
+    pv=$(pv_of data-db-0)
+    [[ -n $pv && $pv != "$PV" ]] || fail "the claim is still bound to the old PV $PV"
+    expect_eq "$(pv_node "$pv")" "$LIVE" "the new claim's node"
+    until_ok 30 "db-0 looked at its volume" 'pexec db-0 test -e /data/written'
+    expect_eq "$(pexec db-0 cat /tmp/found-at-start)" "" "what the new volume held when db-0 started"
+}
+
+# stop_lost_node: the second node's power cord, and the wait until the cluster sees it NotReady.
+not_ready() { ! ready "$1"; }
+stop_lost_node() {
+    cluster stop "$LOST"
+    until_true 180 "$LOST NotReady" not_ready "$LOST"
+}

@@ -1,0 +1,414 @@
+//! A node that comes back after the cluster released its claims: the real driver, with
+//! `--orphan-check-interval`, reads PVs from a stub API server (its kubeconfig) and moves the
+//! data of volumes whose PV is gone to lost+found, never deleting it; a volume whose PV exists,
+//! one that is published, and one whose PV cannot be read stay where they are. The node's
+//! report of them (a ConfigMap owned by its Node) follows what is left.
+
+mod common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+/// What the stub API server holds and saw.
+#[derive(Default)]
+struct Api {
+    /// PVs by name.
+    pvs: HashMap<String, Value>,
+    /// Bodies of the Events posted.
+    events: Vec<Value>,
+    /// ConfigMaps of namespace `stickyvol` by name, as last applied.
+    config_maps: HashMap<String, Value>,
+}
+
+type Shared = Arc<Mutex<Api>>;
+
+fn respond(code: u16, body: &Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": reason, "reason": reason, "code": code})
+}
+
+/// The paths the driver uses: GET a PV (names starting with "pv-broken" answer 500), POST an
+/// Event, GET its Node, apply (PATCH) and DELETE a ConfigMap of namespace `stickyvol`.
+async fn handle(api: Shared, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    use http_body_util::BodyExt;
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let mut api = api.lock().unwrap();
+    if method == "GET"
+        && let Some(name) = path.strip_prefix("/api/v1/persistentvolumes/")
+    {
+        if name.starts_with("pv-broken") {
+            return Ok(respond(500, &status(500, "InternalError")));
+        }
+        return Ok(match api.pvs.get(name) {
+            Some(pv) => respond(200, pv),
+            None => respond(404, &status(404, "NotFound")),
+        });
+    }
+    if method == "GET" && path == format!("/api/v1/nodes/{NODE_ID}") {
+        return Ok(respond(
+            200,
+            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_ID, "uid": "uid-node"}}),
+        ));
+    }
+    if let Some(name) = path.strip_prefix("/api/v1/namespaces/stickyvol/configmaps/") {
+        match method.as_str() {
+            "PATCH" => {
+                let applied: Value = serde_json::from_slice(&body).unwrap();
+                api.config_maps.insert(name.to_string(), applied.clone());
+                return Ok(respond(200, &applied));
+            }
+            "DELETE" => {
+                return Ok(match api.config_maps.remove(name) {
+                    Some(_) => respond(
+                        200,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    ),
+                    None => respond(404, &status(404, "NotFound")),
+                });
+            }
+            _ => {}
+        }
+    }
+    if method == "POST" && path == "/api/v1/namespaces/default/events" {
+        let event: Value = serde_json::from_slice(&body).unwrap();
+        api.events.push(event.clone());
+        return Ok(respond(201, &event));
+    }
+    Ok(respond(404, &status(404, "NotFound")))
+}
+
+/// Serves the stub on a free port of 127.0.0.1 for the rest of the test; its kubeconfig.
+async fn stub_api(api: Shared, dir: &Path) -> PathBuf {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let api = api.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| handle(api.clone(), req));
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let kubeconfig = dir.join("kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: stub\n  cluster: {{server: \"http://{address}\"}}\n\
+             users:\n- name: stub\n  user: {{}}\ncontexts:\n- name: stub\n  context: {{cluster: stub, user: stub}}\n\
+             current-context: stub\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+fn pv(name: &str, handle: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+           "spec": {"csi": {"driver": DRIVER_NAME, "volumeHandle": handle}}})
+}
+
+/// A volume as the provisioner creates it for PV `pv_name`.
+async fn volume_of_pv(driver: &TestDriver, pv_name: &str) -> csi::Volume {
+    driver
+        .create(csi::CreateVolumeRequest {
+            parameters: params(&[("csi.storage.k8s.io/pv/name", pv_name)]),
+            ..create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), SIZE)
+        })
+        .await
+}
+
+fn volumes_json(driver: &TestDriver) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+        .args(["volumes", "--json"])
+        .env(
+            "CSI_ENDPOINT",
+            format!("unix://{}", driver.socket.display()),
+        )
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The volume ids and states in the node's report, if there is one.
+fn reported(api: &Shared) -> Option<Vec<(String, String)>> {
+    let api = api.lock().unwrap();
+    let report = api
+        .config_maps
+        .get(&format!("{DRIVER_NAME}-orphans-{NODE_ID}"))?;
+    assert_eq!(report["metadata"]["ownerReferences"][0]["uid"], "uid-node");
+    assert_eq!(report["data"]["node"], NODE_ID);
+    let entries: Vec<Value> =
+        serde_json::from_str(report["data"]["volumes.json"].as_str().unwrap()).unwrap();
+    let mut entries: Vec<(String, String)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["volume_id"].as_str().unwrap().to_string(),
+                e["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    entries.sort();
+    Some(entries)
+}
+
+fn listed(driver: &TestDriver, id: &str) -> Value {
+    volumes_json(driver)
+        .into_iter()
+        .find(|v| v["volume_id"] == id)
+        .unwrap_or_else(|| panic!("{id} not listed"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
+    let api = Shared::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
+    let mut driver = TestDriver::start_with_metrics(Options {
+        kubeconfig: Some(kubeconfig),
+        extra_args: vec![
+            "--orphan-check-interval".into(),
+            "1".into(),
+            "--namespace".into(),
+            "stickyvol".into(),
+        ],
+        ..Options::default()
+    })
+    .await;
+
+    let kept = volume_of_pv(&driver, "pv-kept").await;
+    api.lock()
+        .unwrap()
+        .pvs
+        .insert("pv-kept".into(), pv("pv-kept", &kept.volume_id));
+    let gone = volume_of_pv(&driver, "pv-gone").await;
+    // A PV of that name that names another volume is not this volume's PV.
+    let renamed = volume_of_pv(&driver, "pv-renamed").await;
+    api.lock()
+        .unwrap()
+        .pvs
+        .insert("pv-renamed".into(), pv("pv-renamed", "sv-someone-else"));
+    let unreadable = volume_of_pv(&driver, "pv-broken-1").await;
+    let (published, _target) = {
+        let volume = volume_of_pv(&driver, "pv-published").await;
+        let target = driver
+            .publish_at_new_target(&volume, mount_cap(Mode::SingleNodeWriter))
+            .await;
+        (volume, target)
+    };
+    let data_of = |v: &csi::Volume| driver.data.join("volumes").join(&v.volume_id);
+    fs::write(data_of(&gone).join("precious"), b"keep me").unwrap();
+
+    // Absent on two looks two intervals (2 s) apart, and older than that.
+    let lost = driver.data.join("lost+found");
+    eventually("the gone PV's volume in lost+found", || {
+        lost.join(&gone.volume_id).join("precious").exists()
+            && lost.join(&renamed.volume_id).exists()
+    })
+    .await;
+    assert_eq!(
+        fs::read(lost.join(&gone.volume_id).join("precious")).unwrap(),
+        b"keep me"
+    );
+    assert!(!data_of(&gone).exists());
+    // A few more looks: nothing else moves.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for stays in [&kept, &unreadable, &published] {
+        assert!(
+            data_of(stays).is_dir(),
+            "{} moved: {:?}",
+            stays.volume_id,
+            fs::read_dir(&lost).unwrap().collect::<Vec<_>>()
+        );
+        assert_eq!(listed(&driver, &stays.volume_id)["orphaned"], false);
+    }
+
+    // Reported: the volume list, the metrics, an Event on the node.
+    let entry = listed(&driver, &gone.volume_id);
+    assert_eq!(entry["orphaned"], true);
+    assert_eq!(entry["abnormal"], true);
+    assert_eq!(
+        entry["host_path"],
+        lost.join(&gone.volume_id).display().to_string()
+    );
+    assert!(
+        entry["condition"].as_str().unwrap().contains("pv-gone"),
+        "{entry}"
+    );
+    let metrics = driver.scrape();
+    assert_eq!(metrics.value("stickyvol_orphaned_volumes", &[]), 2.0);
+    assert_eq!(
+        metrics.value(
+            "stickyvol_node_loss_actions_total",
+            &[("action", "orphan_to_lost_found"), ("result", "done")]
+        ),
+        2.0
+    );
+    {
+        let api = api.lock().unwrap();
+        assert_eq!(api.events.len(), 2, "{:?}", api.events);
+        let event = api
+            .events
+            .iter()
+            .find(|e| e["message"].as_str().unwrap().contains(&gone.volume_id))
+            .unwrap();
+        assert_eq!(event["reason"], "VolumeOrphaned");
+        assert_eq!(event["involvedObject"]["kind"], "Node");
+        assert_eq!(event["involvedObject"]["name"], NODE_ID);
+    }
+    let mut both = vec![
+        (gone.volume_id.clone(), "orphaned".to_string()),
+        (renamed.volume_id.clone(), "orphaned".to_string()),
+    ];
+    both.sort();
+    eventually("both in the node's report", || {
+        reported(&api).as_ref() == Some(&both)
+    })
+    .await;
+
+    // The mark is durable.
+    driver.restart().await;
+    assert_eq!(listed(&driver, &gone.volume_id)["orphaned"], true);
+
+    // Never published again; a DeleteVolume drops the record and leaves the data.
+    let refused = driver
+        .publish(
+            &gone,
+            &driver.target_for(&mount_cap(Mode::SingleNodeWriter)),
+            mount_cap(Mode::SingleNodeWriter),
+            false,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    driver
+        .controller()
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: gone.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        !volumes_json(&driver)
+            .iter()
+            .any(|v| v["volume_id"] == gone.volume_id)
+    );
+    assert_eq!(
+        fs::read(lost.join(&gone.volume_id).join("precious")).unwrap(),
+        b"keep me"
+    );
+    // The report follows: one volume left, then none, and then no report at all.
+    let one = vec![(renamed.volume_id.clone(), "orphaned".to_string())];
+    eventually("the deleted record out of the report", || {
+        reported(&api).as_ref() == Some(&one)
+    })
+    .await;
+    driver
+        .controller()
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: renamed.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    eventually("the report deleted", || reported(&api).is_none()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_api_moves_nothing() {
+    // No server at that address: every read fails.
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = scratch.path().join("kubeconfig");
+    let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = unused.local_addr().unwrap();
+    drop(unused);
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: none\n  cluster: {{server: \"http://{address}\"}}\n\
+             users:\n- name: none\n  user: {{}}\ncontexts:\n- name: none\n  context: {{cluster: none, user: none}}\n\
+             current-context: none\n"
+        ),
+    )
+    .unwrap();
+    let driver = TestDriver::start_with(Options {
+        kubeconfig: Some(kubeconfig),
+        extra_args: vec!["--orphan-check-interval".into(), "1".into()],
+        ..Options::default()
+    })
+    .await;
+    let volume = volume_of_pv(&driver, "pv-anything").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(driver.data.join("volumes").join(&volume.volume_id).is_dir());
+    assert!(driver.log_text().contains("cannot read the PV"));
+    assert_eq!(listed(&driver, &volume.volume_id)["orphaned"], false);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_move_a_crash_interrupted_after_the_mark_is_finished_at_start() {
+    let api = Shared::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
+    let mut driver = TestDriver::start_with(Options {
+        kubeconfig: Some(kubeconfig),
+        extra_args: vec!["--orphan-check-interval".into(), "1".into()],
+        ..Options::default()
+    })
+    .await;
+    let volume = volume_of_pv(&driver, "pv-gone").await;
+    let data = driver.data.join("volumes").join(&volume.volume_id);
+    let lost = driver.data.join("lost+found").join(&volume.volume_id);
+    fs::write(data.join("precious"), b"keep me").unwrap();
+    eventually("the volume in lost+found", || {
+        lost.join("precious").exists()
+    })
+    .await;
+    // As if the driver had died between marking the record and renaming the data; started
+    // again without the check, it finishes the move from the record alone.
+    driver.stop().await;
+    fs::rename(&lost, &data).unwrap();
+    driver.options_mut().extra_args.clear();
+    driver.options_mut().kubeconfig = None;
+    driver.start_again().await;
+    assert!(!data.exists());
+    assert_eq!(fs::read(lost.join("precious")).unwrap(), b"keep me");
+    assert_eq!(listed(&driver, &volume.volume_id)["orphaned"], true);
+}
