@@ -318,14 +318,7 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    driver
-        .controller()
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: gone.volume_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    driver.delete(&gone.volume_id).await.unwrap();
     assert!(
         !volumes_json(&driver)
             .iter()
@@ -341,14 +334,7 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         reported(&api).as_ref() == Some(&one)
     })
     .await;
-    driver
-        .controller()
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: renamed.volume_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    driver.delete(&renamed.volume_id).await.unwrap();
     eventually("the report deleted", || reported(&api).is_none()).await;
 }
 
