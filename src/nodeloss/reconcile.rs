@@ -172,10 +172,11 @@ async fn drop_provisioner_finalizer(
     if current.metadata.uid.as_deref() != Some(pv.uid.as_str()) {
         return Ok(());
     }
-    let finalizers: Vec<String> = current
-        .metadata
-        .finalizers
-        .unwrap_or_default()
+    let held = current.metadata.finalizers.unwrap_or_default();
+    if !held.iter().any(|f| f == PROVISIONER_FINALIZER) {
+        return Ok(());
+    }
+    let finalizers: Vec<String> = held
         .into_iter()
         .filter(|f| f != PROVISIONER_FINALIZER)
         .collect();
@@ -814,10 +815,13 @@ mod tests {
             assert_eq!(left["finalizers"], json!(["kubernetes.io/pv-protection"]));
             assert!(!left["deletionTimestamp"].is_null());
         }
-        // Again (the next round, say): nothing fails, nothing else is removed.
+        // Again (the next round, say): nothing fails, nothing else is removed, and with the
+        // finalizer gone there is nothing to patch.
+        writes(&store);
         carry_out(&client(&store), &Action::DeletePv { pv: pv.clone() })
             .await
             .unwrap();
+        assert_eq!(writes(&store), ["DELETE /api/v1/persistentvolumes/pv-b"]);
         // A PV of that name but another uid (re-created) is neither deleted nor patched.
         store
             .lock()

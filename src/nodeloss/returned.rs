@@ -171,8 +171,8 @@ pub async fn round(
     absent
 }
 
-/// The node's report: the orphaned volumes, then those whose PV is absent (None if the records
-/// could not be listed: no report is better than a wrong one).
+/// The node's report: the orphaned volumes, then those whose PV is absent (None if listing the
+/// records panicked: no report is better than one that drops every orphan).
 async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Option<Vec<Entry>> {
     let listed = volumes.clone();
     let orphaned = tokio::task::spawn_blocking(move || listed.orphaned())
