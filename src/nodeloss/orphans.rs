@@ -106,8 +106,12 @@ pub fn orphans(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Orphan> {
         .collect()
 }
 
-/// The reports' part of the command's report: entries by node then volume.
-pub fn unnamed(reports: Vec<Result<NodeReport, String>>, pvs_on_lost_nodes: Vec<Orphan>) -> Report {
+/// The command's report: the PVs on lost nodes as given, then the nodes' reports, their entries
+/// sorted by node then volume.
+pub fn assemble(
+    reports: Vec<Result<NodeReport, String>>,
+    pvs_on_lost_nodes: Vec<Orphan>,
+) -> Report {
     let mut report = Report {
         pvs_on_lost_nodes,
         volumes_without_pv: Vec::new(),
@@ -249,7 +253,7 @@ pub fn run(command: ClusterCommand) -> ExitCode {
             dry_run: true,
         },
     );
-    let found = unnamed(reports, orphans(&snapshot, &decisions));
+    let found = assemble(reports, orphans(&snapshot, &decisions));
     if args.json {
         match serde_json::to_string_pretty(&found) {
             Ok(text) => println!("{text}"),
@@ -342,7 +346,7 @@ mod tests {
             since_unix_ms: 1_764_144_000_000,
             lost_path: lost.map(Into::into),
         };
-        let report = unnamed(
+        let report = assemble(
             vec![
                 Ok(NodeReport {
                     node: "b".into(),
@@ -388,12 +392,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("and 7 more on node b"), "{text}");
-        assert_eq!(serde_json::to_value(&report).unwrap()["not_listed"]["b"], 7);
         let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["not_listed"]["b"], 7);
         assert_eq!(json["volumes_without_pv"][0]["node"], "a");
         assert_eq!(json["volumes_without_pv"][0]["state"], "orphaned");
         assert_eq!(json["volumes_without_pv"][1]["state"], "pv-absent");
-        let none = table(&unnamed(Vec::new(), Vec::new()));
+        let none = table(&assemble(Vec::new(), Vec::new()));
         assert!(
             none.contains("no node reports a volume that no PV names"),
             "{none}"
