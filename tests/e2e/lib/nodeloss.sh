@@ -8,18 +8,14 @@ LIVE=${E2E_NODES[0]}
 CLASS=$NS
 OUT_OF_SERVICE=node.kubernetes.io/out-of-service
 
-# At exit, pass or fail: the second node comes back (started, untainted) before the namespace
-# goes (its volumes' deletions need its provisioner), then the class goes.
+# At exit, pass or fail (deferred, so run before the namespace goes: its volumes' deletions need
+# the second node's provisioner): the second node comes back, started and untainted. A node that
+# does not come back fails the scenario, whose cleanup would otherwise leave volumes behind.
 give_node_back() {
-    local rc=$?
-    trap - EXIT
-    set +e
-    bring_back || log "$LOST not Ready again after the scenario"
-    k taint node "$LOST" "$OUT_OF_SERVICE-" >/dev/null 2>&1
-    # cleanup_namespace exits with the status it is entered with: in a subshell of its own.
-    if ((rc)); then ( (exit "$rc") || cleanup_namespace ); else (true && cleanup_namespace); fi
-    k delete storageclass "$CLASS" --ignore-not-found >/dev/null 2>&1
-    exit "$rc"
+    local back=0
+    bring_back || { log "$LOST not Ready again after the scenario"; back=1; }
+    k taint node "$LOST" "$OUT_OF_SERVICE-" >/dev/null 2>&1 || true
+    return "$back"
 }
 ready() {
     [[ $(k get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
@@ -39,13 +35,14 @@ bring_back() {
     until_ready "$LOST" 180
 }
 until_ready() {
-    local deadline=$((SECONDS + $2))
+    local deadline=$((SECONDS + $(wait_limit "$2")))
     until ready "$1"; do
         ((SECONDS < deadline)) || return 1
         sleep 1
     done
 }
-trap give_node_back EXIT
+defer 'k delete storageclass "$CLASS" --ignore-not-found >/dev/null'
+defer give_node_back
 
 # class POLICY: the scenario's StorageClass (named after its namespace).
 class() {

@@ -11,43 +11,79 @@ SCENARIO=$(basename "$0" .sh)
 NS=e2e-${SCENARIO//_/-}
 KUBECONFIG=$PKI/admin.kubeconfig
 export KUBECONFIG
-KUBECTL=$K8S_BIN/kubectl
+# E2E_KUBECTL and E2E_CLUSTER stand in for kubectl and tests/e2e/cluster in the runner's own test
+# (tests/e2e/selftest), which runs scenarios against no cluster.
+KUBECTL=${E2E_KUBECTL:-$K8S_BIN/kubectl}
 DRIVER_NS=stickyvol
 
 k() { "$KUBECTL" "$@"; }
 kn() { "$KUBECTL" -n "$NS" "$@"; }
-cluster() { "$E2E_DIR/cluster" "$@"; }
+cluster() { "${E2E_CLUSTER:-$E2E_DIR/cluster}" "$@"; }
 
 fail() { log "FAIL: $*"; exit 1; }
 skip() { log "SKIP: $*"; exit 77; }
 step() { log "-- $*"; }
 expect_eq() { [[ $1 == "$2" ]] || fail "$3: expected '$2', got '$1'"; }
 
+# defer CMD...: CMD (with its arguments, run through eval) is part of the scenario's cleanup.
+# The cleanup runs at exit, pass or fail: deferred commands last-registered first, each in a
+# subshell with `set -e` (a `fail` or `exit` in one ends only that one), then the namespace goes.
+# A deferred command that fails makes the scenario fail. Scenarios never set an EXIT trap of
+# their own: the exit status is finish_scenario's alone (a trap that runs a command before it
+# loses the status, and a failing scenario was once reported as passed that way).
+DEFERRED=()
+defer() { DEFERRED+=("$*"); }
+
 # Everything the scenario made goes, and with it the volumes (Delete policy), before the next.
-cleanup_namespace() {
-    local rc=$?
+finish_scenario() {
+    local rc=$? i status
+    set +e
     if ((rc != 0 && rc != 77)); then
-        log "state at failure:"
-        kn get pods,pvc -o wide >&2 || true
-        kn get events --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2 || true
+        log "state at failure (exit $rc):"
+        kn get pods,pvc -o wide >&2
+        kn get events --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2
     fi
-    k delete namespace "$NS" --wait=true --timeout=180s >/dev/null 2>&1 || true
+    for ((i = ${#DEFERRED[@]} - 1; i >= 0; i--)); do
+        (set -e; eval "${DEFERRED[i]}")
+        status=$?
+        if ((status != 0)); then
+            log "FAIL: cleanup step '${DEFERRED[i]}' failed (exit $status)"
+            ((rc == 0 || rc == 77)) && rc=1
+        fi
+    done
+    if ! k delete namespace "$NS" --wait=true --timeout=180s >/dev/null 2>&1; then
+        log "FAIL: namespace $NS was not removed within 180 s"
+        ((rc == 0 || rc == 77)) && rc=1
+    fi
     # Released volumes of this scenario's claims (Retain ones are the scenario's to remove).
     local pv
     for pv in $(k get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace=='$NS')]}{.metadata.name}{'\n'}{end}"); do
-        k wait --for=delete "pv/$pv" --timeout=120s >/dev/null 2>&1 || true
+        if ! k wait --for=delete "pv/$pv" --timeout=120s >/dev/null 2>&1; then
+            log "FAIL: the volume $pv of a deleted claim is still there after 120 s"
+            ((rc == 0 || rc == 77)) && rc=1
+        fi
     done
     exit "$rc"
 }
-trap cleanup_namespace EXIT
+trap finish_scenario EXIT
+# The runner's timeout sends SIGTERM: the cleanup then sees a failure, not the status of the
+# command that was interrupted.
+trap 'log "FAIL: terminated (a time limit of the run)"; exit 143' TERM INT
 k delete namespace "$NS" --wait=true --timeout=180s >/dev/null 2>&1 || true
 k create namespace "$NS" >/dev/null
 
 apply() { kn apply -f - >/dev/null; }
 
+# wait_limit SECONDS: SECONDS, or E2E_WAIT_CAP if that is less. Every wait of the library
+# takes its time from here: the runner's own test (tests/e2e/selftest) caps them at a second,
+# so that a scenario against no cluster fails by its own `fail`, not by the runner's time limit.
+wait_limit() { echo $(($1 < ${E2E_WAIT_CAP:-$1} ? $1 : ${E2E_WAIT_CAP:-$1})); }
+
 # until_true TIMEOUT WHAT CMD...: CMD until it succeeds, or fail after TIMEOUT seconds.
 until_true() {
-    local timeout=$1 what=$2
+    local timeout
+    timeout=$(wait_limit "$1")
+    local what=$2
     shift 2
     local deadline=$((SECONDS + timeout))
     until "$@" >/dev/null 2>&1; do
@@ -88,6 +124,38 @@ driver_pod() {
         --field-selector "spec.nodeName=$1" \
         -o go-template='{{range .items}}{{if not .metadata.deletionTimestamp}}{{.metadata.name}}{{"\n"}}{{end}}{{end}}' |
         head -1
+}
+# ready_driver_pod NODE [TIMEOUT]: the driver's pod on NODE once it serves (Ready, its init
+# containers done), waiting for it up to TIMEOUT seconds (default 240). What a scenario reads of a
+# driver pod (its logs, stickyvol in it, its metrics) must come from a pod in this state: a pod
+# the DaemonSet is replacing, or one whose node has just rebooted, has a doctor log of an earlier
+# run or none yet.
+ready_driver_pod() {
+    local node=$1 limit pod
+    limit=$(wait_limit "${2:-240}")
+    local deadline=$((SECONDS + limit))
+    while :; do
+        pod=$(driver_pod "$node" 2>/dev/null || true)
+        if [[ -n $pod ]] && driver_pod_serves "$pod"; then
+            echo "$pod"
+            return 0
+        fi
+        ((SECONDS < deadline)) || fail "no driver pod serving on $node after ${limit}s: ${pod:-none}"
+        sleep 1
+    done
+}
+driver_pod_serves() {
+    k -n "$DRIVER_NS" get pod "$1" -o json 2>/dev/null | python3 -c '
+import json, sys
+pod = json.load(sys.stdin)
+status = pod.get("status", {})
+ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+inits_done = all(s.get("state", {}).get("terminated", {}).get("exitCode") == 0
+                 for s in status.get("initContainerStatuses", []))
+running = all(s.get("ready") and "running" in s.get("state", {})
+              for s in status.get("containerStatuses", []))
+sys.exit(0 if ready and inits_done and running and status.get("containerStatuses") else 1)
+'
 }
 # capacity_of CLASS NODE: the capacity NODE's CSIStorageCapacity for CLASS says (as written,
 # e.g. 3978Mi), empty while there is none.

@@ -8,7 +8,7 @@ pod lister listed
 wait_pod_running lister
 node=$(pod_node lister)
 handle=$(k get pv "$(pv_of listed)" -o jsonpath='{.spec.csi.volumeHandle}')
-driver=$(driver_pod "$node")
+driver=$(ready_driver_pod "$node")
 
 step "stickyvol volumes in the driver's pod on $node"
 table=$(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes)

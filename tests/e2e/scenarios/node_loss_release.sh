@@ -24,10 +24,7 @@ until_ok 120 "the old PV $PV removed" '! k get pv "$PV" >/dev/null 2>&1'
 
 step "$LOST comes back: the volume whose PV is gone goes to lost+found"
 bring_back || fail "$LOST not Ready again"
-until_ok 240 "a driver pod on $LOST" '[[ -n $(driver_pod "$LOST") ]]'
-driver=$(driver_pod "$LOST")
-k -n "$DRIVER_NS" wait --for=condition=Ready "pod/$driver" --timeout=180s >/dev/null ||
-    fail "the driver on $LOST is not Ready"
+driver=$(ready_driver_pod "$LOST" 420)
 t1=$(now)
 # lost_path: where `stickyvol volumes` says the volume's data is, once it is orphaned.
 lost_path() {

@@ -23,7 +23,7 @@ step "$LOST back and untainted: its provisioner deletes the released volume"
 k taint node "$LOST" "$OUT_OF_SERVICE-" >/dev/null
 bring_back || fail "$LOST not Ready again"
 until_ok 300 "the old PV $PV deleted by its node" '! k get pv "$PV" >/dev/null 2>&1'
-driver=$(driver_pod "$LOST")
+driver=$(ready_driver_pod "$LOST")
 [[ -z $(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes --json |
     python3 -c 'import json, sys; print(*[v["volume_id"] for v in json.load(sys.stdin) if v["volume_id"] == sys.argv[1]])' "$HANDLE") ]] ||
     fail "volume $HANDLE is still on $LOST"

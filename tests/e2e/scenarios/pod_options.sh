@@ -11,7 +11,7 @@ volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
 mountOptions: [noexec, nosuid]
 YAML
-trap 'k delete storageclass e2e-noexec --ignore-not-found >/dev/null; cleanup_namespace' EXIT
+defer 'k delete storageclass e2e-noexec --ignore-not-found >/dev/null'
 
 claim grouped 1Gi
 claim opts 1Gi e2e-noexec

@@ -8,12 +8,14 @@ source "$(dirname "$0")/../lib/scenario.sh"
 CLASS=stickyvol-nvme
 with_disk=${E2E_NODES[0]} without=${E2E_NODES[1]}
 k apply -f "$REPO_DIR/deploy/examples/storageclass-pool.yaml" >/dev/null
-trap 'k delete storageclass "$CLASS" --ignore-not-found >/dev/null; cleanup_namespace' EXIT
+defer 'k delete storageclass "$CLASS" --ignore-not-found >/dev/null'
 
 step "each driver's doctor says whether its node has the pool"
-k -n "$DRIVER_NS" logs "$(driver_pod "$without")" -c doctor | grep -q "pool nvme (optional) is absent" ||
+# The doctor's log of the pod's current run: an earlier scenario may have rebooted a node or
+# restarted its driver.
+k -n "$DRIVER_NS" logs "$(ready_driver_pod "$without")" -c doctor | grep -q "pool nvme (optional) is absent" ||
     fail "the doctor on $without does not report the pool absent"
-k -n "$DRIVER_NS" logs "$(driver_pod "$with_disk")" -c doctor | grep -q "pool nvme filesystem: xfs" ||
+k -n "$DRIVER_NS" logs "$(ready_driver_pod "$with_disk")" -c doctor | grep -q "pool nvme filesystem: xfs" ||
     fail "the doctor on $with_disk did not check the pool's filesystem"
 
 step "capacity for the class on $with_disk only"
@@ -54,7 +56,7 @@ pv=$(pv_of fast)
 expect_eq "$(pv_node "$pv")" "$with_disk" "the node the volume is pinned to"
 expect_eq "$(pexec fast-user cat /data/f)" on-nvme "what the pod wrote"
 handle=$(k get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}')
-listing=$(k -n "$DRIVER_NS" exec "$(driver_pod "$with_disk")" -c stickyvol -- stickyvol volumes --pool nvme)
+listing=$(k -n "$DRIVER_NS" exec "$(ready_driver_pod "$with_disk")" -c stickyvol -- stickyvol volumes --pool nvme)
 [[ $listing == *"$handle"* ]] || fail "stickyvol volumes --pool nvme does not list $handle: $listing"
 
 step "a pod of the class held to $without stays Pending, saying why"

@@ -10,15 +10,7 @@ provisioner: stickyvol.csi.io
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Retain
 YAML
-retained_pv=""
-finish() {
-    local rc=$?
-    [[ -n $retained_pv ]] && k delete pv "$retained_pv" --ignore-not-found --wait=false >/dev/null
-    k delete storageclass e2e-retain --ignore-not-found >/dev/null
-    (exit $rc)
-    cleanup_namespace
-}
-trap finish EXIT
+defer 'k delete storageclass e2e-retain --ignore-not-found >/dev/null'
 
 data_path() { echo "/var/lib/kubelet/volumes/stickyvol.csi.io/volumes/$1"; }
 on_node() { cluster exec "$1" test -e "$(data_path "$2")"; }
@@ -31,6 +23,8 @@ pod user-kept kept "" "echo x > /data/x && sleep 100000"
 wait_pod_running user-gone
 wait_pod_running user-kept
 gone_pv=$(pv_of gone) kept_pv=$(pv_of kept)
+# The retained PV is the scenario's to remove (its data stays on the node, as Retain says).
+defer "k delete pv $kept_pv --ignore-not-found --wait=false >/dev/null"
 gone_id=$(k get pv "$gone_pv" -o jsonpath='{.spec.csi.volumeHandle}')
 kept_id=$(k get pv "$kept_pv" -o jsonpath='{.spec.csi.volumeHandle}')
 gone_node=$(pv_node "$gone_pv") kept_node=$(pv_node "$kept_pv")
@@ -42,7 +36,6 @@ kn delete pod user-gone user-kept --wait=true >/dev/null
 kn delete pvc gone kept --wait=true >/dev/null
 k wait --for=delete "pv/$gone_pv" --timeout=120s >/dev/null || fail "the Delete PV stayed"
 until_true 60 "the deleted volume's data leaves $gone_node" not_on_node "$gone_node" "$gone_id"
-retained_pv=$kept_pv
 until_ok 60 "the Retain PV becomes Released" \
     '[[ $(k get pv "$kept_pv" -o jsonpath="{.status.phase}") == Released ]]'
 on_node "$kept_node" "$kept_id" || fail "the retained volume's data is gone"
