@@ -718,9 +718,8 @@ impl<'p> Copier<'p> {
         name: &CStr,
         stat: &Stat,
     ) -> io::Result<bool> {
-        let input = match open_source_file(parent, name) {
-            Err(err) if vanished(&err) => return Ok(false),
-            input => input?,
+        let Some(input) = open_source_file(parent, name, stat)? else {
+            return Ok(false);
         };
         let meta = read_meta(Node::Open(input.as_fd()))?;
         if !meta.is(stat) {
@@ -787,13 +786,37 @@ pub(super) fn source_meta(
     }
 }
 
-/// Opens a source file for reading without following a symlink, blocking on a fifo swapped in,
-/// or (where we may) updating its atime.
-pub(super) fn open_source_file(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<File> {
-    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-    let opened = match openat(dir, name, flags | OFlag::O_NOATIME, Mode::empty()) {
+/// Opens for reading the regular file the walk saw as `seen` at `name`; None if the name no
+/// longer leads to it. The name itself is never opened for reading: a pod may rename a device
+/// node over it (a root container keeps CAP_MKNOD), and an open from our privileged process would
+/// act on the host's device (a watchdog arms, a serial line toggles, a tape rewinds). O_PATH
+/// resolves the name without opening what it names; the inode is checked; only then is the file
+/// opened, through that descriptor.
+pub(super) fn open_source_file(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    seen: &Stat,
+) -> io::Result<Option<File>> {
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let handle = match openat(dir, name, flags, Mode::empty()) {
+        Err(errno) if vanished(&errno.into()) => return Ok(None),
+        handle => handle?,
+    };
+    let found = fsstat::stat_fd(handle.as_fd())?;
+    if !found.is_regular_file() || !found.same_file(seen) {
+        return Ok(None);
+    }
+    reopen_for_reading(&handle).map(Some)
+}
+
+/// Opens the inode an O_PATH descriptor holds, for reading, without looking up any name: the
+/// descriptor's link in /proc/self/fd leads to that very inode. No atime update where we may.
+fn reopen_for_reading(handle: &OwnedFd) -> io::Result<File> {
+    let link = format!("/proc/self/fd/{}", handle.as_raw_fd());
+    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+    let opened = match nix::fcntl::open(link.as_str(), flags | OFlag::O_NOATIME, Mode::empty()) {
         // O_NOATIME is for the owner or CAP_FOWNER only.
-        Err(Errno::EPERM) => openat(dir, name, flags, Mode::empty()),
+        Err(Errno::EPERM) => nix::fcntl::open(link.as_str(), flags, Mode::empty()),
         opened => opened,
     };
     Ok(File::from(opened?))

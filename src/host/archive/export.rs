@@ -1,6 +1,7 @@
 //! Writing a stream: the source is read like `copy` reads it (`tree::walk`: never a symlink
-//! followed, no mount point crossed, entries that vanish meanwhile skipped; files opened
-//! O_NOFOLLOW|O_NONBLOCK; data segment by segment, holes skipped).
+//! followed, no mount point crossed, entries that vanish meanwhile skipped; a file opened only
+//! through a descriptor checked to be the regular file the walk saw; data segment by segment,
+//! holes skipped).
 
 use std::ffi::{CStr, CString};
 use std::fs::{File, OpenOptions};
@@ -19,7 +20,7 @@ use super::format::{
 };
 use super::{ArchiveError, Header, Kind, Summary};
 use crate::host::copy::{
-    Naming, failed_at, next_data, open_dir, open_regular, open_source_file, source_meta, vanished,
+    Naming, failed_at, next_data, open_dir, open_regular, open_source_file, source_meta,
 };
 use crate::host::fsstat::{self, Stat};
 use crate::host::links::LinkBook;
@@ -284,9 +285,8 @@ impl TreeExporter<'_, '_> {
             self.entries += 1;
             return Ok(());
         }
-        let input = match open_source_file(parent, name) {
-            Err(err) if vanished(&err) => return Ok(()),
-            input => input?,
+        let Some(input) = open_source_file(parent, name, stat)? else {
+            return Ok(());
         };
         let meta = read_meta(Node::Open(input.as_fd()))?;
         if !meta.is(stat) {
