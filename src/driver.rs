@@ -7,6 +7,7 @@ use tonic::Status;
 use crate::config::{Config, Mode};
 use crate::csi;
 use crate::error::{Error, Result};
+use crate::host::caller::Presence;
 use crate::volume::Volumes;
 
 /// Keys of the volume_context we return: where an admin finds a volume's data.
@@ -83,13 +84,18 @@ impl Driver {
 }
 
 /// Runs host work off the async runtime. tonic drops the request future when a deadline
-/// expires; the blocking work still finishes, and every operation is idempotent for the retry.
+/// expires or the caller hangs up; the blocking work still finishes (every operation is
+/// idempotent for the retry), but what it only waits for it stops waiting for (`host::caller`).
 pub async fn blocking<T, F>(work: F) -> Result<T, Status>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
 {
-    match tokio::task::spawn_blocking(work).await {
+    let presence = Presence::default();
+    let flag = presence.flag();
+    let done = tokio::task::spawn_blocking(move || Presence::serve(flag, work)).await;
+    drop(presence);
+    match done {
         Ok(result) => result.map_err(Status::from),
         Err(join) => Err(Status::internal(format!(
             "operation failed unexpectedly: {join}"

@@ -82,6 +82,9 @@ impl Error {
                 "{subject} holds directories more than {limit} levels deep (at {}), more than stickyvol walks; {doing} refused",
                 path.display()
             )),
+            WalkError::Budget { .. } => {
+                Error::FailedPrecondition(format!("{doing} {subject} stopped: {err}"))
+            }
             WalkError::Io { path, source } => {
                 Error::host(format!("{doing} {} of {subject}", path.display()), source)
             }

@@ -2,6 +2,7 @@
 
 pub mod archive;
 pub mod btrfs;
+pub mod caller;
 pub mod copy;
 pub mod dirfd;
 pub mod fsstat;

@@ -10,25 +10,62 @@
 //! cookie), so a directory of millions of names costs no more than one of ten. The walk enters
 //! at most `MAX_DEPTH` levels; below that a visitor may deal with the directory itself (see
 //! `Visitor::too_deep`), or the walk fails with `WalkError::TooDeep`.
+//!
+//! Every walk ends, whatever the tree's owner does meanwhile. Resuming a listing at a cookie lets
+//! a directory renamed while we walk appear again later in its parent's listing (a tenant told by
+//! inotify that we entered a subtree renames it once per visit; seen: a 20,000-entry tree walked
+//! 222 times). So a walk never enters a directory inode twice (it remembers up to
+//! `MAX_REMEMBERED_DIRS` of them: a directory met again is skipped, as if it had vanished), and it
+//! stops with `WalkError::Budget` once it has spent its `Budget` of entries or time.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
 
-use super::fsstat::{self, Stat};
+use super::fsstat::{self, FileId, Stat};
 
 /// How many directory levels below its root a walk enters. Each level held costs a few
 /// hundred bytes (its stat and name), so this bounds a walk's memory whatever the depth a pod
 /// made; real trees stay far above it (PATH_MAX alone stops paths at ~2,000 levels).
 pub const MAX_DEPTH: usize = 4096;
+
+/// Directories a walk remembers having entered, to never enter one twice: ~40 bytes each at
+/// most, so ~10 MiB. A tree with more directories is still walked; past this many, its
+/// directories are no longer remembered and only the walk's budget bounds it.
+pub const MAX_REMEMBERED_DIRS: usize = 1 << 18;
+
+/// What one walk may spend: entries looked at (every name below the root, counted each time it is
+/// met) and time. Both are far above what a real tree costs once; a walk that spends either is
+/// stopped with `WalkError::Budget`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub entries: u64,
+    pub time: Duration,
+}
+
+impl Budget {
+    /// Walks that carry data (copies, exports) or remove it: their time is the data's.
+    pub const WHOLE_TREE: Budget = Budget {
+        entries: 1 << 25,
+        time: Duration::from_secs(24 * 3600),
+    };
+    /// Usage measurements (NodeGetVolumeStats, the admin listing): a walk holds one of its
+    /// pool's few walk slots, so it may take minutes, not hours. (A walk visits ~200,000
+    /// entries a second here: 33 million take under 3 minutes.)
+    pub const MEASURE: Budget = Budget {
+        entries: 1 << 25,
+        time: Duration::from_secs(300),
+    };
+}
 
 /// Bytes of directory entries read per getdents64 call: at most ~1,300 names (of 1 byte) or
 /// ~120 (of 255) held at once.
@@ -64,6 +101,15 @@ pub enum WalkError {
     MountPoint(PathBuf),
     #[error("{path} lies more than {limit} directory levels deep, more than stickyvol walks")]
     TooDeep { path: PathBuf, limit: usize },
+    #[error(
+        "the walk stopped at {path} after {entries} entries in {seconds} s, its budget: the tree \
+         is larger than stickyvol walks, or is being reshaped while it is walked"
+    )]
+    Budget {
+        path: PathBuf,
+        entries: u64,
+        seconds: u64,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -99,11 +145,22 @@ struct Level {
     listed: bool,
 }
 
-/// Walks everything below `root` (a directory, not followed if it is a symlink). Entries that
-/// vanish or change while we walk are skipped: the tree may be in use.
+/// Walks everything below `root` (a directory, not followed if it is a symlink) within
+/// `Budget::WHOLE_TREE`. Entries that vanish or change while we walk are skipped: the tree may
+/// be in use.
 pub fn walk(
     root: &Path,
     at_mount: AtMountPoint,
+    visitor: &mut dyn Visitor,
+) -> Result<(), WalkError> {
+    walk_within(root, at_mount, Budget::WHOLE_TREE, visitor)
+}
+
+/// [`walk`] within `budget`.
+pub fn walk_within(
+    root: &Path,
+    at_mount: AtMountPoint,
+    budget: Budget,
     visitor: &mut dyn Visitor,
 ) -> Result<(), WalkError> {
     let root_stat = fsstat::lstat(root).map_err(io_error(root, &[]))?;
@@ -119,6 +176,8 @@ pub fn walk(
     }];
     // The unvisited names of the deepest level's current batch, with their cookies.
     let mut batch = Batch::new();
+    let mut spent = Spending::new(budget);
+    spent.enter(&root_stat);
 
     loop {
         let top = levels
@@ -145,11 +204,21 @@ pub fn walk(
         if is_self_or_parent(&name) {
             continue;
         }
+        if let Err((entries, seconds)) = spent.entry() {
+            return Err(WalkError::Budget {
+                path: shown_path(root, &levels, None),
+                entries,
+                seconds,
+            });
+        }
         let stat = match fsstat::lstat_at(current.as_fd(), &name) {
             Ok(stat) => stat,
             Err(err) if changed_meanwhile(&err) => continue,
             Err(err) => return Err(io_error(root, &levels)(err)),
         };
+        if stat.is_dir() && spent.entered_before(&stat) {
+            continue; // renamed since we walked it: met again at its new name
+        }
         let is_mount = stat.is_dir() && stat.is_mount_root;
         if is_mount && at_mount == AtMountPoint::Refuse {
             return Err(WalkError::MountPoint(shown_path(
@@ -186,6 +255,7 @@ pub fn walk(
         if !opened.same_file(&stat) {
             continue;
         }
+        spent.enter(&stat);
         // The rest of this level's batch is read again from its cookie when we are back.
         batch.names.clear();
         levels.push(Level {
@@ -195,6 +265,47 @@ pub fn walk(
             listed: false,
         });
         current = child;
+    }
+}
+
+/// What a walk has spent of its budget, and the directories it entered.
+struct Spending {
+    budget: Budget,
+    started: Instant,
+    entries: u64,
+    entered: HashSet<FileId>,
+}
+
+impl Spending {
+    fn new(budget: Budget) -> Spending {
+        Spending {
+            budget,
+            started: Instant::now(),
+            entries: 0,
+            entered: HashSet::new(),
+        }
+    }
+
+    /// Counts one entry; Err((entries, seconds)) once the budget is spent. The clock is read
+    /// every 1,024 entries: a syscall-free check per entry.
+    fn entry(&mut self) -> Result<(), (u64, u64)> {
+        self.entries += 1;
+        let out_of_time =
+            self.entries.is_multiple_of(1024) && self.started.elapsed() > self.budget.time;
+        if self.entries > self.budget.entries || out_of_time {
+            return Err((self.entries, self.started.elapsed().as_secs()));
+        }
+        Ok(())
+    }
+
+    fn enter(&mut self, dir: &Stat) {
+        if self.entered.len() < MAX_REMEMBERED_DIRS {
+            self.entered.insert(dir.id());
+        }
+    }
+
+    fn entered_before(&self, dir: &Stat) -> bool {
+        self.entered.contains(&dir.id())
     }
 }
 
@@ -357,6 +468,67 @@ mod tests {
             dir = open_dir(Some(dir.as_fd()), b"d").unwrap();
         }
         std::fs::write(format!("/proc/self/fd/{}/leaf", dir.as_raw_fd()), b"x").unwrap();
+    }
+
+    /// A directory of `files` empty files.
+    fn flat(files: usize) -> tempfile::TempDir {
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        for i in 0..files {
+            std::fs::write(dir.path().join(i.to_string()), b"").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_walk_stops_once_it_has_spent_its_entries() {
+        let dir = flat(100);
+        let budget = Budget {
+            entries: 10,
+            time: Duration::from_secs(60),
+        };
+        let mut probe = Probe::default();
+        let err = walk_within(dir.path(), AtMountPoint::Refuse, budget, &mut probe).unwrap_err();
+        let WalkError::Budget { entries, .. } = err else {
+            panic!("expected a spent budget, got {err}");
+        };
+        assert_eq!(entries, 11, "the entry past the budget stops it");
+        assert!(
+            probe.entries <= 10,
+            "the visitor saw {} entries",
+            probe.entries
+        );
+        let whole = Budget {
+            entries: 100,
+            ..budget
+        };
+        walk_within(
+            dir.path(),
+            AtMountPoint::Refuse,
+            whole,
+            &mut Probe::default(),
+        )
+        .expect("100 names fit a budget of 100 ('.' and '..' are not counted)");
+    }
+
+    #[test]
+    fn a_walk_stops_once_it_has_spent_its_time() {
+        let dir = flat(3000);
+        let budget = Budget {
+            entries: u64::MAX,
+            time: Duration::ZERO,
+        };
+        let err = walk_within(
+            dir.path(),
+            AtMountPoint::Refuse,
+            budget,
+            &mut Probe::default(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, WalkError::Budget { entries: 1024, .. }),
+            "the clock is read every 1,024 entries: {err}"
+        );
+        assert!(err.to_string().contains("its budget"), "{err}");
     }
 
     #[test]

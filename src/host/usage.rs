@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::fsstat::{self, Stat};
 use super::links::LinkBook;
-use super::tree::{self, AtMountPoint, Visitor, WalkError};
+use super::tree::{self, AtMountPoint, Budget, Visitor, WalkError};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -51,7 +51,7 @@ pub fn measure(dir: &Path) -> Result<Usage, WalkError> {
         },
         linked: LinkBook::new(),
     };
-    tree::walk(dir, AtMountPoint::Skip, &mut counter)?;
+    tree::walk_within(dir, AtMountPoint::Skip, Budget::MEASURE, &mut counter)?;
     Ok(counter.usage)
 }
 

@@ -213,6 +213,7 @@ impl Volumes {
         } = &leftover;
         // Each pool's walks share its slots with stats and copies.
         let Ok(pool) = self.pool(pool) else { return };
+        // At start no caller waits: the slot always comes.
         let _slot = pool.walks.take();
         match limits::remove_directory(*limit, path) {
             Ok(()) => {

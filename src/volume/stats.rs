@@ -36,10 +36,21 @@ impl Volumes {
         id: &VolumeId,
         data: &Path,
     ) -> Result<usage::Usage, WalkError> {
-        self.usage_cache.get_or_walk(id, || {
-            let _slot = pool.walks.take();
-            usage::measure(data)
-        })
+        // A caller gone while this waits gets nothing: ECANCELED stands for "not measured".
+        let gone = || WalkError::Io {
+            path: data.to_path_buf(),
+            source: std::io::Error::from_raw_os_error(libc::ECANCELED),
+        };
+        self.usage_cache.get_or_walk(
+            id,
+            || {
+                let Some(_slot) = pool.walks.take() else {
+                    return Err(gone());
+                };
+                usage::measure(data)
+            },
+            gone,
+        )
     }
 
     /// Stats of volume `id` as published at `path` (NOT_FOUND if it is not published there).
@@ -75,11 +86,18 @@ impl Volumes {
             VolumeKind::Filesystem => {
                 let space = fsstat::space(&publication.target)
                     .context(|| format!("statvfs {}", publication.target.display()))?;
-                // O(1) from the quota where the size is enforced; a walk otherwise.
-                let walk = || {
-                    self.walked_usage(pool, id, &data)
-                        .map(|m| (m.bytes, Some(m.inodes)))
-                        .map_err(|err| Error::volume_walk(id, "measuring", err))
+                // O(1) from the quota where the size is enforced; a walk otherwise. A walk that
+                // spent its budget (a tree larger than we walk, or reshaped while walked) gives
+                // the last figure and shows the volume abnormal, saying why, rather than an
+                // error kubelet would retry at once.
+                let walk = || match self.walked_usage(pool, id, &data) {
+                    Ok(m) => Ok((m.bytes, Some(m.inodes), None)),
+                    Err(err @ WalkError::Budget { .. }) => Ok((
+                        pool.used_of(id).unwrap_or(0),
+                        None,
+                        Some(format!("the usage of volume {id} was not measured: {err}")),
+                    )),
+                    Err(err) => Err(Error::volume_walk(id, "measuring", err)),
                 };
                 let mut unreadable = None;
                 if record.size_limit == SizeLimit::BtrfsQgroup {
@@ -90,15 +108,16 @@ impl Volumes {
                         (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some())
                     }
                     Ok(None) => {
-                        let (bytes, inodes) = walk()?;
+                        let (bytes, inodes, unmeasured) = walk()?;
+                        unreadable = unmeasured;
                         (bytes, inodes, false)
                     }
                     // E.g. btrfs quota turned off: measure the slow way and say why.
                     Err(err) => {
-                        unreadable = Some(format!(
+                        let (bytes, inodes, unmeasured) = walk()?;
+                        unreadable = unmeasured.or(Some(format!(
                             "cannot read the size limit of volume {id}: {err}; it may fill its pool"
-                        ));
-                        let (bytes, inodes) = walk()?;
+                        )));
                         (bytes, inodes, false)
                     }
                 };

@@ -65,6 +65,11 @@ impl Ledger {
         self.outstanding
     }
 
+    /// What `id` used when last measured.
+    pub fn used_of(&self, id: &Holder) -> Option<u64> {
+        self.promises.get(id).map(|promise| promise.used)
+    }
+
     /// What snapshots use on their own, as last measured.
     pub fn snapshot_usage(&self) -> u64 {
         self.promises

@@ -234,6 +234,11 @@ impl Pool {
         self.ledger().outstanding()
     }
 
+    /// What `id` used when last measured (None for an unknown holder).
+    pub fn used_of(&self, id: impl Into<Holder>) -> Option<u64> {
+        self.ledger().used_of(&id.into())
+    }
+
     pub fn set_used(&self, id: impl Into<Holder>, used: u64) {
         self.ledger().set_used(&id.into(), used);
     }

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 
+use crate::host::caller;
 use crate::host::usage::Usage;
 use crate::volume::state::id::VolumeId;
 
@@ -36,14 +37,22 @@ impl Slots {
         }
     }
 
-    /// Waits for a free slot.
-    pub fn take(&self) -> Slot<'_> {
+    /// Waits for a free slot; None if the caller of this thread's work goes away meanwhile
+    /// (`host::caller`): nobody would read the answer.
+    pub fn take(&self) -> Option<Slot<'_>> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+            if caller::gone() {
+                return None;
+            }
+            free = self
+                .freed
+                .wait_timeout(free, caller::LOOK_EVERY)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         *free -= 1;
-        Slot { slots: self }
+        Some(Slot { slots: self })
     }
 }
 
@@ -78,11 +87,13 @@ struct FlightState {
 }
 
 impl UsageCache {
-    /// The usage of `id`: walked by `walk`, or shared from a walk already running.
+    /// The usage of `id`: walked by `walk`, or shared from a walk already running; `gone()`'s
+    /// error if the caller of this thread's work goes away while it waits for that walk.
     pub fn get_or_walk<E>(
         &self,
         id: &VolumeId,
         walk: impl FnOnce() -> Result<Usage, E>,
+        gone: impl FnOnce() -> E,
     ) -> Result<Usage, E> {
         let flight = {
             let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
@@ -92,7 +103,14 @@ impl UsageCache {
         if state.walking {
             let awaited = state.finished;
             while state.walking && state.finished == awaited {
-                state = flight.landed.wait(state).unwrap_or_else(|e| e.into_inner());
+                if caller::gone() {
+                    return Err(gone());
+                }
+                state = flight
+                    .landed
+                    .wait_timeout(state, caller::LOOK_EVERY)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
             }
             if let (true, Some(usage)) = (state.finished != awaited, state.last) {
                 return Ok(usage);
@@ -189,14 +207,18 @@ mod tests {
                 std::thread::spawn(move || {
                     tids.send(unsafe { libc::gettid() }).unwrap();
                     cache
-                        .get_or_walk(&id, || {
-                            walks.fetch_add(1, Ordering::SeqCst);
-                            gate.pass();
-                            Ok::<_, ()>(Usage {
-                                bytes: 7,
-                                inodes: 1,
-                            })
-                        })
+                        .get_or_walk(
+                            &id,
+                            || {
+                                walks.fetch_add(1, Ordering::SeqCst);
+                                gate.pass();
+                                Ok::<_, ()>(Usage {
+                                    bytes: 7,
+                                    inodes: 1,
+                                })
+                            },
+                            || (),
+                        )
                         .unwrap()
                 })
             })
@@ -226,22 +248,99 @@ mod tests {
         // One walk served the whole burst.
         assert_eq!(walks.load(Ordering::SeqCst), 1, "walks for one burst");
         // A later call walks again: no figure outlives its walk.
-        let again = cache.get_or_walk(&id, || {
-            walks.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, ()>(Usage::default())
-        });
+        let again = cache.get_or_walk(
+            &id,
+            || {
+                walks.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ()>(Usage::default())
+            },
+            || (),
+        );
         assert_eq!(again.unwrap(), Usage::default());
         assert_eq!(walks.load(Ordering::SeqCst), 2);
         cache.forget(&id);
         assert!(cache.flights.lock().unwrap().is_empty(), "forgotten");
     }
 
+    /// Runs `wait` as the work of a caller that goes away after 50 ms; how long it waited.
+    fn abandoned_after_50_ms<T>(wait: impl FnOnce() -> T + Send + 'static) -> (T, Duration)
+    where
+        T: Send + 'static,
+    {
+        let presence = caller::Presence::default();
+        let flag = presence.flag();
+        let waiter = std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let result = caller::Presence::serve(flag, wait);
+            (result, started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(presence);
+        waiter.join().unwrap()
+    }
+
+    #[test]
+    fn a_caller_gone_stops_waiting_for_a_slot() {
+        let slots = Arc::new(Slots::new(1));
+        let held = slots.take().expect("a free slot");
+        let waiting = slots.clone();
+        let (got, waited) = abandoned_after_50_ms(move || waiting.take().is_some());
+        assert!(!got, "a slot while it was held");
+        assert!(
+            waited < Duration::from_secs(1),
+            "waited {waited:?} for a slot nobody freed"
+        );
+        drop(held);
+        assert!(
+            slots.take().is_some(),
+            "the slot is free again, and was not lost"
+        );
+    }
+
+    #[test]
+    fn a_caller_gone_stops_waiting_for_another_callers_walk() {
+        let cache = Arc::new(UsageCache::default());
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
+        let gate = Arc::new(Gate::default());
+        let (walking, started) = std::sync::mpsc::channel();
+        let walker = {
+            let (cache, id, gate) = (cache.clone(), id.clone(), gate.clone());
+            std::thread::spawn(move || {
+                cache.get_or_walk(
+                    &id,
+                    || {
+                        walking.send(()).unwrap();
+                        gate.pass();
+                        Ok::<_, &str>(Usage::default())
+                    },
+                    || "gone",
+                )
+            })
+        };
+        started.recv().unwrap();
+        let (waiting, id2) = (cache.clone(), id.clone());
+        let (result, waited) = abandoned_after_50_ms(move || {
+            waiting.get_or_walk(&id2, || Err("walked itself"), || "gone")
+        });
+        assert_eq!(result, Err("gone"));
+        assert!(
+            waited < Duration::from_secs(1),
+            "waited {waited:?} for a walk it no longer needed"
+        );
+        gate.open();
+        assert_eq!(walker.join().unwrap(), Ok(Usage::default()));
+    }
+
     #[test]
     fn a_failed_walk_is_not_cached() {
         let cache = UsageCache::default();
         let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
-        assert!(cache.get_or_walk(&id, || Err::<Usage, _>("boom")).is_err());
-        let usage = cache.get_or_walk(&id, || Ok::<_, ()>(Usage::default()));
+        assert!(
+            cache
+                .get_or_walk(&id, || Err::<Usage, _>("boom"), || "gone")
+                .is_err()
+        );
+        let usage = cache.get_or_walk(&id, || Ok::<_, ()>(Usage::default()), || ());
         assert_eq!(usage, Ok(Usage::default()));
     }
 }
