@@ -401,3 +401,53 @@ async fn creates_interrupted_by_a_kill_leave_no_project_id_behind() {
     }
     assert_eq!(ids_in_use(&root, range.clone()), BTreeSet::new());
 }
+
+/// A clone whose copy fails leaves no project id in use: a tenant can make copies fail (here a
+/// file with more xattrs than a copy takes, 40 × 60 KiB on XFS), and the failed clone's limit
+/// was once left set, its id in use for good.
+#[tokio::test]
+async fn a_failed_clone_leaves_no_project_id_behind() {
+    let Some(fs) = with_project_quota("xfs") else {
+        return;
+    };
+    let root = fs.mount_point.clone();
+    let range =
+        projquota::DEFAULT_PROJECT_ID_RANGE.start..projquota::DEFAULT_PROJECT_ID_RANGE.start + 200;
+    let mut driver = driver_on(&fs, Some("project"));
+    driver.start_again().await;
+    let source = driver.create(in_pool(&[("pool", "disk")], 8 * MIB)).await;
+    let source_project = project_of_volume(&source);
+    let heavy = host_path(&source).join("heavy");
+    File::create(&heavy).unwrap();
+    let path = std::ffi::CString::new(heavy.as_os_str().as_encoded_bytes()).unwrap();
+    let value = vec![b'x'; 60 << 10];
+    for i in 0..40 {
+        let name = std::ffi::CString::new(format!("user.tenant{i}")).unwrap();
+        // SAFETY: valid C strings and a value readable for its length.
+        let set = unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
+    }
+    let mut clone = in_pool(&[("pool", "disk")], 8 * MIB);
+    clone.volume_content_source = Some(from_volume(&source.volume_id));
+    let refused = driver
+        .controller()
+        .create_volume(clone)
+        .await
+        .expect_err("a clone of a file with 2.4 MB of xattrs");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        ids_in_use(&root, range.clone()),
+        BTreeSet::from([source_project]),
+        "project ids in use after the failed clone"
+    );
+    driver.delete(&source.volume_id).await.unwrap();
+    assert_eq!(ids_in_use(&root, range), BTreeSet::new());
+}

@@ -3,6 +3,7 @@
 pub mod archive;
 pub mod btrfs;
 pub mod caller;
+pub mod cgroup;
 pub mod copy;
 pub mod dirfd;
 pub mod fsstat;

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use super::space::limits;
 use super::space::pool::Pool;
+use super::space::throttle::node_walks;
 use super::state::id::VolumeId;
 use super::state::record::{SizeLimit, VolumeKind};
 use super::{Condition, Volumes, data_problem, usage_problem};
@@ -45,6 +46,9 @@ impl Volumes {
             id,
             || {
                 let Some(_slot) = pool.walks.take() else {
+                    return Err(gone());
+                };
+                let Some(_node_slot) = node_walks().take() else {
                     return Err(gone());
                 };
                 usage::measure(data)

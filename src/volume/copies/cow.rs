@@ -12,12 +12,15 @@
 use std::fs::OpenOptions;
 use std::path::Path;
 
+use tracing::warn;
+
 use crate::error::{Error, IoContext, Result};
 use crate::host::btrfs;
 use crate::host::copy::{self, CopyError, CopyReport, DataMode, Progress};
-use crate::volume::space::limits::{NewDirectory, size_file, split};
+use crate::volume::space::limits::{NewDirectory, remove_directory, size_file, split};
 use crate::volume::space::mechanism::Mechanism;
 use crate::volume::space::pool::Pool;
+use crate::volume::space::throttle::{caller_gone, node_walks};
 use crate::volume::state::record::{Allocation, VolumeKind};
 
 /// What copying produced.
@@ -115,7 +118,16 @@ pub fn fill_volume(
                 pool.enforcement.clone_subvolume(source, dest, capacity)?
             } else {
                 let made = pool.enforcement.make_directory(dest, capacity)?;
-                carry(pool.cow, source, dest, &mut copy::Always, copy::copy_tree)?;
+                if let Err(err) = carry(pool.cow, source, dest, &mut copy::Always, copy::copy_tree)
+                {
+                    // The partial copy goes now, with the limit it was given: the caller knows
+                    // no limit of a volume it never made, and a tenant can make copies fail
+                    // (xattrs past our bound, a hard-link bomb) to leak project quota limits.
+                    if let Err(cleanup) = remove_directory(made.limit, dest) {
+                        warn!(path = %dest.display(), error = %cleanup, "could not remove a failed copy; it is removed at next start");
+                    }
+                    return Err(err);
+                }
                 made
             })
         }
@@ -132,6 +144,12 @@ fn carry(
     progress: &mut dyn Progress,
     copy: fn(&Path, &Path, DataMode, &mut dyn Progress) -> Result<CopyReport, CopyError>,
 ) -> Result<Copied> {
+    let Some(_slot) = node_walks().take() else {
+        return Err(Error::host(
+            format!("waiting to copy {}", source.display()),
+            caller_gone(),
+        ));
+    };
     let report = copy(source, dest, mechanism.data_mode(), progress)
         .map_err(|err| copy_failure(source, err))?;
     Ok(Copied::from_report(mechanism, report))

@@ -30,6 +30,7 @@ use crate::volume::Volumes;
 use crate::volume::guard::OperationGuard;
 use crate::volume::space::limits::size_file;
 use crate::volume::space::mechanism::Mechanism;
+use crate::volume::space::throttle::{caller_gone, node_walks};
 use crate::volume::state::id::VolumeId;
 use crate::volume::state::record::{VolumeKind, VolumeRecord};
 
@@ -48,6 +49,12 @@ pub struct ExportSource {
 impl ExportSource {
     /// Writes the whole export stream to `out`.
     pub fn write_to(&self, out: &mut dyn Write) -> Result<Summary> {
+        let Some(_slot) = node_walks().take() else {
+            return Err(Error::host(
+                format!("waiting to export volume {}", self.id),
+                caller_gone(),
+            ));
+        };
         archive::export(&self.path, &self.header, out)
             .map_err(|err| archive_failure(&self.id, "exporting", err))
     }

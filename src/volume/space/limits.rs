@@ -21,6 +21,7 @@ use crate::host::fsstat::{self, FsKind};
 use crate::host::projquota::{self, ProjectIdLease, ProjectIds};
 use crate::host::tree::WalkError;
 use crate::host::{btrfs, safe_delete};
+use crate::volume::space::throttle::{caller_gone, node_walks};
 use crate::volume::state::record::{Allocation, SizeLimit, VolumeRecord};
 
 /// How one pool limits the size of new filesystem volumes.
@@ -370,6 +371,12 @@ pub fn usage(limit: SizeLimit, dir: &Path) -> io::Result<Option<LimitUsage>> {
 /// Removes the data of a filesystem volume at `dir`, then what its limit leaves behind.
 /// The caller has checked that no mount lies at or below `dir`.
 pub fn remove_directory(limit: SizeLimit, dir: &Path) -> Result<(), WalkError> {
+    let Some(_slot) = node_walks().take() else {
+        return Err(WalkError::Io {
+            path: dir.to_path_buf(),
+            source: caller_gone(),
+        });
+    };
     if limit == SizeLimit::BtrfsQgroup && destroy_subvolume(dir)? {
         return Ok(());
     }
