@@ -419,21 +419,9 @@ async fn a_failed_clone_leaves_no_project_id_behind() {
     let source_project = project_of_volume(&source);
     let heavy = host_path(&source).join("heavy");
     File::create(&heavy).unwrap();
-    let path = std::ffi::CString::new(heavy.as_os_str().as_encoded_bytes()).unwrap();
     let value = vec![b'x'; 60 << 10];
     for i in 0..40 {
-        let name = std::ffi::CString::new(format!("user.tenant{i}")).unwrap();
-        // SAFETY: valid C strings and a value readable for its length.
-        let set = unsafe {
-            libc::setxattr(
-                path.as_ptr(),
-                name.as_ptr(),
-                value.as_ptr().cast(),
-                value.len(),
-                0,
-            )
-        };
-        assert_eq!(set, 0, "setxattr: {}", std::io::Error::last_os_error());
+        common::fidelity::set_xattr(&heavy, &format!("user.tenant{i}"), &value);
     }
     let mut clone = in_pool(&[("pool", "disk")], 8 * MIB);
     clone.volume_content_source = Some(from_volume(&source.volume_id));
