@@ -26,10 +26,9 @@ spec:
   - name: app
     image: $TEST_IMAGE
     command: [sh, -c, "touch /data/mine && sleep 100000"]
-    volumeMounts: [{name: data, mountPath: /data}, {name: ro, mountPath: /ro, readOnly: true}, {name: opts, mountPath: /opts}]
+    volumeMounts: [{name: data, mountPath: /data}, {name: opts, mountPath: /opts}]
   volumes:
   - {name: data, persistentVolumeClaim: {claimName: grouped}}
-  - {name: ro, persistentVolumeClaim: {claimName: grouped, readOnly: true}}
   - {name: opts, persistentVolumeClaim: {claimName: opts}}
 YAML
 wait_pod_running grouped
@@ -38,9 +37,32 @@ step "fsGroup"
 expect_eq "$(pexec grouped stat -c %g /data)" 2345 "the volume root's group"
 expect_eq "$(pexec grouped stat -c %g /data/mine)" 2345 "a new file's group (setgid directory)"
 
+# A second pod on the same node (ReadWriteOnce allows it) mounts the claim readOnly. Not the
+# same pod: kubelet mounts a claim once per pod, so a pod naming it twice, once readOnly, gets
+# one mount, read-only (an earlier version of this scenario did that, and its failure was
+# reported as a pass).
 step "readOnly"
-if pexec grouped touch /ro/nope 2>/dev/null; then fail "a write into the readOnly mount succeeded"; fi
-pexec grouped grep -q ' /ro .*\bro\b' /proc/self/mountinfo || fail "/ro is not mounted read-only"
+kn apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: reader}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $(pod_node grouped)}
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 2345}
+  containers:
+  - name: app
+    image: $TEST_IMAGE
+    command: [sh, -c, "sleep 100000"]
+    volumeMounts: [{name: ro, mountPath: /ro, readOnly: true}]
+  volumes:
+  - {name: ro, persistentVolumeClaim: {claimName: grouped, readOnly: true}}
+YAML
+wait_pod_running reader
+expect_eq "$(pexec reader stat -c %g /ro/mine)" 2345 "the file the other pod wrote, as the reader sees it"
+if pexec reader touch /ro/nope 2>/dev/null; then fail "a write into the readOnly mount succeeded"; fi
+pexec reader grep -q ' /ro .*\bro\b' /proc/self/mountinfo || fail "/ro is not mounted read-only"
+pexec grouped touch /data/still-writable || fail "the read-write mount became read-only"
 
 step "mountOptions from the class"
 opts=$(pexec grouped awk '$5 == "/opts" {print $6}' /proc/self/mountinfo)
