@@ -34,6 +34,7 @@ run_mode() {
     local kubelet="$work/$mode/kubelet"
     mkdir -p "$kubelet/pods/sanity"
     "$driver" serve --endpoint "unix://$work/$mode/csi.sock" --node-id sanity-node \
+        --admin-socket "$work/$mode/admin/admin.sock" \
         --kubelet-dir "$kubelet" --data-dir "$work/$mode/data" >"$work/$mode.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do [[ -S "$work/$mode/csi.sock" ]] && break; sleep 0.05; done

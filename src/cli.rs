@@ -33,7 +33,8 @@ pub enum LogFormat {
 // Made once per process, at start: the size of its largest variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Command {
-    /// Serve the CSI Identity, Controller and Node services on a unix socket.
+    /// Serve the CSI Identity, Controller and Node services on a unix socket (and the admin API
+    /// on a socket of its own).
     ///
     /// Log verbosity follows RUST_LOG (e.g. RUST_LOG=debug logs every RPC; default: info).
     Serve(ServeArgs),

@@ -32,6 +32,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CSI_ENDPOINT")]
     pub endpoint: Option<String>,
 
+    /// Where the admin API (`stickyvol volumes`, `stickyvol volume …`) is served, a unix socket
+    /// path in a directory no sidecar mounts, never the CSI socket's (modes all and node only)
+    /// [default: /run/stickyvol-admin/admin.sock]
+    #[arg(long, env = "ADMIN_SOCKET", value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+
     /// This node's name; it becomes the volumes' topology (`topology.<driver-name>/node`), so it
     /// must be a valid label value (Kubernetes: the node name from the downward API).
     #[arg(long, env = "NODE_ID")]
@@ -247,6 +253,8 @@ impl PoolConfig {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub socket_path: PathBuf,
+    /// The admin API's socket, in the modes that serve it (where the volumes are).
+    pub admin_socket: Option<PathBuf>,
     pub node_id: String,
     pub kubelet_dir: PathBuf,
     pub data_dir: PathBuf,
@@ -269,6 +277,8 @@ pub struct Config {
 pub enum ConfigError {
     #[error("--endpoint must be a unix socket URL such as unix:///run/csi.sock, got {0:?}")]
     Endpoint(String),
+    #[error("--admin-socket {path:?}: {why}")]
+    AdminSocket { path: PathBuf, why: &'static str },
     #[error(
         "--node-id {0:?} is not a valid label value (1-63 of [A-Za-z0-9._-], alphanumeric at both ends)"
     )]
@@ -326,6 +336,7 @@ impl Config {
             .endpoint
             .unwrap_or_else(|| default_endpoint(&paths.kubelet_dir, &paths.driver_name));
         let socket_path = parse_unix_endpoint(&endpoint)?;
+        let admin_socket = admin_socket(args.admin_socket, args.mode, &socket_path)?;
         let defaults = MetricsLimits::default();
         let metrics_limits = MetricsLimits {
             header_timeout: args
@@ -342,6 +353,7 @@ impl Config {
             node_loss,
             orphan_check,
             socket_path,
+            admin_socket,
             node_id: args.node_id,
             data_dir: paths.pools[0].path.clone(),
             kubelet_dir: paths.kubelet_dir,
@@ -364,6 +376,55 @@ impl Config {
     pub fn topology_key(&self) -> String {
         format!("topology.{}/node", self.driver_name)
     }
+}
+
+/// Where the admin API listens by default: outside the CSI socket's directory, which every
+/// sidecar mounts (the manifests mount this directory into the driver's container alone).
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/stickyvol-admin/admin.sock";
+
+/// The admin socket of a mode that serves the admin API; a path given to a mode that does not
+/// (controller) is refused rather than ignored.
+fn admin_socket(
+    given: Option<PathBuf>,
+    mode: Mode,
+    csi_socket: &Path,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let refuse = |path: PathBuf, why| Err(ConfigError::AdminSocket { path, why });
+    if !mode.works_on_host() {
+        return match given {
+            Some(path) => refuse(path, "controller mode serves no admin API"),
+            None => Ok(None),
+        };
+    }
+    let path = given.unwrap_or_else(|| PathBuf::from(DEFAULT_ADMIN_SOCKET));
+    if !path.is_absolute() || path.file_name().is_none() {
+        return refuse(path, "must be an absolute path to a socket file");
+    }
+    // Whoever reaches the CSI socket's directory (the sidecars mount it) must not find the
+    // admin API beside it. By path only: a symlink is the operator's own choice.
+    if lexically_normal(&path).parent() == lexically_normal(csi_socket).parent() {
+        return refuse(
+            path,
+            "must not be in the CSI socket's directory, which the sidecars mount",
+        );
+    }
+    Ok(Some(path))
+}
+
+/// `path` with `.` and `..` resolved by name, without the filesystem.
+fn lexically_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut normal = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::CurDir => {}
+            other => normal.push(other),
+        }
+    }
+    normal
 }
 
 /// The reconciler's settings: it runs only in controller mode, named in its Lease by its pod's
@@ -717,6 +778,7 @@ mod tests {
     fn args(node_id: &str) -> ServeArgs {
         ServeArgs {
             endpoint: None,
+            admin_socket: None,
             node_id: node_id.into(),
             paths: path_args(),
             mode: Mode::All,
@@ -986,6 +1048,48 @@ mod tests {
             Config::from_args(a).unwrap().socket_path,
             PathBuf::from("/run/x.sock")
         );
+    }
+
+    #[test]
+    fn the_admin_socket_is_apart_from_the_csi_socket_where_volumes_are() {
+        let with = |mode, endpoint: &str, admin: Option<&str>| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.endpoint = Some(endpoint.into());
+            a.admin_socket = admin.map(PathBuf::from);
+            Config::from_args(a).map(|c| c.admin_socket)
+        };
+        let csi = "unix:///csi/csi.sock";
+        let default = Some(PathBuf::from(DEFAULT_ADMIN_SOCKET));
+        assert_eq!(with(Mode::All, csi, None).unwrap(), default);
+        assert_eq!(with(Mode::Node, csi, None).unwrap(), default);
+        assert_eq!(with(Mode::Controller, csi, None).unwrap(), None);
+        assert_eq!(
+            with(Mode::All, csi, Some("/run/a/admin.sock")).unwrap(),
+            Some(PathBuf::from("/run/a/admin.sock"))
+        );
+        // Not inside the CSI socket's directory however it is spelt; not relative; not
+        // where nothing serves it.
+        for (mode, admin, why) in [
+            (Mode::All, "/csi/admin.sock", "the CSI socket's directory"),
+            (
+                Mode::Node,
+                "/run/../csi/./admin.sock",
+                "the CSI socket's directory",
+            ),
+            (Mode::All, "admin.sock", "absolute"),
+            (Mode::All, "/", "absolute"),
+            (Mode::Controller, "/run/a/admin.sock", "controller mode"),
+        ] {
+            let err = with(mode, csi, Some(admin)).unwrap_err().to_string();
+            assert!(
+                err.starts_with("--admin-socket") && err.contains(why),
+                "{admin}: {err}"
+            );
+        }
+        // The default is refused too, with a CSI socket beside it.
+        let err = with(Mode::All, "unix:///run/stickyvol-admin/csi.sock", None).unwrap_err();
+        assert!(err.to_string().contains("CSI socket's directory"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The gRPC server: unix socket, services for the configured mode, reflection, per-RPC logs,
-//! graceful shutdown.
+//! graceful shutdown. The admin API has a socket of its own (`admin_listener`).
+
+mod admin_listener;
 
 use std::fs;
 use std::future::Future;
@@ -18,8 +20,6 @@ use tonic::transport::Server;
 use tower::{Layer, Service};
 use tracing::{debug, error, info, warn};
 
-use crate::admin::service::AdminService;
-use crate::admin_api;
 use crate::config::{Config, Mode};
 use crate::controller::ControllerService;
 use crate::csi;
@@ -28,8 +28,6 @@ use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 use crate::nodeloss::{reconcile, report, returned};
-
-use crate::unix_channel::STREAM_WINDOW_BYTES;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
 const SOCKET_MODE: u32 = 0o660;
@@ -55,21 +53,35 @@ pub enum ServeError {
     Kubernetes(#[from] kube::Error),
 }
 
-/// Serves until `shutdown` completes, then finishes in-flight calls and removes the socket.
+/// Serves until `shutdown` completes, then finishes in-flight calls and removes the sockets.
 pub async fn serve(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
-    let socket_path = config.socket_path.clone();
     // Bind before opening the volumes: a live socket means another instance owns the data dir,
     // and our startup recovery must not run beside it.
-    let listener = bind(&socket_path)?;
-    let result = serve_on(listener, config, shutdown).await;
-    // Ours since bind succeeded, whatever happened after.
-    let _ = fs::remove_file(&socket_path);
+    let listener = bind(&config.socket_path, SOCKET_MODE)?;
+    let csi_socket = Bound(config.socket_path.clone());
+    let admin = (config.admin_socket.as_deref())
+        .map(|path| bind(path, admin_listener::SOCKET_MODE))
+        .transpose()?;
+    let admin_socket = config.admin_socket.clone().map(Bound);
+    let result = serve_on(listener, admin, config, shutdown).await;
+    drop((csi_socket, admin_socket));
     info!("stopped");
     result
 }
 
+/// A socket file this process bound: ours since bind succeeded, so removed when dropped,
+/// whatever happened after.
+struct Bound(std::path::PathBuf);
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
 async fn serve_on(
     listener: UnixListener,
+    admin: Option<UnixListener>,
     config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -94,9 +106,6 @@ async fn serve_on(
         .with_service_name("grpc.reflection.v1.ServerReflection")
         .with_service_name("csi.v1.Identity")
         .with_service_name("csi.v1.Node");
-    if mode.works_on_host() {
-        reflection = reflection.with_service_name("stickyvol.admin.v1.Admin");
-    }
     if mode != Mode::Node {
         reflection = reflection.with_service_name("csi.v1.Controller");
     }
@@ -173,11 +182,10 @@ async fn serve_on(
         }
         _ => None,
     };
+    // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
+    let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
+    let shutdown = stop_admin.after(shutdown);
     let mut router = Server::builder()
-        // HTTP/2's default 64 KiB windows stall a stream on a WINDOW_UPDATE round trip every
-        // 64 KiB: export and import streams move MiB-sized messages.
-        .initial_stream_window_size(STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(STREAM_WINDOW_BYTES * 2)
         .layer(RpcObserverLayer { metrics })
         .add_service(reflection)
         .add_service(csi::identity_server::IdentityServer::new(
@@ -192,14 +200,6 @@ async fn serve_on(
     router = router.add_service(csi::node_server::NodeServer::new(NodeService::new(
         driver.clone(),
     )));
-    // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
-    if mode.works_on_host() {
-        // Root only, whatever the socket's mode lets connect: the CSI services stay open to it.
-        router = router.add_service(admin_api::admin_server::AdminServer::with_interceptor(
-            AdminService::new(driver.clone()),
-            crate::admin::access::root_only,
-        ));
-    }
 
     let serving = router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown);
     // The socket is bound and its calls are taken from here on; interrupted copies start
@@ -222,6 +222,7 @@ async fn serve_on(
         }
     }
     served?;
+    admin.finished().await?;
     // The clean stop's write-back of the records runs where the volumes are dropped last: not
     // in a background thread (a snapshot copy just done) that the process exit cuts short.
     let idle = driver.clone();
@@ -235,8 +236,9 @@ async fn serve_on(
 /// the pod 30 s from SIGTERM to SIGKILL).
 const BACKGROUND_WORK_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Binds the socket, replacing a stale one but never a live one or a non-socket file.
-fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+/// Binds the socket with `mode`, replacing a stale one but never a live one or a non-socket
+/// file.
+fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     let err = |source| ServeError::Socket {
         path: path.display().to_string(),
         source,
@@ -261,7 +263,7 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    let listener = bind_with_mode(path, SOCKET_MODE).map_err(err)?;
+    let listener = bind_with_mode(path, mode).map_err(err)?;
     listener.set_nonblocking(true).map_err(err)?;
     UnixListener::from_std(listener).map_err(err)
 }

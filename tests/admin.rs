@@ -19,17 +19,12 @@ use serde_json::Value;
 
 const OTHER_NODE: &str = "other-node";
 
-/// `stickyvol <args>` aimed at `driver`'s socket, with nothing of the caller's environment
-/// that the commands read.
+/// `stickyvol <args>` aimed at `driver`'s admin socket, with nothing of the caller's
+/// environment that the commands read.
 fn stickyvol(driver: &TestDriver, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_stickyvol"));
     cmd.args(args)
-        .env(
-            "CSI_ENDPOINT",
-            format!("unix://{}", driver.socket.display()),
-        )
-        .env_remove("KUBELET_DIR")
-        .env_remove("DRIVER_NAME")
+        .env("ADMIN_SOCKET", &driver.admin_socket)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null());
     cmd
@@ -325,7 +320,23 @@ async fn commands_say_what_to_do_when_no_driver_answers() {
     let driver = TestDriver::prepare(Options::default());
     let err = run_failing(&driver, &["volumes"]);
     assert!(
-        err.contains(&driver.socket.display().to_string()) && err.contains("running"),
+        err.contains(&driver.admin_socket.display().to_string()) && err.contains("running"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn commands_aimed_at_the_csi_socket_are_told_where_the_admin_api_is() {
+    let driver = TestDriver::start().await;
+    let out = stickyvol(&driver, &["volumes"])
+        .env("ADMIN_SOCKET", &driver.socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("does not serve the admin API (is it the driver's CSI socket?")
+            && err.contains("--admin-socket"),
         "{err}"
     );
 }
@@ -337,8 +348,14 @@ async fn controller_mode_does_not_serve_the_admin_api() {
         ..Options::default()
     })
     .await;
-    let err = run_failing(&driver, &["volumes"]);
-    assert!(err.contains("admin API"), "{err}");
+    assert!(!driver.admin_socket.exists());
+    let out = stickyvol(&driver, &["volumes"])
+        .env("ADMIN_SOCKET", &driver.socket)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not serve the admin API"), "{err}");
 }
 
 // =============================================================================================

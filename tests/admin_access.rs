@@ -1,6 +1,8 @@
-//! The admin API answers root on the node only (issue 19), by the credentials the kernel
-//! recorded for the connection, while the CSI services stay open to every process the
-//! socket's mode lets connect (sidecars may run as non-root uids in the socket's group).
+//! The admin API answers root on the node only: on a socket of its own (issue 31), which the
+//! sidecars sharing the CSI socket's directory (as root) cannot reach, with mode 0600, and by
+//! the credentials the kernel recorded for the connection (issue 19), whatever the socket's
+//! mode. The CSI socket serves no admin call, while its CSI services stay open to every process
+//! its mode lets connect (sidecars may run as non-root uids in the socket's group).
 //!
 //! Non-root callers connect from a thread that changed only its own credentials (raw
 //! system calls, not glibc's process-wide wrappers) to uid/gid 65534, keeping group 0 (the
@@ -10,7 +12,7 @@ mod common;
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,16 +71,23 @@ async fn channel_over(stream: UnixStream) -> Channel {
         .expect("an HTTP/2 connection over the socket")
 }
 
-/// A driver whose socket uid 65534 in group 0 can reach (its test dir is 0700 otherwise).
+/// A driver whose sockets' directories uid 65534 can enter (its test dir is 0700 otherwise).
 async fn reachable_driver() -> TestDriver {
     let driver = TestDriver::start().await;
     fs::set_permissions(&driver.root, fs::Permissions::from_mode(0o711)).unwrap();
     driver
 }
 
-async fn nobody_channel(driver: &TestDriver) -> Channel {
-    let stream = connect_as_nobody(&driver.socket, &[0]).expect("connecting as uid 65534");
+/// A connection of uid 65534 in group 0 to `socket`.
+async fn nobody_channel(socket: &Path) -> Channel {
+    let stream = connect_as_nobody(socket, &[0]).expect("connecting as uid 65534");
     channel_over(stream).await
+}
+
+/// Opens the admin socket to everyone, as a careless chmod would: the server's own check is
+/// what then stands between a caller and the admin API.
+fn open_admin_socket_to_all(driver: &TestDriver) {
+    fs::set_permissions(&driver.admin_socket, fs::Permissions::from_mode(0o666)).unwrap();
 }
 
 fn host_path(volume: &csi::Volume) -> PathBuf {
@@ -100,11 +109,12 @@ fn assert_refused<T: std::fmt::Debug>(rpc: &str, result: Result<T, Status>) {
 #[tokio::test]
 async fn every_admin_rpc_refuses_a_non_root_caller_and_serves_root() {
     let driver = reachable_driver().await;
+    open_admin_socket_to_all(&driver);
     let volume = driver.create_fs_volume().await;
     fs::write(host_path(&volume).join("secret"), b"tenant data").unwrap();
     let id = volume.volume_id.clone();
 
-    let mut nobody = AdminClient::new(nobody_channel(&driver).await);
+    let mut nobody = AdminClient::new(nobody_channel(&driver.admin_socket).await);
     assert_refused(
         "DescribeVolumes",
         nobody
@@ -151,7 +161,7 @@ async fn every_admin_rpc_refuses_a_non_root_caller_and_serves_root() {
     );
 
     // Root, on the same socket, is served: listing, and exporting the volume's data.
-    let mut root = AdminClient::new(driver.channel());
+    let mut root = AdminClient::new(driver.admin_channel().await);
     let listed = root
         .describe_volumes(DescribeVolumesRequest::default())
         .await
@@ -173,7 +183,7 @@ async fn every_admin_rpc_refuses_a_non_root_caller_and_serves_root() {
 #[tokio::test]
 async fn csi_calls_from_a_non_root_caller_in_the_socket_group_are_served() {
     let driver = reachable_driver().await;
-    let channel = nobody_channel(&driver).await;
+    let channel = nobody_channel(&driver.socket).await;
     IdentityClient::new(channel.clone())
         .probe(csi::ProbeRequest {})
         .await
@@ -213,25 +223,123 @@ async fn outside_the_socket_group_a_non_root_process_cannot_even_connect() {
 }
 
 #[tokio::test]
-async fn the_admin_commands_tell_a_non_root_user_to_run_them_as_root() {
+async fn the_admin_socket_lets_in_its_owner_alone() {
     let driver = reachable_driver().await;
-    // setpriv (util-linux) runs the real command as uid 65534 in group 0.
+    let meta = fs::symlink_metadata(&driver.admin_socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!((meta.uid(), meta.gid()), (0, 0));
+    // Group 0 opens the CSI socket (0660), not this one.
+    let err = connect_as_nobody(&driver.admin_socket, &[0]).expect_err("connecting as uid 65534");
+    assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+}
+
+/// `stickyvol volumes` as uid 65534 in group 0 (setpriv, util-linux): its exit code, stdout
+/// and stderr.
+fn volumes_as_nobody(driver: &TestDriver) -> (Option<i32>, Vec<u8>, String) {
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--groups=0", "--"])
         .arg(env!("CARGO_BIN_EXE_stickyvol"))
         .arg("volumes")
-        .env(
-            "CSI_ENDPOINT",
-            format!("unix://{}", driver.socket.display()),
-        )
+        .env("ADMIN_SOCKET", &driver.admin_socket)
         .env_remove("RUST_LOG")
         .output()
         .expect("running setpriv (util-linux)");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), out.stdout, stderr)
+}
+
+#[tokio::test]
+async fn the_admin_commands_tell_a_non_root_user_to_run_them_as_root() {
+    let driver = reachable_driver().await;
+    // Refused by the socket's mode...
+    let (code, stdout, stderr) = volumes_as_nobody(&driver);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("permission denied on") && stderr.contains("run this as root"),
+        "{stderr}"
+    );
+    assert!(stdout.is_empty());
+    // ... and, were the mode to let them in, by the driver.
+    open_admin_socket_to_all(&driver);
+    let (code, stdout, stderr) = volumes_as_nobody(&driver);
+    assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("root on the node only") && stderr.contains("uid 65534"),
         "{stderr}"
     );
-    assert!(out.stdout.is_empty());
+    assert!(stdout.is_empty());
+}
+
+#[tokio::test]
+async fn the_csi_socket_does_not_answer_the_admin_api() {
+    let driver = TestDriver::start().await;
+    let volume = driver.create_fs_volume().await;
+    fs::write(host_path(&volume).join("secret"), b"tenant data").unwrap();
+    let id = volume.volume_id.clone();
+    // Root on the CSI socket: what every sidecar sharing its directory runs as.
+    let mut csi_socket = AdminClient::new(driver.channel());
+    let unimplemented = |rpc: &str, result: Result<(), Status>| {
+        let status = result.expect_err(rpc);
+        assert_eq!(status.code(), Code::Unimplemented, "{rpc}: {status:?}");
+    };
+    unimplemented(
+        "DescribeVolumes",
+        csi_socket
+            .describe_volumes(DescribeVolumesRequest::default())
+            .await
+            .map(drop),
+    );
+    unimplemented(
+        "DescribeVolume",
+        csi_socket
+            .describe_volume(DescribeVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .map(drop),
+    );
+    unimplemented(
+        "ExportVolume",
+        csi_socket
+            .export_volume(ExportVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .map(drop),
+    );
+    let import = ImportVolumeRequest {
+        volume_id: id.clone(),
+        replace: true,
+        data: vec![0; 4096].into(),
+    };
+    unimplemented(
+        "ImportVolume",
+        csi_socket
+            .import_volume(tokio_stream::iter(vec![import]))
+            .await
+            .map(drop),
+    );
+    unimplemented(
+        "RemoveVolume",
+        csi_socket
+            .remove_volume(RemoveVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .map(drop),
+    );
+    assert_eq!(
+        fs::read(host_path(&volume).join("secret")).unwrap(),
+        b"tenant data"
+    );
+    assert_eq!(driver.listed_ids().await, std::slice::from_ref(&id));
+
+    // The admin socket, as root, answers.
+    let described = AdminClient::new(driver.admin_channel().await)
+        .describe_volume(DescribeVolumeRequest { volume_id: id })
+        .await
+        .expect("DescribeVolume on the admin socket")
+        .into_inner();
+    assert_eq!(described.volume_id, volume.volume_id);
 }

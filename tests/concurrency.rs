@@ -191,12 +191,7 @@ impl StalledExport {
     fn start(driver: &TestDriver, volume_id: &str) -> StalledExport {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
             .args(["volume", "export", volume_id])
-            .env(
-                "CSI_ENDPOINT",
-                format!("unix://{}", driver.socket.display()),
-            )
-            .env_remove("KUBELET_DIR")
-            .env_remove("DRIVER_NAME")
+            .env("ADMIN_SOCKET", &driver.admin_socket)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

@@ -13,6 +13,9 @@
 //! - every path the command will use lies under one of the container's volumeMounts, or it
 //!   would land in the container's own (here read-only) layer;
 //! - metrics are served on one address (the pod's IP), not on every interface;
+//! - the admin socket's directory is mounted into no other container of the pod (the sidecars
+//!   share the CSI socket's directory, as root): not its volume, nor any volume of an
+//!   overlapping host path;
 //! - a `doctor` init container checks the paths the `serve` container of its pod will use.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -119,6 +122,42 @@ fn the_checker_catches_what_would_keep_a_container_from_starting() {
             "serves metrics on every interface (0.0.0.0:8080)",
         ),
         (
+            "a sidecar mounting the admin socket's directory",
+            pod("", "", "").replace(
+                "- {name: socket-dir, mountPath: /csi}\n      volumes:",
+                "- {name: socket-dir, mountPath: /csi}\n            \
+                 - {name: admin-dir, mountPath: /admin}\n      volumes:",
+            ),
+            "container stickyvol",
+            "in volume admin-dir, and container sidecar mounts admin-dir",
+        ),
+        (
+            "a sidecar mounting a host directory that holds the admin socket's",
+            pod("", "", "").replace(
+                "- {name: socket-dir, mountPath: /csi}\n      volumes:",
+                "- {name: socket-dir, mountPath: /csi}\n            \
+                 - {name: host-run, mountPath: /host-run}\n      volumes:",
+            ),
+            "container stickyvol",
+            "container sidecar mounts host-run",
+        ),
+        (
+            "the admin socket where the sidecars share the CSI socket",
+            pod(
+                "",
+                "",
+                "- {name: ADMIN_SOCKET, value: /csi/admin/admin.sock}",
+            ),
+            "container stickyvol",
+            "/csi/admin/admin.sock is in volume socket-dir, and container",
+        ),
+        (
+            "an admin socket no volume holds",
+            pod("", "", "- {name: ADMIN_SOCKET, value: /var/run/admin.sock}"),
+            "container stickyvol",
+            "uses /var/run, which no volumeMount holds",
+        ),
+        (
             "an invalid RUST_LOG",
             pod("", "", "- {name: RUST_LOG, value: \"info,[\"}"),
             "container stickyvol",
@@ -203,9 +242,18 @@ spec:
             - {{name: socket-dir, mountPath: /csi}}
             - {{name: kubelet-dir, mountPath: /var/lib/kubelet}}
             - {{name: run-dir, mountPath: /run/stickyvol}}
+            - {{name: admin-dir, mountPath: /run/stickyvol-admin}}
         - name: sidecar
           image: registry.k8s.io/sig-storage/livenessprobe:v2.19.0
           args: [--not-ours]
+          volumeMounts:
+            - {{name: socket-dir, mountPath: /csi}}
+      volumes:
+        - {{name: socket-dir, hostPath: {{path: /var/lib/kubelet/plugins/x}}}}
+        - {{name: kubelet-dir, hostPath: {{path: /var/lib/kubelet}}}}
+        - {{name: run-dir, hostPath: {{path: /run/stickyvol}}}}
+        - {{name: admin-dir, hostPath: {{path: /run/stickyvol-admin}}}}
+        - {{name: host-run, hostPath: {{path: /run}}}}
 "#,
         doctor_args = indent(doctor_args, 12),
         serve_args = indent(serve_args, 12),
@@ -284,6 +332,12 @@ fn check_pod(label: &str, spec: &Value, object: &Object, image: &Image, outcome:
                 }
             };
             if let Some(why) = unmounted(container, &paths) {
+                outcome.failures.push(format!("{label}: {why}"));
+            }
+            if let Started::Serve(config) = &started
+                && let Some(admin_socket) = &config.admin_socket
+                && let Some(why) = admin_socket_shared(spec, container, admin_socket)
+            {
                 outcome.failures.push(format!("{label}: {why}"));
             }
             match started {
@@ -372,6 +426,12 @@ fn start(
                 ));
             }
             let mut paths = vec![config.socket_path.parent().unwrap().to_path_buf()];
+            paths.extend(
+                config
+                    .admin_socket
+                    .iter()
+                    .map(|p| p.parent().unwrap().to_path_buf()),
+            );
             if config.mode.works_on_host() {
                 paths.push(config.kubelet_dir.clone());
                 paths.extend(config.pools.iter().map(|p| p.path.clone()));
@@ -390,23 +450,76 @@ fn start(
     })
 }
 
-/// Why one of `paths` would not reach the host: no volumeMount of the container holds it.
-fn unmounted(container: &Value, paths: &[PathBuf]) -> Option<String> {
-    let mounts: Vec<&Path> = container
+/// A container's volumeMounts: (volume name, mount path).
+fn mounts(container: &Value) -> Vec<(&str, &Path)> {
+    container
         .get("volumeMounts")
         .and_then(Value::as_sequence)
         .into_iter()
         .flatten()
-        .filter_map(|m| m.get("mountPath").and_then(Value::as_str))
-        .map(Path::new)
-        .collect();
+        .filter_map(|m| {
+            let name = m.get("name").and_then(Value::as_str)?;
+            Some((name, Path::new(m.get("mountPath").and_then(Value::as_str)?)))
+        })
+        .collect()
+}
+
+/// Why one of `paths` would not reach the host: no volumeMount of the container holds it.
+fn unmounted(container: &Value, paths: &[PathBuf]) -> Option<String> {
+    let mounts = mounts(container);
     let path = paths
         .iter()
-        .find(|path| !mounts.iter().any(|mount| path.starts_with(mount)))?;
+        .find(|path| !mounts.iter().any(|(_, mount)| path.starts_with(mount)))?;
     Some(format!(
         "uses {}, which no volumeMount holds (it would be the container's own layer)",
         path.display()
     ))
+}
+
+/// Why another container of the pod `spec` could reach the admin socket `path` of `container`:
+/// it mounts the volume holding the socket, or a volume whose host path holds the socket's (or
+/// lies in it). None too when no mount holds `path` (`unmounted` says so).
+fn admin_socket_shared(spec: &Value, container: &Value, path: &Path) -> Option<String> {
+    let (volume, _) = mounts(container)
+        .into_iter()
+        .filter(|(_, at)| path.starts_with(at))
+        .max_by_key(|(_, at)| at.components().count())?;
+    let host = host_path(spec, volume);
+    let name = container.get("name");
+    let others = ["initContainers", "containers"]
+        .into_iter()
+        .filter_map(|key| spec.get(key).and_then(Value::as_sequence))
+        .flatten()
+        .filter(|other| other.get("name") != name);
+    for other in others {
+        let other_name = other.get("name").and_then(Value::as_str).unwrap_or("?");
+        for (other_volume, _) in mounts(other) {
+            let overlapping = match (&host, host_path(spec, other_volume)) {
+                (Some(ours), Some(theirs)) => ours.starts_with(&theirs) || theirs.starts_with(ours),
+                _ => false,
+            };
+            if other_volume == volume || overlapping {
+                return Some(format!(
+                    "the admin socket {} is in volume {volume}, and container {other_name} \
+                     mounts {other_volume}: it would reach the admin API",
+                    path.display()
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The host path of the pod's hostPath volume `name`.
+fn host_path(spec: &Value, name: &str) -> Option<PathBuf> {
+    spec.get("volumes")?
+        .as_sequence()?
+        .iter()
+        .find(|v| v.get("name").and_then(Value::as_str) == Some(name))?
+        .get("hostPath")?
+        .get("path")?
+        .as_str()
+        .map(PathBuf::from)
 }
 
 /// The container's argv as kubelet builds it: `command` replaces the image's ENTRYPOINT and,

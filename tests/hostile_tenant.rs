@@ -437,10 +437,7 @@ impl HostileStream {
 fn import_refused(driver: &TestDriver, volume_id: &str, stream: &Path) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
         .args(["volume", "import", volume_id, "--quiet"])
-        .env(
-            "CSI_ENDPOINT",
-            format!("unix://{}", driver.socket.display()),
-        )
+        .env("ADMIN_SOCKET", &driver.admin_socket)
         .stdin(fs::File::open(stream).unwrap())
         .output()
         .unwrap();

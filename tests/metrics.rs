@@ -244,8 +244,8 @@ async fn a_taken_metrics_address_stops_the_start() {
         "the log names the address:\n{log}"
     );
     assert!(
-        !exists_no_follow(&driver.socket),
-        "the socket is removed on the way out"
+        !exists_no_follow(&driver.socket) && !exists_no_follow(&driver.admin_socket),
+        "the sockets are removed on the way out"
     );
 }
 

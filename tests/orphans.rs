@@ -150,10 +150,7 @@ async fn volume_of_pv(driver: &TestDriver, pv_name: &str) -> csi::Volume {
 fn volumes_json(driver: &TestDriver) -> Vec<Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_stickyvol"))
         .args(["volumes", "--json"])
-        .env(
-            "CSI_ENDPOINT",
-            format!("unix://{}", driver.socket.display()),
-        )
+        .env("ADMIN_SOCKET", &driver.admin_socket)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()

@@ -1,5 +1,6 @@
 //! gRPC server reflection (v1) on the CSI socket, as grpcurl uses it: the services are listed
-//! and their schema can be fetched, dependencies included.
+//! and their schema can be fetched, dependencies included. The admin socket lists the admin
+//! API alone.
 
 mod common;
 
@@ -8,15 +9,25 @@ use std::collections::{BTreeSet, HashMap};
 use common::*;
 use prost::Message;
 use prost_types::FileDescriptorProto;
+use tonic::transport::Channel;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::{FileDescriptorResponse, ServerReflectionRequest};
 
 const CSI_SERVICES: [&str; 3] = ["csi.v1.Identity", "csi.v1.Controller", "csi.v1.Node"];
 
-/// Sends `requests` on one reflection stream; one answer per request, in order.
+/// Sends `requests` on one reflection stream of the CSI socket; one answer per request, in
+/// order.
 async fn reflect(
     driver: &TestDriver,
+    requests: Vec<MessageRequest>,
+) -> Result<Vec<MessageResponse>, Status> {
+    reflect_on(driver.channel(), requests).await
+}
+
+async fn reflect_on(
+    channel: Channel,
     requests: Vec<MessageRequest>,
 ) -> Result<Vec<MessageResponse>, Status> {
     let count = requests.len();
@@ -27,8 +38,7 @@ async fn reflect(
             message_request: Some(request),
         })
         .collect();
-    let mut stream = driver
-        .reflection()
+    let mut stream = ServerReflectionClient::new(channel)
         .server_reflection_info(tokio_stream::iter(requests))
         .await?
         .into_inner();
@@ -45,7 +55,11 @@ async fn reflect(
 }
 
 async fn list_services(driver: &TestDriver) -> BTreeSet<String> {
-    let answers = reflect(driver, vec![MessageRequest::ListServices(String::new())])
+    list_services_on(driver.channel()).await
+}
+
+async fn list_services_on(channel: Channel) -> BTreeSet<String> {
+    let answers = reflect_on(channel, vec![MessageRequest::ListServices(String::new())])
         .await
         .expect("ListServices");
     match answers.into_iter().next() {
@@ -237,4 +251,33 @@ async fn only_the_services_served_are_advertised() {
     let listed = list_services(&node_only).await;
     assert!(!listed.contains("csi.v1.Controller"), "{listed:?}");
     assert!(listed.contains("csi.v1.Node") && listed.contains("csi.v1.Identity"));
+}
+
+#[tokio::test]
+async fn the_csi_socket_does_not_advertise_the_admin_api() {
+    for mode in ["all", "node"] {
+        let driver = TestDriver::start_with(Options {
+            mode: Some(mode),
+            ..Default::default()
+        })
+        .await;
+        let listed = list_services(&driver).await;
+        assert!(
+            !listed.contains("stickyvol.admin.v1.Admin"),
+            "{mode}: {listed:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_admin_socket_advertises_the_admin_api_alone() {
+    let driver = TestDriver::start().await;
+    let listed = list_services_on(driver.admin_channel().await).await;
+    assert_eq!(
+        listed,
+        BTreeSet::from([
+            "grpc.reflection.v1.ServerReflection".to_string(),
+            "stickyvol.admin.v1.Admin".to_string()
+        ])
+    );
 }

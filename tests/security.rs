@@ -9,6 +9,8 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::Duration;
 
 use common::*;
+use stickyvol::admin_api::DescribeVolumesRequest;
+use stickyvol::admin_api::admin_client::AdminClient;
 
 const SECRET: &str = "s3cr3t-value";
 
@@ -181,12 +183,18 @@ impl Drop for KilledOnDrop {
 }
 
 #[tokio::test]
-async fn the_socket_is_created_with_its_mode_and_never_changed_by_path() {
+async fn the_sockets_are_created_with_their_modes_and_never_changed_by_path() {
     let driver = TestDriver::prepare(Options::default());
-    let events = DirEvents::watch(
-        &driver.root,
-        libc::IN_CREATE | libc::IN_ATTRIB | libc::IN_MOVED_TO,
-    );
+    let admin_dir = driver.admin_socket.parent().unwrap();
+    fs::create_dir(admin_dir).unwrap();
+    let watched = [(&driver.socket, 0o660), (&driver.admin_socket, 0o600)].map(|(socket, mode)| {
+        let mask = libc::IN_CREATE | libc::IN_ATTRIB | libc::IN_MOVED_TO;
+        (
+            socket,
+            mode,
+            DirEvents::watch(socket.parent().unwrap(), mask),
+        )
+    });
     // A umask that would strip the group's write bit from a plain bind.
     let serving = KilledOnDrop(
         std::process::Command::new("sh")
@@ -204,20 +212,26 @@ async fn the_socket_is_created_with_its_mode_and_never_changed_by_path() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let name = driver.socket.file_name().unwrap().to_str().unwrap();
-    // The socket appears at its path whole, renamed from a directory only root may enter; a
-    // chmod (or chown) by path after bind would show as IN_ATTRIB: the window in which a swap
-    // of the path could redirect it.
-    assert_eq!(events.of(name), [libc::IN_MOVED_TO], "IN_MOVED_TO only");
-    let leftovers: Vec<_> = fs::read_dir(&driver.root)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".stickyvol-bind-"))
-        .collect();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
-    let meta = fs::symlink_metadata(&driver.socket).unwrap();
-    assert!(meta.file_type().is_socket());
-    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    for (socket, mode, events) in watched {
+        let name = socket.file_name().unwrap().to_str().unwrap();
+        // The socket appears at its path whole, renamed from a directory only root may enter;
+        // a chmod (or chown) by path after bind would show as IN_ATTRIB: the window in which a
+        // swap of the path could redirect it.
+        assert_eq!(
+            events.of(name),
+            [libc::IN_MOVED_TO],
+            "{name}: IN_MOVED_TO only"
+        );
+        let leftovers: Vec<_> = fs::read_dir(socket.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".stickyvol-bind-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        let meta = fs::symlink_metadata(socket).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, mode, "{name}");
+    }
     // The driver's own umask is left as it was given (sh execs the driver: same pid).
     assert_eq!(umask_of(serving.0.id()), "0027");
 }
@@ -225,28 +239,75 @@ async fn the_socket_is_created_with_its_mode_and_never_changed_by_path() {
 #[tokio::test]
 async fn a_stale_socket_is_replaced_at_start() {
     let mut driver = TestDriver::prepare(Options::default());
-    // A socket file nobody listens on, as a crashed driver leaves it.
-    drop(std::os::unix::net::UnixListener::bind(&driver.socket).unwrap());
-    assert!(driver.socket.exists());
+    let sockets = [
+        (driver.socket.clone(), 0o660),
+        (driver.admin_socket.clone(), 0o600),
+    ];
+    // Socket files nobody listens on, as a crashed driver leaves them.
+    fs::create_dir(driver.admin_socket.parent().unwrap()).unwrap();
+    for (socket, _) in &sockets {
+        drop(std::os::unix::net::UnixListener::bind(socket).unwrap());
+    }
     driver.start_again().await;
     let volume = driver.create_fs_volume().await;
     // And after a kill -9 of our own.
     driver.kill9();
-    assert!(driver.socket.exists(), "kill -9 leaves the socket behind");
+    for (socket, _) in &sockets {
+        assert!(
+            socket.exists(),
+            "kill -9 leaves {} behind",
+            socket.display()
+        );
+    }
     driver.start_again().await;
     assert_eq!(driver.list_all().await.len(), 1);
     driver.delete(&volume.volume_id).await.unwrap();
-    assert_eq!(
-        fs::symlink_metadata(&driver.socket)
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777,
-        0o660
-    );
-    // A graceful stop removes the socket.
+    for (socket, mode) in &sockets {
+        let meta = fs::symlink_metadata(socket).unwrap();
+        assert_eq!(
+            meta.permissions().mode() & 0o777,
+            *mode,
+            "{}",
+            socket.display()
+        );
+    }
+    AdminClient::new(driver.admin_channel().await)
+        .describe_volumes(DescribeVolumesRequest::default())
+        .await
+        .expect("the admin socket serves again");
+    // A graceful stop removes the sockets.
     driver.stop().await;
-    assert!(!exists_no_follow(&driver.socket));
+    for (socket, _) in &sockets {
+        assert!(!exists_no_follow(socket), "{} is left", socket.display());
+    }
+}
+
+#[tokio::test]
+async fn a_live_admin_socket_is_never_taken_over() {
+    let driver = TestDriver::start().await;
+    // A second driver on its own CSI socket and data dir, but the first one's admin socket.
+    let mut second = TestDriver::prepare(Options::default());
+    second.admin_socket = driver.admin_socket.clone();
+    let status = second
+        .try_start_again()
+        .await
+        .expect_err("a second driver took over a live admin socket");
+    assert!(!status.success());
+    let log = second.log_text();
+    assert!(
+        log.contains("another process is already serving on")
+            && log.contains(&driver.admin_socket.display().to_string()),
+        "{log}"
+    );
+    assert!(!exists_no_follow(&second.socket), "the CSI socket is left");
+    assert!(
+        fs::read_dir(&second.data).is_err(),
+        "the refused driver opened its data dir"
+    );
+    AdminClient::new(driver.admin_channel().await)
+        .describe_volumes(DescribeVolumesRequest::default())
+        .await
+        .expect("the first driver's admin socket still serves");
 }
 
 #[tokio::test]
@@ -260,6 +321,17 @@ async fn a_non_socket_file_at_the_endpoint_is_never_replaced() {
     assert!(!status.success());
     assert_eq!(fs::read(&driver.socket).unwrap(), b"important");
     fs::remove_file(&driver.socket).unwrap();
+    // Nor at the admin socket's path; the CSI socket bound before is removed again.
+    fs::create_dir(driver.admin_socket.parent().unwrap()).unwrap();
+    fs::write(&driver.admin_socket, b"also important").unwrap();
+    let mut child = driver.command().spawn().unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10))
+        .await
+        .expect("the driver exits");
+    assert!(!status.success());
+    assert_eq!(fs::read(&driver.admin_socket).unwrap(), b"also important");
+    assert!(!exists_no_follow(&driver.socket));
+    fs::remove_file(&driver.admin_socket).unwrap();
     driver.start_again().await;
 }
 
@@ -307,11 +379,13 @@ async fn a_second_driver_on_the_same_data_dir_refuses_whatever_its_socket() {
     let in_flight = driver.data.join("volumes").join(unknown_volume_id());
     fs::create_dir(&in_flight).unwrap();
     let other_socket = driver.root.join("other.sock");
+    let other_admin_socket = driver.root.join("other").join("admin.sock");
     let log = fs::File::create(driver.root.join("second.log")).unwrap();
 
     let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
         .arg("serve")
         .arg(format!("--endpoint=unix://{}", other_socket.display()))
+        .arg(format!("--admin-socket={}", other_admin_socket.display()))
         .arg(format!("--node-id={NODE_ID}"))
         .arg(format!("--kubelet-dir={}", driver.kubelet.display()))
         .arg(format!("--data-dir={}", driver.data.display()))
@@ -338,8 +412,8 @@ async fn a_second_driver_on_the_same_data_dir_refuses_whatever_its_socket() {
         "the refused instance ran startup recovery"
     );
     assert!(
-        !other_socket.exists(),
-        "the refused instance left its socket"
+        !other_socket.exists() && !other_admin_socket.exists(),
+        "the refused instance left a socket"
     );
     assert_eq!(
         driver.list_all().await[0]

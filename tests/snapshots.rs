@@ -1401,12 +1401,7 @@ fn edit_snapshot_record(driver: &mut TestDriver, id: &str, edit: impl FnOnce(&mu
 fn volume_shown(driver: &TestDriver, volume_id: &str) -> Value {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_stickyvol"))
         .args(["volume", "show", volume_id, "--json"])
-        .env(
-            "CSI_ENDPOINT",
-            format!("unix://{}", driver.socket.display()),
-        )
-        .env_remove("KUBELET_DIR")
-        .env_remove("DRIVER_NAME")
+        .env("ADMIN_SOCKET", &driver.admin_socket)
         .output()
         .unwrap();
     assert!(

@@ -1,6 +1,7 @@
 //! Who may call the admin API: root on the node only. Exporting, importing or deleting any
-//! volume is more than the CSI socket's other users (kubelet, sidecars, possibly non-root)
-//! need, so the check is on the caller's credentials, which the kernel recorded when it
+//! volume is more than kubelet and the sidecars need: the admin API has its own socket, away
+//! from the CSI socket's directory they mount, with mode 0600; and, should that mode be
+//! loosened, the check here is on the caller's credentials, which the kernel recorded when it
 //! connected (SO_PEERCRED), not on the socket's file mode.
 
 use tonic::transport::server::UdsConnectInfo;

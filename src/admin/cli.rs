@@ -1,6 +1,6 @@
 //! `stickyvol volumes` and `stickyvol volume show|delete|export|import`: the admin API's
-//! commands. They only ask the driver serving on this node's socket; it stays the only writer
-//! of its records. Output on stdout is deterministic (tables, JSON, the export stream); notes,
+//! commands. They only ask the driver serving on this node's admin socket; it stays the only
+//! writer of its records. Output on stdout is deterministic (tables, JSON, the export stream); notes,
 //! progress and errors go to stderr. Exit codes: 0 done, 1 failed, 2 refused (bad flags, a
 //! terminal where a stream belongs).
 
@@ -16,7 +16,7 @@ use clap::{Args, Subcommand};
 use super::client::{Admin, AdminError, DESCRIBE_DEADLINE};
 use super::progress::Meter;
 use super::render;
-use crate::config::{default_endpoint, parse_unix_endpoint};
+use crate::config::DEFAULT_ADMIN_SOCKET;
 
 /// The admin commands, as `main` flattens them into its own subcommands.
 #[derive(Debug, Subcommand)]
@@ -26,53 +26,31 @@ pub enum AdminCommand {
     /// One row per volume: its id, claim, pool, type (fs or block), size, bytes used (- for a
     /// plain directory unless --measure walks it), how its size is enforced, its condition, how many pod
     /// publications and snapshots it has, and where its data lives. Talks to the driver's
-    /// admin API on its socket (root only).
+    /// admin API on its admin socket (root only).
     Volumes(VolumesArgs),
     /// Show, delete, export or import one volume of this node.
     Volume(VolumeArgs),
 }
 
-/// Where the driver serves: the same flags and environment as `stickyvol serve`.
+/// Where the driver serves the admin API: the same flag, environment variable and default as
+/// `stickyvol serve --admin-socket`.
 #[derive(Debug, Clone, Args)]
-pub struct Endpoint {
-    /// The driver's socket, a unix socket URL [default: unix://<kubelet-dir>/plugins/<driver-name>/csi.sock]
-    #[arg(long, env = "CSI_ENDPOINT", global = true)]
-    pub endpoint: Option<String>,
-
-    /// Kubelet's root directory (only used to derive the default endpoint).
+pub struct AdminSocket {
+    /// The driver's admin socket (not its CSI socket, which does not serve the admin API).
     #[arg(
-        long,
-        env = "KUBELET_DIR",
-        default_value = "/var/lib/kubelet",
+        long = "admin-socket",
+        env = "ADMIN_SOCKET",
+        value_name = "PATH",
+        default_value = DEFAULT_ADMIN_SOCKET,
         global = true
     )]
-    pub kubelet_dir: PathBuf,
-
-    /// CSI driver name (only used to derive the default endpoint).
-    #[arg(
-        long,
-        env = "DRIVER_NAME",
-        default_value = "stickyvol.csi.io",
-        global = true
-    )]
-    pub driver_name: String,
-}
-
-impl Endpoint {
-    /// The socket path the flags name.
-    pub fn socket(&self) -> Result<PathBuf, String> {
-        let endpoint = self
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| default_endpoint(&self.kubelet_dir, &self.driver_name));
-        parse_unix_endpoint(&endpoint).map_err(|err| err.to_string())
-    }
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Args)]
 pub struct VolumesArgs {
     #[command(flatten)]
-    pub endpoint: Endpoint,
+    pub socket: AdminSocket,
 
     /// Print a JSON array of volumes (keys are admin.proto's field names) instead of a table.
     #[arg(long)]
@@ -91,7 +69,7 @@ pub struct VolumesArgs {
 #[derive(Debug, Args)]
 pub struct VolumeArgs {
     #[command(flatten)]
-    pub endpoint: Endpoint,
+    pub socket: AdminSocket,
 
     #[command(subcommand)]
     pub command: VolumeCommand,
@@ -199,12 +177,14 @@ fn command_name(command: &AdminCommand) -> &'static str {
 
 fn dispatch(command: AdminCommand) -> Result<(), Failure> {
     match command {
-        AdminCommand::Volumes(args) => {
-            let socket = args.endpoint.socket().map_err(Failure::refused)?;
-            volumes(socket, args.pool.as_deref(), args.measure, args.json)
-        }
+        AdminCommand::Volumes(args) => volumes(
+            args.socket.path,
+            args.pool.as_deref(),
+            args.measure,
+            args.json,
+        ),
         AdminCommand::Volume(args) => {
-            let socket = args.endpoint.socket().map_err(Failure::refused)?;
+            let socket = args.socket.path;
             match args.command {
                 VolumeCommand::Show { volume_id, json } => show(socket, &volume_id, json),
                 VolumeCommand::Delete { volume_id } => delete(socket, &volume_id),
@@ -425,46 +405,23 @@ mod tests {
     }
 
     #[test]
-    fn endpoint_flags_work_before_and_after_the_subcommand() {
-        let AdminCommand::Volume(args) = parse(&[
-            "volume",
-            "--kubelet-dir",
-            "/k",
-            "show",
-            "sv-1",
-            "--driver-name",
-            "d.example.com",
-        ]) else {
+    fn the_admin_socket_flag_works_before_and_after_the_subcommand() {
+        let AdminCommand::Volume(args) = parse(&["volume", "show", "sv-1"]) else {
             panic!("not a volume command");
         };
-        assert_eq!(
-            args.endpoint.socket().unwrap(),
-            PathBuf::from("/k/plugins/d.example.com/csi.sock")
-        );
-        let AdminCommand::Volume(args) = parse(&[
-            "volume",
-            "delete",
-            "sv-1",
-            "--endpoint",
-            "unix:///run/a.sock",
-        ]) else {
+        assert_eq!(args.socket.path, PathBuf::from(DEFAULT_ADMIN_SOCKET));
+        let AdminCommand::Volume(args) = parse(&["volume", "--admin-socket", "/a", "show", "x"])
+        else {
             panic!("not a volume command");
         };
-        assert_eq!(
-            args.endpoint.socket().unwrap(),
-            PathBuf::from("/run/a.sock")
-        );
+        assert_eq!(args.socket.path, PathBuf::from("/a"));
+        let AdminCommand::Volume(args) =
+            parse(&["volume", "delete", "sv-1", "--admin-socket", "/run/a.sock"])
+        else {
+            panic!("not a volume command");
+        };
+        assert_eq!(args.socket.path, PathBuf::from("/run/a.sock"));
         assert!(matches!(args.command, VolumeCommand::Delete { volume_id } if volume_id == "sv-1"));
-    }
-
-    #[test]
-    fn a_bad_endpoint_is_refused() {
-        let endpoint = Endpoint {
-            endpoint: Some("tcp://1.2.3.4:5".into()),
-            kubelet_dir: "/var/lib/kubelet".into(),
-            driver_name: "stickyvol.csi.io".into(),
-        };
-        assert!(endpoint.socket().unwrap_err().contains("unix socket URL"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The client side of the admin API: one channel to the driver's socket, the five calls, the
+//! The client side of the admin API: one channel to the driver's admin socket, the five calls, the
 //! streaming of export and import through bounded buffers, and failures turned into messages
 //! that say what to do.
 
@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::admin_api::{self as api, admin_client::AdminClient, export_volume_response};
+use crate::config::DEFAULT_ADMIN_SOCKET;
 use crate::unix_channel;
 
 /// How long `volumes` and `volume show` wait for an answer. Export, import and delete have no
@@ -110,7 +111,7 @@ fn known_connection_problem(socket: &Path, err: &io::Error) -> Option<String> {
     match kind {
         io::ErrorKind::NotFound => Some(format!(
             "no stickyvol driver is serving at {path}: is it running on this node? \
-             (--endpoint or CSI_ENDPOINT point elsewhere)"
+             (--admin-socket or ADMIN_SOCKET point elsewhere)"
         )),
         io::ErrorKind::PermissionDenied => Some(format!(
             "permission denied on {path}: the socket is root-only; run this as root"
@@ -148,8 +149,8 @@ pub fn status_problem(socket: &Path, status: &Status) -> String {
     match status.code() {
         // Routing answers an unknown service with an empty message, generated stubs with this.
         Code::Unimplemented if message_is_generic(status) => format!(
-            "the driver at {path} does not serve the admin API (it runs in controller mode, \
-             or is older than this command)"
+            "{path} does not serve the admin API (is it the driver's CSI socket? the admin API \
+             has a socket of its own: --admin-socket, by default {DEFAULT_ADMIN_SOCKET})"
         ),
         Code::Unimplemented => format!("not supported by the driver at {path}: {message}"),
         Code::Aborted => format!("busy, try again: {message}"),
@@ -509,7 +510,7 @@ mod tests {
     use crate::admin_api::admin_server::{Admin as AdminService, AdminServer};
 
     fn socket() -> PathBuf {
-        PathBuf::from("/run/x/csi.sock")
+        PathBuf::from("/run/x/admin.sock")
     }
 
     #[test]
@@ -517,15 +518,15 @@ mod tests {
         let cases = [
             (
                 libc::ENOENT,
-                "no stickyvol driver is serving at /run/x/csi.sock",
+                "no stickyvol driver is serving at /run/x/admin.sock",
             ),
-            (libc::EACCES, "permission denied on /run/x/csi.sock"),
+            (libc::EACCES, "permission denied on /run/x/admin.sock"),
             (libc::EPERM, "run this as root"),
             (
                 libc::ECONNREFUSED,
-                "nothing is listening on /run/x/csi.sock",
+                "nothing is listening on /run/x/admin.sock",
             ),
-            (libc::EIO, "cannot connect to /run/x/csi.sock: "),
+            (libc::EIO, "cannot connect to /run/x/admin.sock: "),
         ];
         for (errno, expected) in cases {
             let text = connection_problem(&socket(), &io::Error::from_raw_os_error(errno));
@@ -538,15 +539,15 @@ mod tests {
         let cases = [
             (
                 Status::unimplemented(""),
-                "the driver at /run/x/csi.sock does not serve the admin API",
+                "/run/x/admin.sock does not serve the admin API (is it the driver's CSI socket?",
             ),
             (
                 Status::unimplemented("Not yet implemented"),
-                "the driver at /run/x/csi.sock does not serve the admin API",
+                "/run/x/admin.sock does not serve the admin API",
             ),
             (
                 Status::unimplemented("block volumes cannot be exported yet"),
-                "not supported by the driver at /run/x/csi.sock: block volumes cannot",
+                "not supported by the driver at /run/x/admin.sock: block volumes cannot",
             ),
             (
                 Status::not_found("volume sv-1 is not on this node"),
@@ -587,7 +588,7 @@ mod tests {
         let text = status_problem(&socket(), &status);
         assert!(
             text.starts_with(
-                "lost the connection to the driver at /run/x/csi.sock (did it stop or restart?): "
+                "lost the connection to the driver at /run/x/admin.sock (did it stop or restart?): "
             ),
             "{text}"
         );
@@ -596,7 +597,7 @@ mod tests {
     #[tokio::test]
     async fn connecting_to_a_missing_or_dead_socket() {
         let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("csi.sock");
+        let missing = dir.path().join("admin.sock");
         let err = Admin::connect(&missing, None).await.err().unwrap();
         assert!(
             err.to_string()
@@ -670,7 +671,7 @@ mod tests {
     /// Serves `fake` on a socket in a new temporary directory.
     async fn serve(fake: Fake) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("csi.sock");
+        let path = dir.path().join("admin.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
         tokio::spawn(
             tonic::transport::Server::builder()

@@ -48,7 +48,6 @@ use stickyvol::volume::state::id::{NodeTag, VolumeId};
 use tempfile::TempDir;
 use tonic::transport::Channel;
 pub use tonic::{Code, Status};
-use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 
 pub const NODE_ID: &str = "test-node";
 pub const DRIVER_NAME: &str = "stickyvol.csi.io";
@@ -71,6 +70,7 @@ const METRICS_PORT_ATTEMPTS: usize = 5;
 /// Environment variables the driver reads as flag defaults: a CI environment must not leak in.
 const DRIVER_ENV: &[&str] = &[
     "CSI_ENDPOINT",
+    "ADMIN_SOCKET",
     "NODE_ID",
     "KUBELET_DIR",
     "DATA_DIR",
@@ -120,6 +120,8 @@ pub struct TestDriver {
     /// `--run-dir`: where the driver keeps publications (a tmpfs /run in production).
     pub run: PathBuf,
     pub socket: PathBuf,
+    /// `--admin-socket` (not passed in controller mode, which serves no admin API).
+    pub admin_socket: PathBuf,
     /// The driver's stderr and stdout, appended across restarts.
     pub log: PathBuf,
     options: Options,
@@ -177,6 +179,7 @@ impl TestDriver {
             data: root.join("data"),
             run: root.join("run"),
             socket: root.join("csi.sock"),
+            admin_socket: root.join("admin").join("admin.sock"),
             log: root.join("driver.log"),
             kubelet,
             root,
@@ -232,6 +235,9 @@ impl TestDriver {
             .arg(&self.run);
         if let Some(mode) = self.options.mode {
             cmd.args(["--mode", mode]);
+        }
+        if self.options.mode != Some("controller") {
+            cmd.arg("--admin-socket").arg(&self.admin_socket);
         }
         if let Some(max) = self.options.max_volumes_per_node {
             cmd.arg("--max-volumes-per-node").arg(max.to_string());
@@ -417,9 +423,11 @@ impl TestDriver {
         NodeClient::new(self.channel())
     }
 
-    /// gRPC server reflection (v1) on the driver's socket.
-    pub fn reflection(&self) -> ServerReflectionClient<Channel> {
-        ServerReflectionClient::new(self.channel())
+    /// A channel to the driver's admin socket, as root.
+    pub async fn admin_channel(&self) -> Channel {
+        connect(&self.admin_socket)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.admin_socket.display()))
     }
 
     /// Where the driver serves metrics (started with [`TestDriver::start_with_metrics`]).

@@ -1,6 +1,7 @@
 # What an operator reaches in the driver's pod: `stickyvol volumes` (through kubectl exec) lists
-# the node's volumes with their claims' names; the metrics endpoint and the livenessprobe's
-# health check answer.
+# the node's volumes with their claims' names, through the admin socket, while the CSI socket
+# (which every sidecar shares) does not serve the admin API; the metrics endpoint and the
+# livenessprobe's health check answer.
 source "$(dirname "$0")/../lib/scenario.sh"
 
 claim listed 1Gi
@@ -15,6 +16,13 @@ table=$(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volumes)
 echo "$table" >&2
 row=$(grep "^$handle " <<<"$table") || fail "volume $handle is not listed"
 [[ $row == *"$NS/listed"* ]] || fail "the row of $handle does not name the claim $NS/listed: $row"
+
+step "the CSI socket, which every sidecar shares, does not serve the admin API"
+if refused=$(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- \
+    stickyvol volumes --admin-socket /csi/csi.sock 2>&1); then
+    fail "stickyvol volumes was answered on the CSI socket: $refused"
+fi
+[[ $refused == *"does not serve the admin API"* ]] || fail "on the CSI socket: $refused"
 
 step "metrics and health through the apiserver's pod proxy"
 metrics=$(k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:8080/proxy/metrics") ||
