@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the RBAC of a `helm template` rendering: what the controller's ServiceAccount may do
-is exactly what nodeLoss.mode needs.
+"""Checks the RBAC and admission objects of a `helm template` rendering: what the controller's
+ServiceAccount may do is exactly what nodeLoss.mode needs, and the node plugin's ConfigMap rights
+are held to its own report by the ValidatingAdmissionPolicy.
 
     check_rbac.py RENDERED.yaml MODE DRIVER
 
@@ -74,6 +75,27 @@ check(got == wanted, f"nodeLoss.mode {mode}: the controller may do exactly what 
       + ("" if got == wanted else f" (extra: {sorted(got - wanted)}, missing: {sorted(wanted - got)})"))
 deletes = {g for g in got if g[3] == "delete"}
 check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with on: {sorted(deletes)}")
+
+# The node plugin: ConfigMaps only in its namespace, and the policy holding it to its report.
+node = grants("stickyvol-node")
+config_maps = {g for g in node if g[2] == "configmaps"}
+check(config_maps == rules(ns, "", ["configmaps"], ["create", "patch", "delete"]),
+      f"the node plugin writes ConfigMaps only in {ns}, no update or list: {sorted(config_maps)}")
+policy = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+          and o["metadata"]["name"] == "stickyvol-orphan-report"]
+binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+           and o["spec"]["policyName"] == "stickyvol-orphan-report"]
+check(len(policy) == 1 and len(binding) == 1, "the report policy and its binding are rendered")
+if policy and binding:
+    spec = policy[0]["spec"]
+    check(spec["failurePolicy"] == "Fail", "the policy fails closed")
+    check(binding[0]["spec"]["validationActions"] == ["Deny"], "the binding denies")
+    check(set(spec["matchConstraints"]["resourceRules"][0]["operations"]) == {"CREATE", "UPDATE", "DELETE"},
+          "the policy sees every verb the Role grants")
+    report = {v["name"]: v["expression"] for v in spec["variables"]}["report"]
+    check(report == f"'{driver}-orphans-' + variables.node", f"the report's name is {driver}-orphans-<node>")
+    check(any(f"== '{driver}'" in v["expression"] for v in spec["validations"]),
+          f"the report's label value is {driver}")
 
 if failures:
     print(f"{len(failures)} check(s) failed")
