@@ -183,6 +183,7 @@ SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CSIDriver", "StorageClass",
     "PriorityClass", "CustomResourceDefinition", "VolumeSnapshotClass",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
 # Flags by which a sidecar (or stickyvol) listens on a TCP port in the pod's network namespace.
 LISTEN_FLAGS = ("--http-endpoint", "--metrics-address", "--health-port")

@@ -17,6 +17,9 @@
 //!   share the CSI socket's directory, as root): not its volume, nor any volume of an
 //!   overlapping host path;
 //! - a `doctor` init container checks the paths the `serve` container of its pod will use.
+//!
+//! And the admission policy that holds each node to its own orphan report admits exactly the
+//! report the driver writes (`nodeloss::report`): its name, label and owner.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -62,6 +65,68 @@ fn every_stickyvol_container_in_deploy_parses_and_validates() {
         outcome.failures.join("\n")
     );
     eprintln!("checked:\n  {}", outcome.checked.join("\n  "));
+}
+
+/// deploy/kubernetes/rbac-node.yaml's ValidatingAdmissionPolicy and `report::config_map` must
+/// agree, or every node's report is refused (or, worse, a wider name is let through).
+#[test]
+fn the_report_policy_expects_the_report_the_driver_writes() {
+    use stickyvol::nodeloss::report;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = fs::read_to_string(root.join("deploy/kubernetes/rbac-node.yaml")).unwrap();
+    let policy = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .find(|doc| {
+            doc["kind"].as_str() == Some("ValidatingAdmissionPolicy")
+                && doc["metadata"]["name"].as_str() == Some("stickyvol-orphan-report")
+        })
+        .expect("the report policy is in deploy/kubernetes/rbac-node.yaml");
+    let spec = &policy["spec"];
+    let variable = |name: &str| {
+        spec["variables"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"].as_str() == Some(name))
+            .and_then(|v| v["expression"].as_str())
+            .unwrap_or_else(|| panic!("no variable {name}"))
+            .to_string()
+    };
+    let driver = "stickyvol.csi.io";
+    let name = report::name(driver, NODE_NAME).unwrap();
+    let prefix = name.strip_suffix(NODE_NAME).unwrap();
+    assert_eq!(
+        variable("report"),
+        format!("'{prefix}' + variables.node"),
+        "the policy's report name is report::name's"
+    );
+    assert!(variable("node").contains("'authentication.kubernetes.io/node-name'"));
+    let checks: String = spec["validations"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["expression"].as_str())
+        .collect();
+    let written = report::config_map(driver, NODE_NAME, Some("uid-1"), &[]).unwrap();
+    let labels = written.metadata.labels.unwrap();
+    assert_eq!(labels.len(), 1);
+    for (key, value) in labels {
+        assert_eq!(key, report::LABEL);
+        assert!(
+            checks.contains(&format!("labels['{key}'] == '{value}'")),
+            "the policy expects the label {key}={value}: {checks}"
+        );
+    }
+    assert!(written.data.unwrap().contains_key("node"));
+    assert!(checks.contains("object.data['node'] == variables.node"));
+    let owner = &written.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.api_version.as_str(), owner.kind.as_str()),
+        ("v1", "Node")
+    );
+    assert!(
+        checks.contains("r.apiVersion == 'v1' && r.kind == 'Node' && r.name == variables.node")
+    );
 }
 
 /// The checker itself: a good pod passes, and each kind of mistake it exists to catch fails,

@@ -11,9 +11,10 @@
 //!    back (even as a new Node object of the same name) has its data.
 //! 4. The policy is the `onNodeLoss` parameter of the PV's StorageClass (default `keep`); a class
 //!    that is gone, of another provisioner or with a bad value means `keep`.
-//! 5. With `release`, a claim bound to the PV is released only if a StatefulSet made it from one
-//!    of its volumeClaimTemplates (`<template>-<statefulset>-<ordinal>`), no pod uses it on a
-//!    live node, and a pod of that StatefulSet waits for it unscheduled: the claim and that pod
+//! 5. With `release`, a claim bound to the PV is released only if a StatefulSet's controller made
+//!    it from one of its volumeClaimTemplates (`provenance`: its name, labels, creation time and
+//!    owners, not its name alone), no pod uses it on a live node, and a pod of that StatefulSet
+//!    waits for it unscheduled: the claim and that pod
 //!    are deleted, and the StatefulSet makes both again. A claim already being deleted only has
 //!    its waiting pods deleted (a pod recreated before the claim was gone holds it).
 //! 6. A PV no claim holds any more is deleted once its Node object is gone (its provisioner, which
@@ -24,6 +25,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::policy::{OnNodeLoss, PARAM_ON_NODE_LOSS};
+use super::provenance::{self, OwnerView, TemplateView};
 
 /// The finalizer external-provisioner puts on PVs it provisioned; only the dead node's
 /// provisioner would remove it.
@@ -86,6 +88,10 @@ pub struct ClaimView {
     /// `spec.volumeName`.
     pub volume_name: String,
     pub deleting: bool,
+    /// `metadata.creationTimestamp`, in seconds since the epoch.
+    pub created: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+    pub owners: Vec<OwnerView>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -105,8 +111,11 @@ pub struct PodView {
 #[derive(Debug, Clone, Default)]
 pub struct StatefulSetView {
     pub object: ObjectRef,
-    /// Names of its `volumeClaimTemplates`.
-    pub templates: Vec<String>,
+    /// `metadata.creationTimestamp`, in seconds since the epoch.
+    pub created: Option<i64>,
+    /// `spec.selector.matchLabels`: the controller puts them on every claim it makes.
+    pub selector: BTreeMap<String, String>,
+    pub templates: Vec<TemplateView>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -198,6 +207,8 @@ pub enum Reason {
     ClassOfAnotherProvisioner,
     ClassParameterInvalid(String),
     NotStatefulSetClaim,
+    /// Named like a StatefulSet's claim, but not what its controller makes: why.
+    NotMadeByStatefulSet(String),
     InUseOnLiveNode(String),
     NoPodWaiting,
     ClaimReleased,
@@ -223,6 +234,10 @@ impl fmt::Display for Reason {
             Self::NotStatefulSetClaim => {
                 f.write_str("the claim was not made from a StatefulSet's volumeClaimTemplates")
             }
+            Self::NotMadeByStatefulSet(why) => write!(
+                f,
+                "the claim is named like a StatefulSet's but its controller did not make it ({why})"
+            ),
             Self::InUseOnLiveNode(node) => write!(f, "a pod uses the claim on live node {node}"),
             Self::NoPodWaiting => {
                 f.write_str("no pod of its StatefulSet waits for the claim yet")
@@ -354,41 +369,15 @@ fn bound_claim<'s>(snapshot: &'s Snapshot, pv: &PvView) -> Option<&'s ClaimView>
     })
 }
 
-/// The StatefulSet that made `claim` from one of its templates, if any.
-fn owning_statefulset<'s>(
-    snapshot: &'s Snapshot,
-    claim: &ObjectRef,
-) -> Option<&'s StatefulSetView> {
-    snapshot.statefulsets.iter().find(|set| {
-        set.object.namespace == claim.namespace
-            && set.templates.iter().any(|template| {
-                claim
-                    .name
-                    .strip_prefix(template.as_str())
-                    .and_then(|rest| rest.strip_prefix('-'))
-                    .and_then(|rest| rest.strip_prefix(set.object.name.as_str()))
-                    .and_then(|rest| rest.strip_prefix('-'))
-                    .is_some_and(is_ordinal)
-            })
-    })
-}
-
-/// A StatefulSet ordinal as its controller writes it: decimal, no sign, no leading zero.
-fn is_ordinal(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 10
-        && text.bytes().all(|b| b.is_ascii_digit())
-        && (text == "0" || !text.starts_with('0'))
-}
-
 fn release(
     snapshot: &Snapshot,
     nodes: &BTreeMap<&str, &NodeView>,
     lost: &str,
     claim: &ClaimView,
 ) -> (Action, Reason) {
-    let Some(set) = owning_statefulset(snapshot, &claim.object) else {
-        return (Action::Nothing, Reason::NotStatefulSetClaim);
+    let set = match provenance::owning_statefulset(snapshot, claim) {
+        Ok(set) => set,
+        Err(reason) => return (Action::Nothing, reason),
     };
     let users: Vec<&PodView> = snapshot
         .pods
@@ -502,12 +491,19 @@ mod tests {
     }
 
     /// Node `a` up, node `b` lost (absent unless the test adds it); StatefulSet `db` in `ns`
-    /// with template `data`, replica 0's claim `data-db-0` bound to `pv-b` on `b`, its pod
-    /// `db-0` pending; class `sv` with `release`.
+    /// with template `data` (selector app=db), replica 0's claim `data-db-0`, made by its
+    /// controller after it, bound to `pv-b` on `b`, its pod `db-0` pending; class `sv` with
+    /// `release`.
     fn cluster() -> Snapshot {
+        let app_db = BTreeMap::from([("app".to_string(), "db".to_string())]);
         let set = StatefulSetView {
             object: obj("ns", "db"),
-            templates: vec!["data".into()],
+            created: Some(1_000),
+            selector: app_db.clone(),
+            templates: vec![TemplateView {
+                name: "data".into(),
+                labels: BTreeMap::new(),
+            }],
         };
         Snapshot {
             nodes: vec![node("a", &[], true)],
@@ -527,6 +523,9 @@ mod tests {
                 object: obj("ns", "data-db-0"),
                 volume_name: "pv-b".into(),
                 deleting: false,
+                created: Some(1_001),
+                labels: app_db,
+                owners: Vec::new(),
             }],
             pods: vec![PodView {
                 object: obj("ns", "db-0"),
@@ -635,18 +634,8 @@ mod tests {
 
     #[test]
     fn claims_not_made_from_a_statefulset_template_are_never_touched() {
-        // Each name differs from `<template>-<set>-<ordinal>` in one way.
-        for name in [
-            "data-db",
-            "data-db-",
-            "data-db-x",
-            "data-db-01",
-            "data-db--1",
-            "logs-db-0",
-            "data-dbx-0",
-            "data-other-0",
-            "mine",
-        ] {
+        // (Every other shape of name: `provenance`.)
+        for name in ["data-db-01", "logs-db-0", "mine"] {
             let mut s = cluster();
             s.claims[0].object.name = name.into();
             s.pvs[0].claim = Some(ObjectRef {
@@ -661,18 +650,50 @@ mod tests {
                 "{name}"
             );
         }
-        // The same name in another namespace than the StatefulSet's.
-        let mut s = cluster();
-        s.statefulsets[0].object.namespace = "elsewhere".into();
-        assert_eq!(only(decide(&s, ACT)).reason, Reason::NotStatefulSetClaim);
         // Dashes in both names still parse, and a large ordinal is fine.
         let mut s = cluster();
         s.statefulsets[0].object.name = "my-db".into();
-        s.statefulsets[0].templates = vec!["pg-data".into()];
+        s.statefulsets[0].templates[0].name = "pg-data".into();
         s.claims[0].object.name = "pg-data-my-db-12".into();
         s.pvs[0].claim.as_mut().unwrap().name = "pg-data-my-db-12".into();
         s.pods[0].claims = vec!["pg-data-my-db-12".into()];
         assert_eq!(only(decide(&s, ACT)).reason, Reason::ClaimReleased);
+    }
+
+    #[test]
+    fn a_claim_only_named_like_a_statefulsets_is_never_touched() {
+        // A set (and its pending pod) named after a claim that was there before it.
+        let mut s = cluster();
+        s.statefulsets[0].created = Some(2_000);
+        let d = only(decide(&s, ACT));
+        assert_eq!(d.action, Action::Nothing);
+        let why = d.reason.to_string();
+        assert!(
+            why.starts_with("the claim is named like a StatefulSet's but its controller did not")
+                && why.contains("StatefulSet db: the claim was created before the StatefulSet"),
+            "{why}"
+        );
+        // Or made after it, but without the labels the set's controller puts on its claims.
+        let mut s = cluster();
+        s.claims[0].labels.clear();
+        let d = only(decide(&s, ACT));
+        assert_eq!(d.action, Action::Nothing);
+        assert!(
+            d.reason.to_string().contains("lacks the label app=db"),
+            "{}",
+            d.reason
+        );
+        // Dry run reports the same.
+        let mut s = cluster();
+        s.statefulsets[0].created = Some(2_000);
+        let dry = Options {
+            dry_run: true,
+            ..ACT
+        };
+        assert!(matches!(
+            only(decide(&s, dry)).reason,
+            Reason::NotMadeByStatefulSet(_)
+        ));
     }
 
     #[test]

@@ -9,7 +9,12 @@ use super::decide::{
     ClaimView, ClassView, NodeView, ObjectRef, PROVISIONER_FINALIZER, PodView, PvView,
     StatefulSetView,
 };
+use super::provenance::{OwnerView, TemplateView};
 use super::slim::{Pod, StatefulSet};
+
+fn created(meta: &ObjectMeta) -> Option<i64> {
+    meta.creation_timestamp.as_ref().map(|t| t.0.as_second())
+}
 
 fn object(meta: &ObjectMeta) -> ObjectRef {
     ObjectRef {
@@ -102,6 +107,22 @@ pub fn claim(claim: &PersistentVolumeClaim) -> ClaimView {
             .and_then(|s| s.volume_name.clone())
             .unwrap_or_default(),
         deleting: claim.metadata.deletion_timestamp.is_some(),
+        created: created(&claim.metadata),
+        labels: claim.metadata.labels.clone().unwrap_or_default(),
+        owners: claim
+            .metadata
+            .owner_references
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|o| OwnerView {
+                api_version: o.api_version.clone(),
+                kind: o.kind.clone(),
+                name: o.name.clone(),
+                uid: o.uid.clone(),
+                controller: o.controller == Some(true),
+            })
+            .collect(),
     }
 }
 
@@ -136,15 +157,24 @@ pub fn pod(pod: &Pod) -> PodView {
 }
 
 pub fn statefulset(set: &StatefulSet) -> StatefulSetView {
+    let spec = set.spec.as_ref();
     StatefulSetView {
         object: object(&set.metadata),
-        templates: set
-            .spec
-            .as_ref()
+        created: created(&set.metadata),
+        selector: spec
+            .and_then(|s| s.selector.as_ref())
+            .map(|s| s.match_labels.clone())
+            .unwrap_or_default(),
+        templates: spec
             .map(|s| s.volume_claim_templates.as_slice())
             .unwrap_or_default()
             .iter()
-            .filter_map(|t| t.metadata.name.clone())
+            .filter_map(|t| {
+                Some(TemplateView {
+                    name: t.metadata.name.clone()?,
+                    labels: t.metadata.labels.clone(),
+                })
+            })
             .collect(),
     }
 }
@@ -254,6 +284,53 @@ mod tests {
         for phase in ["Succeeded", "Failed"] {
             assert!(pod(&pod_with(json!([]), phase)).finished);
         }
+    }
+
+    #[test]
+    fn claims_and_statefulsets_carry_what_provenance_compares() {
+        let set: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "ns", "uid": "u",
+                         "creationTimestamp": "2026-11-27T07:00:00Z"},
+            "spec": {"selector": {"matchLabels": {"app": "db"},
+                                  "matchExpressions": [{"key": "x", "operator": "Exists"}]},
+                     "volumeClaimTemplates": [
+                        {"metadata": {"name": "data", "labels": {"tier": "storage"}}},
+                        {"metadata": {}}]}
+        }))
+        .unwrap();
+        let view = statefulset(&set);
+        assert_eq!(view.created, Some(1_795_762_800));
+        assert_eq!(view.selector.get("app").map(String::as_str), Some("db"));
+        assert_eq!(view.selector.len(), 1, "only matchLabels go onto claims");
+        assert_eq!(
+            view.templates.len(),
+            1,
+            "a template without a name is no template"
+        );
+        assert_eq!(view.templates[0].name, "data");
+        assert_eq!(view.templates[0].labels.len(), 1);
+        let bare: StatefulSet = serde_json::from_value(json!({"metadata": {}})).unwrap();
+        let bare = statefulset(&bare);
+        assert_eq!((bare.created, bare.selector.len()), (None, 0));
+        let c: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data-db-0", "namespace": "ns", "uid": "c",
+                         "creationTimestamp": "2026-11-27T07:00:05Z", "labels": {"app": "db"},
+                         "ownerReferences": [
+                            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                             "uid": "u", "controller": true},
+                            {"apiVersion": "v1", "kind": "Pod", "name": "db-0", "uid": "p"}]}
+        }))
+        .unwrap();
+        let view = claim(&c);
+        assert_eq!(view.created, Some(1_795_762_805));
+        assert_eq!(view.labels.get("app").map(String::as_str), Some("db"));
+        assert_eq!(
+            view.owners
+                .iter()
+                .map(|o| (o.kind.as_str(), o.controller))
+                .collect::<Vec<_>>(),
+            [("StatefulSet", true), ("Pod", false)]
+        );
     }
 
     #[test]

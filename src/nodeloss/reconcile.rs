@@ -605,7 +605,8 @@ mod tests {
     }
 
     /// Node `a` alive; `pv-b` of class `sv` pinned to node `b` (absent unless added), bound to
-    /// `ns/data-db-0` of StatefulSet `db`, whose pod `db-0` is Pending.
+    /// `ns/data-db-0`, which the controller of StatefulSet `db` made (its selector's label, made
+    /// after the set), and whose pod `db-0` is Pending.
     fn cluster(on_node_loss: &str) -> Shared {
         let store = Shared::default();
         put(&store, "/api/v1/nodes", node("a", json!([])));
@@ -648,7 +649,8 @@ mod tests {
             &store,
             "/api/v1/namespaces/ns/persistentvolumeclaims",
             json!({
-                "metadata": {"name": "data-db-0", "namespace": "ns", "uid": "uid-claim"},
+                "metadata": {"name": "data-db-0", "namespace": "ns", "uid": "uid-claim",
+                             "creationTimestamp": "2026-11-27T07:00:05Z", "labels": {"app": "db"}},
                 "spec": {"volumeName": "pv-b"}
             }),
         );
@@ -656,8 +658,9 @@ mod tests {
             &store,
             "/apis/apps/v1/namespaces/ns/statefulsets",
             json!({
-                "metadata": {"name": "db", "namespace": "ns", "uid": "uid-db"},
-                "spec": {"selector": {}, "template": {}, "serviceName": "db",
+                "metadata": {"name": "db", "namespace": "ns", "uid": "uid-db",
+                             "creationTimestamp": "2026-11-27T07:00:00Z"},
+                "spec": {"selector": {"matchLabels": {"app": "db"}}, "template": {}, "serviceName": "db",
                          "volumeClaimTemplates": [{"metadata": {"name": "data"}}]}
             }),
         );
@@ -840,6 +843,35 @@ mod tests {
         assert_eq!(
             s.objects[pvs]["pv-b"]["metadata"]["finalizers"],
             json!(["kubernetes.io/pv-protection"])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_older_than_the_statefulset_named_after_it_is_not_deleted_and_the_event_says_why()
+     {
+        // Someone who may create StatefulSets names one `db` with a template `data`, after the
+        // claim data-db-0 that was there before it; its pod waits for that claim.
+        let store = cluster("release");
+        store
+            .lock()
+            .unwrap()
+            .objects
+            .get_mut("/apis/apps/v1/namespaces/ns/statefulsets")
+            .unwrap()
+            .get_mut("db")
+            .unwrap()["metadata"]["creationTimestamp"] = json!("2026-11-27T07:30:00Z");
+        let mut reported = HashSet::new();
+        let decisions = one_round(&store, false, &mut reported).await;
+        assert_eq!(decisions[0].action, Action::Nothing);
+        assert_eq!(writes(&store), Vec::<String>::new());
+        let events = std::mem::take(&mut store.lock().unwrap().events);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0]["reason"], "NodeLossKept");
+        let note = events[0]["note"].as_str().unwrap();
+        assert!(
+            note.contains("named like a StatefulSet's but its controller did not make it")
+                && note.contains("the claim was created before the StatefulSet"),
+            "{note}"
         );
     }
 

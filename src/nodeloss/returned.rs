@@ -4,14 +4,17 @@
 //!
 //! Every interval each candidate's PV (the record's `csi.storage.k8s.io/pv/name`) is read with
 //! a consistent GET. A volume is orphaned only when its PV was absent (or named another volume)
-//! on two reads at least `confirm` apart, and the volume is older than `confirm`: the
-//! provisioner creates the PV only after CreateVolume returns. An error, a PV present, or a
-//! published volume clears the suspicion: nothing is ever decided on a failed read.
+//! on two reads at least `confirm` apart on this process's monotonic clock. The volume has then
+//! been seen by this process for `confirm` too, which a volume whose PV is still being made
+//! (the provisioner creates it after CreateVolume returns) has not. The wall clock decides
+//! nothing: a node back from power loss may start with it far behind, and NTP steps it forward
+//! between two reads. An error, a PV present, or a published volume clears the suspicion:
+//! nothing is ever decided on a failed read.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, PersistentVolume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -35,7 +38,7 @@ pub struct Settings {
     pub driver: String,
     pub node: String,
     pub interval: Duration,
-    /// How long a PV must stay absent (and the volume exist) before the data moves.
+    /// How long a PV must stay absent, on the monotonic clock, before the data moves.
     pub confirm: Duration,
     /// Where the node's report goes (`report`); None: no report.
     pub report: Option<report::Target>,
@@ -60,26 +63,44 @@ pub enum Verdict {
     Orphaned,
 }
 
-/// When each suspect's PV was first seen absent, in ms since the epoch.
-pub type Suspects = HashMap<VolumeId, u64>;
+/// One reading of both clocks: the monotonic one decides, the wall one is only shown.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub monotonic: Instant,
+    pub unix_ms: u64,
+}
+
+impl Now {
+    pub fn read() -> Self {
+        Self {
+            monotonic: Instant::now(),
+            unix_ms: now_ms(),
+        }
+    }
+}
+
+/// When each suspect's PV was first seen absent.
+pub type Suspects = HashMap<VolumeId, Now>;
 
 /// The rule, pure: see the module comment.
 pub fn judge(
     suspects: &mut Suspects,
     candidate: &Candidate,
     seen: Seen,
-    now_ms: u64,
+    now: Now,
     confirm: Duration,
 ) -> Verdict {
-    let confirm = confirm.as_millis() as u64;
     if seen != Seen::Absent {
         suspects.remove(&candidate.id);
         return Verdict::Keep;
     }
-    let first = *suspects.entry(candidate.id.clone()).or_insert(now_ms);
-    let absent_long = now_ms.saturating_sub(first) >= confirm && now_ms > first;
-    let old_enough = now_ms.saturating_sub(candidate.created_unix_ms) >= confirm;
-    if absent_long && old_enough {
+    let first = suspects
+        .entry(candidate.id.clone())
+        .or_insert(now)
+        .monotonic;
+    // Two reads at different times, even with a zero `confirm`.
+    let absent_for = now.monotonic.saturating_duration_since(first);
+    if absent_for >= confirm && now.monotonic > first {
         suspects.remove(&candidate.id);
         Verdict::Orphaned
     } else {
@@ -135,7 +156,7 @@ pub async fn round(
             warn!(volume = %candidate.id, pv = %candidate.pv_name, error = %err, "orphan check: cannot read the PV; nothing decided");
         }
         let seen = seen(&read, &settings.driver, candidate.id.as_str());
-        match judge(suspects, candidate, seen, now_ms(), settings.confirm) {
+        match judge(suspects, candidate, seen, Now::read(), settings.confirm) {
             Verdict::Keep => {}
             Verdict::Suspect => {
                 info!(volume = %candidate.id, pv = %candidate.pv_name, "orphan check: the volume's PV is absent; checked again before anything moves");
@@ -143,7 +164,7 @@ pub async fn round(
                     volume_id: candidate.id.to_string(),
                     pv: candidate.pv_name.clone(),
                     state: State::PvAbsent,
-                    since_unix_ms: suspects.get(&candidate.id).copied().unwrap_or_default(),
+                    since_unix_ms: suspects.get(&candidate.id).map_or(0, |first| first.unix_ms),
                     lost_path: None,
                 });
             }
@@ -262,56 +283,113 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const MIN: u64 = 60_000;
+    const MIN: u64 = 60;
+    /// 2026-11-27T08:00Z on the wall clock, when it is right.
+    const WALL: u64 = 1_795_766_400_000;
 
-    fn candidate(created: u64) -> Candidate {
+    fn candidate() -> Candidate {
         Candidate {
             id: VolumeId::generate(&crate::volume::state::id::NodeTag::of("n")),
             pv_name: "pvc-1".into(),
-            created_unix_ms: created,
         }
     }
 
+    /// The clocks `secs` seconds after `start` on the monotonic clock, the wall clock reading
+    /// `wall_ms`.
+    fn at(start: Instant, secs: u64, wall_ms: u64) -> Now {
+        Now {
+            monotonic: start + Duration::from_secs(secs),
+            unix_ms: wall_ms,
+        }
+    }
+
+    /// Both clocks going at the same pace from `start`.
+    fn steady(start: Instant, secs: u64) -> Now {
+        at(start, secs, WALL + secs * 1000)
+    }
+
     #[test]
-    fn orphaned_only_after_two_absent_reads_confirm_apart_of_an_old_enough_volume() {
+    fn orphaned_only_after_two_absent_reads_confirm_apart() {
         let confirm = Duration::from_secs(120);
-        let c = candidate(0);
+        let c = candidate();
         let mut s = Suspects::new();
-        let t0 = 10 * MIN;
+        let t = Instant::now();
         assert_eq!(
-            judge(&mut s, &c, Seen::Absent, t0, confirm),
+            judge(&mut s, &c, Seen::Absent, steady(t, 0), confirm),
             Verdict::Suspect
         );
+        assert_eq!(s[&c.id].unix_ms, WALL, "the wall time is kept to be shown");
         assert_eq!(
-            judge(&mut s, &c, Seen::Absent, t0 + MIN, confirm),
+            judge(&mut s, &c, Seen::Absent, steady(t, MIN), confirm),
             Verdict::Suspect,
             "not yet confirm apart"
         );
         assert_eq!(
-            judge(&mut s, &c, Seen::Absent, t0 + 2 * MIN, confirm),
+            judge(&mut s, &c, Seen::Absent, steady(t, 2 * MIN), confirm),
             Verdict::Orphaned
         );
         assert!(s.is_empty());
     }
 
     #[test]
+    fn a_wall_clock_stepped_between_rounds_neither_shortens_nor_stretches_the_confirmation() {
+        let confirm = Duration::from_secs(120);
+        let c = candidate();
+        let t = Instant::now();
+        // Back from power loss with the clock a day behind: the volume is just made and its
+        // PV not yet; then NTP steps the clock forward, and the next round comes a minute on.
+        let behind = WALL - 24 * 3600 * 1000;
+        let mut s = Suspects::new();
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, at(t, 0, behind), confirm),
+            Verdict::Suspect
+        );
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, at(t, MIN, WALL + 60_000), confirm),
+            Verdict::Suspect,
+            "a day of wall time in one minute is one minute"
+        );
+        assert_eq!(
+            judge(
+                &mut s,
+                &c,
+                Seen::Absent,
+                at(t, 2 * MIN, WALL + 120_000),
+                confirm
+            ),
+            Verdict::Orphaned
+        );
+        // A clock stepped back does not make it wait for the wall clock to catch up.
+        let mut s = Suspects::new();
+        judge(&mut s, &c, Seen::Absent, at(t, 0, WALL), confirm);
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, at(t, 2 * MIN, behind), confirm),
+            Verdict::Orphaned
+        );
+    }
+
+    #[test]
     fn a_failed_read_or_a_present_pv_clears_the_suspicion() {
         let confirm = Duration::from_secs(120);
-        let c = candidate(0);
+        let c = candidate();
+        let t = Instant::now();
         for between in [Seen::Unknown, Seen::Present] {
             let mut s = Suspects::new();
-            judge(&mut s, &c, Seen::Absent, 10 * MIN, confirm);
-            assert_eq!(judge(&mut s, &c, between, 11 * MIN, confirm), Verdict::Keep);
+            judge(&mut s, &c, Seen::Absent, steady(t, 10 * MIN), confirm);
+            assert_eq!(
+                judge(&mut s, &c, between, steady(t, 11 * MIN), confirm),
+                Verdict::Keep
+            );
             // The clock starts again.
             assert_eq!(
-                judge(&mut s, &c, Seen::Absent, 13 * MIN, confirm),
+                judge(&mut s, &c, Seen::Absent, steady(t, 13 * MIN), confirm),
                 Verdict::Suspect
             );
         }
         let mut s = Suspects::new();
-        for t in 0..10 {
+        for i in 0..10 {
             assert_eq!(
-                judge(&mut s, &c, Seen::Unknown, t * MIN, confirm),
+                judge(&mut s, &c, Seen::Unknown, steady(t, i * MIN), confirm),
                 Verdict::Keep,
                 "errors never lead anywhere"
             );
@@ -319,25 +397,21 @@ mod tests {
     }
 
     #[test]
-    fn a_young_volume_waits_for_its_pv() {
-        let confirm = Duration::from_secs(120);
-        let c = candidate(10 * MIN);
+    fn a_zero_confirm_still_needs_two_reads_at_different_times() {
+        let c = candidate();
+        let t = Instant::now();
         let mut s = Suspects::new();
-        // Absent from its first second: the provisioner has not created the PV yet.
-        judge(&mut s, &c, Seen::Absent, 10 * MIN, confirm);
         assert_eq!(
-            judge(&mut s, &c, Seen::Absent, 11 * MIN + MIN / 2, confirm),
+            judge(&mut s, &c, Seen::Absent, steady(t, 0), Duration::ZERO),
             Verdict::Suspect
         );
         assert_eq!(
-            judge(&mut s, &c, Seen::Absent, 12 * MIN, confirm),
+            judge(&mut s, &c, Seen::Absent, steady(t, 0), Duration::ZERO),
+            Verdict::Suspect
+        );
+        assert_eq!(
+            judge(&mut s, &c, Seen::Absent, steady(t, 1), Duration::ZERO),
             Verdict::Orphaned
-        );
-        // A zero confirm still needs two reads at different times.
-        let mut s = Suspects::new();
-        assert_eq!(
-            judge(&mut s, &c, Seen::Absent, 20 * MIN, Duration::ZERO),
-            Verdict::Suspect
         );
     }
 

@@ -2,6 +2,8 @@
 //! full types carry every field of a pod template, and their deserializers alone grew the
 //! binary by megabytes; unknown fields are skipped here.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -85,8 +87,18 @@ resource!(
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatefulSetSpec {
+    pub selector: Option<Selector>,
     #[serde(default)]
     pub volume_claim_templates: Vec<ClaimTemplate>,
+}
+
+/// Only `matchLabels`: the StatefulSet controller copies those, not `matchExpressions`, onto
+/// the claims it makes.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Selector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -98,4 +110,6 @@ pub struct ClaimTemplate {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct TemplateMeta {
     pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }

@@ -29,7 +29,6 @@ pub struct Candidate {
     /// `csi.storage.k8s.io/pv/name` as the provisioner gave it (unchecked: hostile until
     /// validated by the caller).
     pub pv_name: String,
-    pub created_unix_ms: u64,
 }
 
 impl Volumes {
@@ -50,7 +49,6 @@ impl Volumes {
                 Some(Candidate {
                     id: r.id.clone(),
                     pv_name: r.parameters.get(PARAM_PV_NAME)?.clone(),
-                    created_unix_ms: r.created_unix_ms,
                 })
             })
             .collect()

@@ -3,7 +3,8 @@
 # StatefulSet runs again on the first node with a new, empty volume; the old PV is removed. The
 # time from the deletion to Running is logged ("measured: …"). Then the node comes back: its
 # driver finds the volume whose PV is gone and moves its data to lost+found, and reports it
-# (`stickyvol volumes`, the metrics, its report that `stickyvol cluster orphans` lists).
+# (`stickyvol volumes`, the metrics, its report that `stickyvol cluster orphans` lists), which
+# the other node's driver may not delete.
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/nodeloss.sh"
 
@@ -64,6 +65,20 @@ until_ok 90 "$HANDLE in cluster orphans" '[[ $(listed_orphan) == "$LOST orphaned
 REPORT=stickyvol.csi.io-orphans-$LOST
 [[ $(k -n "$DRIVER_NS" get configmap "$REPORT" -o jsonpath='{.metadata.ownerReferences[0].name}') == "$LOST" ]] ||
     fail "the report $REPORT is not owned by Node $LOST"
+
+step "the driver on $LIVE cannot delete $LOST's report (ValidatingAdmissionPolicy)"
+# With the token kubelet gave the other node's driver, alone (the admin's client certificate
+# would authenticate first). Never logged.
+other=$(ready_driver_pod "$LIVE")
+token=$(k -n "$DRIVER_NS" exec "$other" -c stickyvol -- cat /var/run/secrets/kubernetes.io/serviceaccount/token)
+server=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+if refusal=$("$KUBECTL" --kubeconfig=/dev/null --server="$server" --certificate-authority="$PKI/ca.crt" \
+    --token="$token" -n "$DRIVER_NS" delete configmap "$REPORT" 2>&1); then
+    fail "the driver on $LIVE deleted $LOST's report"
+fi
+grep -qF "a node writes only its own report" <<<"$refusal" ||
+    fail "the delete was refused, but not by the report policy: $refusal"
+k -n "$DRIVER_NS" get configmap "$REPORT" >/dev/null || fail "the report $REPORT is gone"
 
 step "the operator removes it by hand; the report goes"
 k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volume delete "$HANDLE" >/dev/null

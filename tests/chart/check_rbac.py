@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Checks the RBAC and admission objects of a `helm template` rendering: what the controller's
+ServiceAccount may do is exactly what nodeLoss.mode needs, and the node plugin's ConfigMap rights
+are held to its own report by the ValidatingAdmissionPolicy.
+
+    check_rbac.py RENDERED.yaml MODE DRIVER
+
+MODE is off, dry-run or on; DRIVER the driverName rendered.
+"""
+import sys
+
+import yaml
+
+rendered, mode, driver = sys.argv[1:]
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+with open(rendered) as f:
+    objs = [d for d in yaml.safe_load_all(f) if d]
+roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+         for o in objs if o["kind"] in ("Role", "ClusterRole")}
+
+
+def grants(account):
+    """Every (namespace or '*', apiGroup, resource, verb, resourceName or '*') the account gets."""
+    out = set()
+    for b in objs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == account for s in b["subjects"]):
+            continue
+        ref = b["roleRef"]
+        scope = b["metadata"].get("namespace", "*")
+        role = roles.get((ref["kind"], b["metadata"].get("namespace") if ref["kind"] == "Role" else None,
+                          ref["name"]))
+        check(role is not None, f"{b['kind']} {b['metadata']['name']}: its role is rendered")
+        for rule in (role or {}).get("rules", []):
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames", ["*"]):
+                            out.add((scope, group, resource, verb, name))
+    return out
+
+
+def rules(scope, group, resources, verbs, name="*"):
+    return {(scope, group, r, v, name) for r in resources for v in verbs}
+
+
+ns = "stickyvol"
+resizer = (rules("*", "", ["persistentvolumes"], ["get", "list", "watch", "patch"])
+           | rules("*", "", ["persistentvolumeclaims"], ["get", "list", "watch"])
+           | rules("*", "", ["persistentvolumeclaims/status"], ["patch"])
+           | rules("*", "", ["events"], ["create", "update", "patch"]))
+reads = (rules("*", "", ["nodes"], ["get", "list"])
+         | rules("*", "", ["persistentvolumes"], ["get", "list"])
+         | rules("*", "", ["persistentvolumeclaims", "pods"], ["list"])
+         | rules("*", "apps", ["statefulsets"], ["list"])
+         | rules("*", "storage.k8s.io", ["storageclasses"], ["list"])
+         | rules("*", "events.k8s.io", ["events"], ["create"])
+         | rules(ns, "coordination.k8s.io", ["leases"], ["create"])
+         | rules(ns, "coordination.k8s.io", ["leases"], ["get", "update"], "stickyvol-node-loss")
+         | rules(ns, "", ["configmaps"], ["list"]))
+writes = (rules("*", "", ["persistentvolumes"], ["delete", "patch"])
+          | rules("*", "", ["persistentvolumeclaims", "pods"], ["delete"]))
+wanted = {"off": resizer, "dry-run": resizer | reads, "on": resizer | reads | writes}[mode]
+got = grants("stickyvol-controller")
+check(got == wanted, f"nodeLoss.mode {mode}: the controller may do exactly what the mode needs"
+      + ("" if got == wanted else f" (extra: {sorted(got - wanted)}, missing: {sorted(wanted - got)})"))
+deletes = {g for g in got if g[3] == "delete"}
+check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with on: {sorted(deletes)}")
+
+# The node plugin: ConfigMaps only in its namespace, and the policy holding it to its report.
+node = grants("stickyvol-node")
+config_maps = {g for g in node if g[2] == "configmaps"}
+check(config_maps == rules(ns, "", ["configmaps"], ["create", "patch", "delete"]),
+      f"the node plugin writes ConfigMaps only in {ns}, no update or list: {sorted(config_maps)}")
+policy = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+          and o["metadata"]["name"] == "stickyvol-orphan-report"]
+binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+           and o["spec"]["policyName"] == "stickyvol-orphan-report"]
+check(len(policy) == 1 and len(binding) == 1, "the report policy and its binding are rendered")
+if policy and binding:
+    spec = policy[0]["spec"]
+    check(spec["failurePolicy"] == "Fail", "the policy fails closed")
+    check(binding[0]["spec"]["validationActions"] == ["Deny"], "the binding denies")
+    check(set(spec["matchConstraints"]["resourceRules"][0]["operations"]) == {"CREATE", "UPDATE", "DELETE"},
+          "the policy sees every verb the Role grants")
+    report = {v["name"]: v["expression"] for v in spec["variables"]}["report"]
+    check(report == f"'{driver}-orphans-' + variables.node", f"the report's name is {driver}-orphans-<node>")
+    check(any(f"== '{driver}'" in v["expression"] for v in spec["validations"]),
+          f"the report's label value is {driver}")
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("all RBAC checks pass")
