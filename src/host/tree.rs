@@ -204,13 +204,7 @@ pub fn walk_within(
         if is_self_or_parent(&name) {
             continue;
         }
-        if let Err((entries, seconds)) = spent.entry() {
-            return Err(WalkError::Budget {
-                path: shown_path(root, &levels, None),
-                entries,
-                seconds,
-            });
-        }
+        spent.entry(|| shown_path(root, &levels, None))?;
         let stat = match fsstat::lstat_at(current.as_fd(), &name) {
             Ok(stat) => stat,
             Err(err) if changed_meanwhile(&err) => continue,
@@ -245,16 +239,11 @@ pub fn walk_within(
                 limit: MAX_DEPTH,
             });
         }
-        let child = match open_dir(Some(current.as_fd()), name.to_bytes()) {
-            Ok(child) => child,
-            Err(err) if changed_meanwhile(&err) => continue,
-            Err(err) => return Err(io_error(root, &levels)(err)),
-        };
-        // Something else may have been put in its place between the stat and the open.
-        let opened = fsstat::stat_fd(child.as_fd()).map_err(io_error(root, &levels))?;
-        if !opened.same_file(&stat) {
+        let Some(child) =
+            open_listed_dir(&current, &name, &stat).map_err(io_error(root, &levels))?
+        else {
             continue;
-        }
+        };
         spent.enter(&stat);
         // The rest of this level's batch is read again from its cookie when we are back.
         batch.names.clear();
@@ -266,6 +255,18 @@ pub fn walk_within(
         });
         current = child;
     }
+}
+
+/// Opens the directory `name` of `parent` if it still is the one listed as `listed`; None if it
+/// vanished or something else was put in its place between the stat and the open.
+fn open_listed_dir(parent: &OwnedFd, name: &CStr, listed: &Stat) -> io::Result<Option<OwnedFd>> {
+    let child = match open_dir(Some(parent.as_fd()), name.to_bytes()) {
+        Ok(child) => child,
+        Err(err) if changed_meanwhile(&err) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let opened = fsstat::stat_fd(child.as_fd())?;
+    Ok(opened.same_file(listed).then_some(child))
 }
 
 /// What a walk has spent of its budget, and the directories it entered.
@@ -286,14 +287,18 @@ impl Spending {
         }
     }
 
-    /// Counts one entry; Err((entries, seconds)) once the budget is spent. The clock is read
-    /// every 1,024 entries: a syscall-free check per entry.
-    fn entry(&mut self) -> Result<(), (u64, u64)> {
+    /// Counts one entry; `WalkError::Budget` at the walk's current path (`path()`) once the
+    /// budget is spent. The clock is read every 1,024 entries: a syscall-free check per entry.
+    fn entry(&mut self, path: impl FnOnce() -> PathBuf) -> Result<(), WalkError> {
         self.entries += 1;
         let out_of_time =
             self.entries.is_multiple_of(1024) && self.started.elapsed() > self.budget.time;
         if self.entries > self.budget.entries || out_of_time {
-            return Err((self.entries, self.started.elapsed().as_secs()));
+            return Err(WalkError::Budget {
+                path: path(),
+                entries: self.entries,
+                seconds: self.started.elapsed().as_secs(),
+            });
         }
         Ok(())
     }
