@@ -178,6 +178,23 @@ stop_node() {
     detach_node_loop_devices "$node"
     kill_pidfile "$(node_root "$node")/supervisor.pid"
     detach_node_loop_devices "$node"
+    remove_node_cgroups "$node"
+}
+
+# A power cycle leaves no cgroup behind, but cgroup v1 is one tree for the whole kernel: the
+# cgroups of the node's dead containers would stay, and the next kubelet's cAdvisor spends
+# seconds on each at its start (seen after two full runs on one cluster: exec through a
+# restarted kubelet refused for over 60 s, "container runtime status check may not have
+# completed yet"). Removed deepest first, once the node's processes are gone.
+remove_node_cgroups() {
+    local node=$1 try left
+    for try in $(seq 50); do
+        left=$(find /sys/fs/cgroup/*/"$node" -mindepth 1 -depth -type d 2>/dev/null |
+            while read -r dir; do rmdir "$dir" 2>/dev/null || echo "$dir"; done)
+        [[ -z $left ]] && return 0
+        sleep 0.1
+    done
+    log "$(wc -l <<<"$left") cgroups of $node still in use after its stop"
 }
 
 # Loop devices whose backing file is one of the node's files, found by the file's identity
