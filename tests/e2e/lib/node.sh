@@ -187,8 +187,8 @@ stop_node() {
 # restarted kubelet refused for over 60 s, "container runtime status check may not have
 # completed yet"). Removed deepest first, once the node's processes are gone.
 remove_node_cgroups() {
-    local node=$1 try left
-    for try in $(seq 50); do
+    local node=$1 left
+    for _ in $(seq 50); do
         left=$(find /sys/fs/cgroup/*/"$node" -mindepth 1 -depth -type d 2>/dev/null |
             while read -r dir; do rmdir "$dir" 2>/dev/null || echo "$dir"; done)
         [[ -z $left ]] && return 0
