@@ -25,12 +25,19 @@ pub struct Presence {
 }
 
 impl Presence {
-    /// Runs `work` on this thread as the work of this presence's caller.
+    /// Runs `work` on this thread as the work of this presence's caller. The thread's previous
+    /// caller comes back afterwards, even if `work` panics: a pool reuses its threads, and work
+    /// without a caller must never see another's.
     pub fn serve<T>(gone: Arc<AtomicBool>, work: impl FnOnce() -> T) -> T {
-        let previous = CALLER.with(|caller| caller.replace(Some(gone)));
-        let result = work();
-        CALLER.with(|caller| *caller.borrow_mut() = previous);
-        result
+        struct Restore(Option<Arc<AtomicBool>>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let previous = self.0.take();
+                CALLER.with(|caller| *caller.borrow_mut() = previous);
+            }
+        }
+        let _restore = Restore(CALLER.with(|caller| caller.replace(Some(gone))));
+        work()
     }
 
     /// The flag `serve` takes, shared with the thread doing the work.
@@ -77,5 +84,15 @@ mod tests {
         drop(presence);
         assert!(!thread.join().unwrap(), "present while the presence lives");
         assert!(!gone(), "another thread's caller");
+    }
+
+    #[test]
+    fn a_panicking_call_leaves_no_caller_behind_on_its_thread() {
+        let presence = Presence::default();
+        let flag = presence.flag();
+        drop(presence);
+        let panicked = std::panic::catch_unwind(|| Presence::serve(flag, || panic!("boom")));
+        assert!(panicked.is_err());
+        assert!(!gone(), "the thread's next work without a caller sees none");
     }
 }

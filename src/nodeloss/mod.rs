@@ -1,6 +1,6 @@
 //! Node loss: what happens to claims pinned to a node that is gone (issue 23). `policy` is the
-//! StorageClass parameter, `decide` the pure rules (`provenance`: whether a StatefulSet's
-//! controller made a claim); `observe` turns API objects (pods and
+//! StorageClass parameter, `decide` the pure rules (`decide::provenance`: whether a
+//! StatefulSet's controller made a claim); `observe` turns API objects (pods and
 //! StatefulSets as `slim` reads them) into their views, `lease` elects one acting replica,
 //! `reconcile` is the loop that reads, decides, acts and reports; `orphans` is `stickyvol
 //! cluster orphans`; `returned` runs in the node driver: a node that comes back moves the data of
@@ -11,7 +11,6 @@ pub mod lease;
 pub mod observe;
 pub mod orphans;
 pub mod policy;
-pub mod provenance;
 pub mod reconcile;
 pub mod report;
 pub mod returned;

@@ -5,11 +5,11 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::decide::provenance::{OwnerView, TemplateView};
 use super::decide::{
     ClaimView, ClassView, NodeView, ObjectRef, PROVISIONER_FINALIZER, PodView, PvView,
     StatefulSetView,
 };
-use super::provenance::{OwnerView, TemplateView};
 use super::slim::{Pod, StatefulSet};
 
 fn created(meta: &ObjectMeta) -> Option<i64> {

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::decide::{ClaimView, Reason, Snapshot, StatefulSetView};
+use super::{ClaimView, Reason, Snapshot, StatefulSetView};
 
 /// An ownerReference as the checks need it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -25,7 +25,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::policy::{OnNodeLoss, PARAM_ON_NODE_LOSS};
-use super::provenance::{self, OwnerView, TemplateView};
+pub mod provenance;
+
+use provenance::{OwnerView, TemplateView};
 
 /// The finalizer external-provisioner puts on PVs it provisioned; only the dead node's
 /// provisioner would remove it.
