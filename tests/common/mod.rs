@@ -797,17 +797,26 @@ impl TestDriver {
             .map(drop)
     }
 
-    /// NodeUnpublishVolume, which must succeed.
+    /// NodeUnpublishVolume, which must succeed: retried for up to 3 s while it answers
+    /// UNAVAILABLE, as kubelet retries it. (An unmount is refused with EBUSY while any process
+    /// holds a file in the mount. Seen once, under load, right after a test wrote through the
+    /// mount: most likely a driver another test was starting held copies of this process's
+    /// descriptors between its fork and its exec.)
     pub async fn unpublish_ok(&self, volume: &csi::Volume, target: &Path) {
-        self.unpublish(&volume.volume_id, target)
-            .await
-            .unwrap_or_else(|s| {
-                panic!(
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            match self.unpublish(&volume.volume_id, target).await {
+                Ok(()) => return,
+                Err(s) if s.code() == Code::Unavailable && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(s) => panic!(
                     "NodeUnpublishVolume {} at {}: {s:?}",
                     volume.volume_id,
                     target.display()
-                )
-            });
+                ),
+            }
+        }
     }
 
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), Status> {
