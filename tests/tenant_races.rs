@@ -271,9 +271,15 @@ fn renamer(parent: PathBuf, first_name: &str) -> Racer {
 }
 
 /// How many times a renamer's directory was opened (entered by a walk) so far, once the racer
-/// has read what the last walk did.
-fn entered(renamer: &Racer) -> u64 {
-    thread::sleep(Duration::from_millis(100));
+/// has counted at least `expected` (the walks run so far each entered it once; the racer reads
+/// inotify on a thread of its own, perhaps late on a loaded machine), and a moment more for any
+/// entry beyond those.
+fn entered(renamer: &Racer, expected: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while renamer.count() < expected && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
+    thread::sleep(Duration::from_millis(200));
     renamer.count()
 }
 
@@ -329,7 +335,7 @@ fn a_subtree_renamed_at_each_visit_is_walked_once() {
             2 + SUBTREE_FILES,
             "inodes counted on {fs_type}"
         );
-        let after_measure = entered(&race.renamer);
+        let after_measure = entered(&race.renamer, 1);
 
         let (volume, dest) = (race.volume.clone(), race.volume.with_file_name("copy"));
         fs::create_dir(&dest).unwrap();
@@ -346,7 +352,7 @@ fn a_subtree_renamed_at_each_visit_is_walked_once() {
             copied_files as u64, SUBTREE_FILES,
             "files copied on {fs_type}"
         );
-        let after_copy = entered(&race.renamer);
+        let after_copy = entered(&race.renamer, after_measure + 1);
 
         let volume = race.volume.clone();
         ends_within_a_minute("exporting", move || {
@@ -354,7 +360,7 @@ fn a_subtree_renamed_at_each_visit_is_walked_once() {
             archive::export(&volume, &header, &mut std::io::sink())
         })
         .unwrap_or_else(|err| panic!("exporting on {fs_type}: {err}"));
-        let after_export = entered(&race.renamer);
+        let after_export = entered(&race.renamer, after_copy + 1);
         println!(
             "{fs_type}: the renamed subtree entered {after_measure} times by a measurement, {} by a copy, {} by an export (two walks)",
             after_copy - after_measure,
@@ -452,7 +458,7 @@ async fn the_driver_walks_a_subtree_renamed_at_each_visit_once() {
     )
     .await
     .expect("the snapshot within a minute");
-    let entered = entered(&renamer);
+    let entered = entered(&renamer, 1);
     drop(renamer);
     let restored = driver
         .create(csi::CreateVolumeRequest {
