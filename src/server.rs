@@ -79,6 +79,100 @@ impl Drop for Bound {
     }
 }
 
+/// Reflection for the services `mode` serves (the schema holds all four CSI services).
+fn reflection_for(
+    mode: Mode,
+) -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    ServeError,
+> {
+    let mut reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .with_service_name("csi.v1.Identity")
+        .with_service_name("csi.v1.Node");
+    if mode != Mode::Node {
+        reflection = reflection.with_service_name("csi.v1.Controller");
+    }
+    Ok(reflection.build_v1()?)
+}
+
+/// The node-loss reconciler, where the configuration asks for one; it runs until `stopped`.
+async fn start_reconciler(
+    driver: &Driver,
+    metrics: &Arc<Metrics>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
+    let Some(node_loss) = driver.config.node_loss.clone() else {
+        return Ok(None);
+    };
+    // In-cluster: the service account's token and CA; else $KUBECONFIG.
+    let client = kube::Client::try_default().await?;
+    let settings = reconcile::Settings {
+        driver: driver.config.driver_name.clone(),
+        topology_key: driver.config.topology_key(),
+        dry_run: node_loss.dry_run,
+        interval: node_loss.interval,
+        lease_namespace: node_loss.lease_namespace,
+        lease_name: reconcile::LEASE_NAME.into(),
+        identity: node_loss.identity,
+    };
+    info!(dry_run = settings.dry_run, interval = ?settings.interval, "node-loss reconciler starting");
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    Ok(Some(tokio::spawn(reconcile::run(
+        client,
+        settings,
+        metrics.clone(),
+        shutdown,
+    ))))
+}
+
+/// The check of a node that comes back, where the configuration asks for one and this mode has
+/// volumes; it runs until `stopped`. The node's volumes matter more than its report: without
+/// credentials the driver serves anyway, and says so.
+async fn start_orphan_check(
+    driver: &Driver,
+    metrics: &Arc<Metrics>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let check = driver.config.orphan_check.clone()?;
+    let volumes = driver.volumes().ok()?;
+    let client = match kube::Client::try_default().await {
+        Ok(client) => client,
+        Err(err) => {
+            error!(error = %err, "orphan check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+            return None;
+        }
+    };
+    let settings = returned::Settings {
+        driver: driver.config.driver_name.clone(),
+        node: driver.config.node_id.clone(),
+        interval: check.interval,
+        // Two looks at least two intervals apart (see `returned`).
+        confirm: check.interval * 2,
+        report: check.report_namespace.map(|namespace| report::Target {
+            driver: driver.config.driver_name.clone(),
+            node: driver.config.node_id.clone(),
+            namespace,
+        }),
+    };
+    info!(interval = ?settings.interval, report = ?settings.report.as_ref().map(|r| &r.namespace), "orphan check starting");
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    Some(tokio::spawn(returned::run(
+        client,
+        volumes,
+        settings,
+        metrics.clone(),
+        shutdown,
+    )))
+}
+
 async fn serve_on(
     listener: UnixListener,
     admin: Option<UnixListener>,
@@ -100,16 +194,7 @@ async fn serve_on(
         "serving CSI"
     );
 
-    // Advertise only the services this mode serves (the schema holds all four CSI services).
-    let mut reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::FILE_DESCRIPTOR_SET)
-        .with_service_name("grpc.reflection.v1.ServerReflection")
-        .with_service_name("csi.v1.Identity")
-        .with_service_name("csi.v1.Node");
-    if mode != Mode::Node {
-        reflection = reflection.with_service_name("csi.v1.Controller");
-    }
-    let reflection = reflection.build_v1()?;
+    let reflection = reflection_for(mode)?;
     let metrics = Arc::new(Metrics::new());
     if let Some(address) = driver.config.metrics_address {
         let limits = driver.config.metrics_limits;
@@ -119,69 +204,10 @@ async fn serve_on(
     }
     // The node-loss reconciler stops with the server; it then hands its Lease over.
     let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
-    let reconciler = match driver.config.node_loss.clone() {
-        Some(node_loss) => {
-            // In-cluster: the service account's token and CA; else $KUBECONFIG.
-            let client = kube::Client::try_default().await?;
-            let settings = reconcile::Settings {
-                driver: driver.config.driver_name.clone(),
-                topology_key: driver.config.topology_key(),
-                dry_run: node_loss.dry_run,
-                interval: node_loss.interval,
-                lease_namespace: node_loss.lease_namespace,
-                lease_name: reconcile::LEASE_NAME.into(),
-                identity: node_loss.identity,
-            };
-            info!(dry_run = settings.dry_run, interval = ?settings.interval, "node-loss reconciler starting");
-            Some(tokio::spawn(reconcile::run(
-                client,
-                settings,
-                metrics.clone(),
-                async move {
-                    let _ = stopped.await;
-                },
-            )))
-        }
-        None => None,
-    };
+    let reconciler = start_reconciler(&driver, &metrics, stopped).await?;
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
-    let orphan_check = match (driver.config.orphan_check.clone(), driver.volumes().ok()) {
-        (Some(check), Some(volumes)) => 'check: {
-            // The node's volumes matter more than this report: without credentials the driver
-            // serves anyway, and says so.
-            let client = match kube::Client::try_default().await {
-                Ok(client) => client,
-                Err(err) => {
-                    error!(error = %err, "orphan check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
-                    break 'check None;
-                }
-            };
-            let settings = returned::Settings {
-                driver: driver.config.driver_name.clone(),
-                node: driver.config.node_id.clone(),
-                interval: check.interval,
-                // Two looks at least two intervals apart (see `returned`).
-                confirm: check.interval * 2,
-                report: check.report_namespace.map(|namespace| report::Target {
-                    driver: driver.config.driver_name.clone(),
-                    node: driver.config.node_id.clone(),
-                    namespace,
-                }),
-            };
-            info!(interval = ?settings.interval, report = ?settings.report.as_ref().map(|r| &r.namespace), "orphan check starting");
-            Some(tokio::spawn(returned::run(
-                client,
-                volumes,
-                settings,
-                metrics.clone(),
-                async move {
-                    let _ = orphans_stopped.await;
-                },
-            )))
-        }
-        _ => None,
-    };
+    let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);

@@ -468,6 +468,75 @@ mod tests {
         }
     }
 
+    /// A PUT (`whole`) or a merge PATCH of finalizers, as the API server answers them: a stale
+    /// resourceVersion is a conflict, and an object being deleted goes with its last finalizer.
+    fn replace(
+        store: &mut Store,
+        collection: &str,
+        name: &str,
+        whole: bool,
+        body: Value,
+    ) -> Response<Full<Bytes>> {
+        store.version += 1;
+        let version = store.version.to_string();
+        let Some(current) = store
+            .objects
+            .get_mut(collection)
+            .and_then(|m| m.get_mut(name))
+        else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        let wanted = body["metadata"]["resourceVersion"].as_str();
+        if wanted.is_some_and(|v| Some(v) != current["metadata"]["resourceVersion"].as_str()) {
+            return respond(409, &status(409, "Conflict"));
+        }
+        if whole {
+            *current = body;
+        } else if let Some(f) = body["metadata"].get("finalizers") {
+            current["metadata"]["finalizers"] = f.clone();
+        }
+        current["metadata"]["resourceVersion"] = json!(version);
+        let reply = respond(200, current);
+        // The last finalizer of an object being deleted gone: the object goes.
+        let done = !current["metadata"]["deletionTimestamp"].is_null()
+            && current["metadata"]["finalizers"]
+                .as_array()
+                .is_none_or(|f| f.is_empty());
+        if done {
+            store.objects.get_mut(collection).unwrap().remove(name);
+        }
+        reply
+    }
+
+    /// A DELETE, its uid precondition kept; finalizers hold the object, marked as being deleted.
+    fn delete(
+        store: &mut Store,
+        collection: &str,
+        name: &str,
+        body: &Value,
+    ) -> Response<Full<Bytes>> {
+        let Some(objects) = store.objects.get_mut(collection) else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        let Some(current) = objects.get(name) else {
+            return respond(404, &status(404, "NotFound"));
+        };
+        let uid = body["preconditions"]["uid"].as_str();
+        if uid.is_some_and(|u| Some(u) != current["metadata"]["uid"].as_str()) {
+            return respond(409, &status(409, "Conflict"));
+        }
+        let held = current["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty());
+        if held {
+            let obj = objects.get_mut(name).unwrap();
+            obj["metadata"]["deletionTimestamp"] = json!("2026-11-26T00:00:00Z");
+            return respond(200, obj);
+        }
+        let gone = objects.remove(name).unwrap();
+        respond(200, &gone)
+    }
+
     fn handle(store: &Shared, method: &str, path: &str, body: &[u8]) -> Response<Full<Bytes>> {
         let mut store = store.lock().unwrap();
         let (collection, name) = split(path);
@@ -518,61 +587,9 @@ mod tests {
                 respond(409, &status(409, "Conflict"))
             }
             ("PUT", Some(name)) | ("PATCH", Some(name)) => {
-                store.version += 1;
-                let version = store.version.to_string();
-                let Some(current) = store
-                    .objects
-                    .get_mut(&collection)
-                    .and_then(|m| m.get_mut(&name))
-                else {
-                    return respond(404, &status(404, "NotFound"));
-                };
-                let wanted = body["metadata"]["resourceVersion"].as_str();
-                if wanted
-                    .is_some_and(|v| Some(v) != current["metadata"]["resourceVersion"].as_str())
-                {
-                    return respond(409, &status(409, "Conflict"));
-                }
-                if method == "PUT" {
-                    *current = body;
-                } else if let Some(f) = body["metadata"].get("finalizers") {
-                    current["metadata"]["finalizers"] = f.clone();
-                }
-                current["metadata"]["resourceVersion"] = json!(version);
-                let reply = respond(200, current);
-                // The last finalizer of an object being deleted gone: the object goes.
-                let done = !current["metadata"]["deletionTimestamp"].is_null()
-                    && current["metadata"]["finalizers"]
-                        .as_array()
-                        .is_none_or(|f| f.is_empty());
-                if done {
-                    store.objects.get_mut(&collection).unwrap().remove(&name);
-                }
-                reply
+                replace(&mut store, &collection, &name, method == "PUT", body)
             }
-            ("DELETE", Some(name)) => {
-                let Some(objects) = store.objects.get_mut(&collection) else {
-                    return respond(404, &status(404, "NotFound"));
-                };
-                let Some(current) = objects.get(&name) else {
-                    return respond(404, &status(404, "NotFound"));
-                };
-                let uid = body["preconditions"]["uid"].as_str();
-                if uid.is_some_and(|u| Some(u) != current["metadata"]["uid"].as_str()) {
-                    return respond(409, &status(409, "Conflict"));
-                }
-                // Finalizers hold it, marked as being deleted, as the API server does.
-                let held = current["metadata"]["finalizers"]
-                    .as_array()
-                    .is_some_and(|f| !f.is_empty());
-                if held {
-                    let obj = objects.get_mut(&name).unwrap();
-                    obj["metadata"]["deletionTimestamp"] = json!("2026-11-26T00:00:00Z");
-                    return respond(200, obj);
-                }
-                let gone = objects.remove(&name).unwrap();
-                respond(200, &gone)
-            }
+            ("DELETE", Some(name)) => delete(&mut store, &collection, &name, &body),
             _ => respond(405, &status(405, "MethodNotAllowed")),
         }
     }
