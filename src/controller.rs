@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::request;
 use crate::volume::copies::snapshot::SnapshotRecord;
 use crate::volume::state::id::{SnapshotId, VolumeId};
-use crate::volume::state::record::VolumeRecord;
+use crate::volume::state::record::{VolumeKind, VolumeRecord};
 use crate::volume::{Condition, CreateRequest, SnapshotFilter, SnapshotRequest, Volumes};
 
 pub struct ControllerService {
@@ -327,7 +327,8 @@ impl Controller for ControllerService {
             .iter()
             .all(|cap| cap.unsupported_reason(parameters.shared_access).is_none());
         let volumes = self.volumes()?;
-        let kinds: Vec<_> = caps.iter().map(|cap| cap.kind).collect();
+        let mut kinds: Vec<_> = caps.iter().map(|cap| cap.kind).collect();
+        kinds.extend(parameters.image_fs.map(VolumeKind::Image));
         let available = if here && servable {
             let bytes = blocking(move || {
                 volumes.available_for(&parameters.pool, &kinds, parameters.require_enforcement)

@@ -12,7 +12,7 @@ use crate::driver::{Driver, blocking};
 use crate::request;
 use crate::volume::state::id::VolumeId;
 use crate::volume::stats::Amounts;
-use crate::volume::{PublishRequest, Volumes};
+use crate::volume::{PublishRequest, StageRequest, Volumes};
 
 pub struct NodeService {
     driver: Arc<Driver>,
@@ -44,6 +44,46 @@ fn usage(amounts: Amounts, unit: Unit) -> csi::VolumeUsage {
 
 #[tonic::async_trait]
 impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<csi::NodeStageVolumeRequest>,
+    ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        request::required("volume_id", &req.volume_id)?;
+        let staging = request::path_beneath(
+            self.kubelet_dir(),
+            "staging_target_path",
+            &req.staging_target_path,
+        )?;
+        let capability = request::capability(req.volume_capability.as_ref())?;
+        let id = request::volume_id(&req.volume_id)?;
+        let volumes = self.volumes()?;
+        let stage = StageRequest {
+            staging,
+            capability,
+        };
+        blocking(move || volumes.stage(&id, stage)).await?;
+        Ok(Response::new(csi::NodeStageVolumeResponse {}))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        request::required("volume_id", &req.volume_id)?;
+        let staging = request::path_beneath(
+            self.kubelet_dir(),
+            "staging_target_path",
+            &req.staging_target_path,
+        )?;
+        // As for unpublish: an id that is not ours must never leave kubelet hanging.
+        let id = VolumeId::parse(&req.volume_id);
+        let volumes = self.volumes()?;
+        blocking(move || volumes.unstage(id.as_ref(), &staging)).await?;
+        Ok(Response::new(csi::NodeUnstageVolumeResponse {}))
+    }
+
     async fn node_publish_volume(
         &self,
         request: Request<csi::NodePublishVolumeRequest>,
@@ -141,6 +181,8 @@ impl Node for NodeService {
         _request: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         let capabilities = [
+            // Image volumes mount their filesystem once per node; the others stage nothing.
+            rpc::Type::StageUnstageVolume,
             rpc::Type::GetVolumeStats,
             rpc::Type::ExpandVolume,
             rpc::Type::VolumeCondition,

@@ -16,11 +16,15 @@ use crate::error::{Error, Result};
 use crate::host::mount;
 pub use crate::volume::capability::Capability;
 use crate::volume::state::id::{SnapshotId, VolumeId};
-use crate::volume::state::record::{AccessMode, Allocation, ContentSource, VolumeKind};
+use crate::volume::state::record::{AccessMode, Allocation, ContentSource, FsType, VolumeKind};
 
 /// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
 /// secret references, fstype); accepted and ignored.
 pub const PROVISIONER_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// StorageClass key csi-provisioner turns into the capability's fs_type (an image volume's
+/// filesystem); GetCapacity may see it among the parameters.
+pub const PARAM_FS_TYPE: &str = "csi.storage.k8s.io/fstype";
 
 /// StorageClass parameter: the pool (`--pool NAME=PATH`) that holds the volume.
 pub const PARAM_POOL: &str = "pool";
@@ -57,6 +61,9 @@ pub struct ClassParameters {
     /// Read by the node-loss reconciler from the class; checked here so a bad value is refused
     /// when the first claim is provisioned, not found when a node is lost.
     pub on_node_loss: OnNodeLoss,
+    /// The class's volumes are image volumes with this filesystem, when the parameters say so
+    /// (the capability says it too, and is what CreateVolume follows).
+    pub image_fs: Option<FsType>,
 }
 
 pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
@@ -203,24 +210,29 @@ pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<Capability> {
             access_mode,
             mount_flags: Vec::new(),
         }),
-        Some(AccessType::Mount(mount)) => {
-            if !mount.fs_type.is_empty() {
-                return Err(Error::InvalidArgument(format!(
-                    "fs_type {:?} cannot be honoured: filesystem volumes are directories on the node's \
-                     data filesystem; leave fsType unset",
-                    mount.fs_type
-                )));
-            }
-            Ok(Capability {
-                kind: VolumeKind::Filesystem,
-                access_mode,
-                mount_flags: mount_flags(&mount.mount_flags)?,
-            })
-        }
+        Some(AccessType::Mount(mount)) => Ok(Capability {
+            kind: mount_kind(&mount.fs_type)?,
+            access_mode,
+            mount_flags: mount_flags(&mount.mount_flags)?,
+        }),
         None => Err(Error::InvalidArgument(
             "volume_capability.access_type (block or mount) is required".into(),
         )),
     }
+}
+
+/// A mount capability's kind: no fs_type is a directory volume, a filesystem we can make is
+/// an image volume holding it.
+fn mount_kind(fs_type: &str) -> Result<VolumeKind> {
+    if fs_type.is_empty() {
+        return Ok(VolumeKind::Filesystem);
+    }
+    FsType::parse(fs_type).map(VolumeKind::Image).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "fs_type {fs_type:?} is not one stickyvol makes; accepted: {} (an image volume), or none (a directory)",
+            FsType::ALL.map(FsType::name).join(", ")
+        ))
+    })
 }
 
 /// Parses a non-empty list of capabilities that must all ask for the same access type.
@@ -236,7 +248,7 @@ pub fn capabilities(caps: &[csi::VolumeCapability]) -> Result<Vec<Capability>> {
         .collect::<Result<Vec<_>>>()?;
     if parsed.iter().any(|cap| cap.kind != parsed[0].kind) {
         return Err(Error::InvalidArgument(
-            "volume_capabilities mix block and mount access types".into(),
+            "volume_capabilities mix access types (block, mount) or filesystem types".into(),
         ));
     }
     Ok(parsed)
@@ -303,8 +315,13 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
     let shared_access = flag(PARAM_SHARED_ACCESS)?;
     let on_node_loss = OnNodeLoss::parse(params.get(PARAM_ON_NODE_LOSS).map(String::as_str))
         .map_err(Error::InvalidArgument)?;
+    let image_fs = match params.get(PARAM_FS_TYPE) {
+        None => None,
+        Some(fs) => mount_kind(fs)?.image_fs(),
+    };
     Ok(ClassParameters {
         raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        image_fs,
         pool,
         allocation,
         require_enforcement,
@@ -491,10 +508,30 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.to_string().contains("size=1G"));
-        let err = capability(Some(&mount_cap(CsiMode::SingleNodeWriter, &[], "ext4"))).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
         let err = capability(Some(&mount_cap(CsiMode::Unknown, &[], ""))).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn an_fs_type_we_make_asks_for_an_image_volume_and_others_are_refused() {
+        for (fs_type, kind) in [
+            ("", VolumeKind::Filesystem),
+            ("ext4", VolumeKind::Image(FsType::Ext4)),
+            ("xfs", VolumeKind::Image(FsType::Xfs)),
+        ] {
+            let cap = capability(Some(&mount_cap(CsiMode::SingleNodeWriter, &[], fs_type)));
+            assert_eq!(cap.unwrap().kind, kind, "{fs_type:?}");
+        }
+        for fs_type in ["ext3", "btrfs", "EXT4", "ext4,xfs", "../xfs"] {
+            let err =
+                capability(Some(&mount_cap(CsiMode::SingleNodeWriter, &[], fs_type))).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{fs_type:?}");
+        }
+        let mut params = HashMap::new();
+        params.insert(PARAM_FS_TYPE.to_string(), "xfs".to_string());
+        assert_eq!(parameters(&params).unwrap().image_fs, Some(FsType::Xfs));
+        params.insert(PARAM_FS_TYPE.to_string(), "zfs".to_string());
+        assert!(parameters(&params).is_err());
     }
 
     #[test]

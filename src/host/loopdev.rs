@@ -266,6 +266,22 @@ pub fn size_bytes(dev: &LoopDevice) -> io::Result<u64> {
     Ok(read_sysfs_number(&dev.sysfs_attribute("size"))? * SYSFS_SECTOR_SIZE)
 }
 
+/// The device's number (major, minor), as a filesystem mounted from it reports its st_dev.
+pub fn device_number(dev: &LoopDevice) -> io::Result<(u32, u32)> {
+    let text = std::fs::read_to_string(dev.sysfs_attribute("dev"))?;
+    let invalid = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: dev {text:?}", dev.name),
+        )
+    };
+    let (major, minor) = text.trim().split_once(':').ok_or_else(invalid)?;
+    Ok((
+        major.parse().map_err(|_| invalid())?,
+        minor.parse().map_err(|_| invalid())?,
+    ))
+}
+
 /// Tell the device its backing file changed size (LOOP_SET_CAPACITY); the kernel does not
 /// notice on its own.
 pub fn refresh_capacity(dev: &LoopDevice) -> io::Result<()> {

@@ -6,6 +6,7 @@ pub mod caller;
 pub mod cgroup;
 pub mod copy;
 pub mod dirfd;
+pub mod fsimage;
 pub mod fsstat;
 pub mod links;
 pub mod loopdev;

@@ -28,6 +28,14 @@ impl Volumes {
         if require_enforcement && wants_directories && !pool.enforcement.enforces() {
             return Ok(0);
         }
+        // A filesystem this node cannot make is as absent as a pool (see `create`).
+        if kinds
+            .iter()
+            .filter_map(|kind| kind.image_fs())
+            .any(|fs| fs.missing_tool().is_some())
+        {
+            return Ok(0);
+        }
         self.refresh_usage(pool);
         pool.available()
     }
@@ -63,7 +71,9 @@ impl Volumes {
 pub(super) fn cheap_usage(pool: &Pool, record: &VolumeRecord) -> Option<u64> {
     let path = pool.data_path(&record.id, record.kind);
     let measured = match (record.kind, record.size_limit) {
-        (VolumeKind::Block, _) => fsstat::lstat(&path).map(|stat| Some(stat.allocated)),
+        (VolumeKind::Block | VolumeKind::Image(_), _) => {
+            fsstat::lstat(&path).map(|stat| Some(stat.allocated))
+        }
         (VolumeKind::Filesystem, SizeLimit::None | SizeLimit::File) => Ok(None),
         (VolumeKind::Filesystem, limit) => {
             limits::usage(limit, &path).map(|usage| usage.map(|u| u.used_bytes))

@@ -50,7 +50,7 @@ use super::state::record::{
     AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord,
 };
 use crate::error::{Error, IoContext, Result};
-use crate::host::{fsstat, loopdev, mountinfo};
+use crate::host::{fsimage, fsstat, loopdev, mountinfo};
 
 /// How old the usage figures behind a reservation may be (measuring is O(volumes)).
 const USAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -84,6 +84,12 @@ impl Volumes {
             &format!("volume name {:?}", req.name),
         )?;
         let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
+        let capacity = match req.kind.image_fs() {
+            Some(fs) => {
+                capacity::at_least(capacity, fs.min_bytes() as i64, req.limit_bytes, fs.name())?
+            }
+            None => capacity,
+        };
         if let Some(existing) = self.store.find_by_name(&req.name) {
             check_compatible(&existing, &req)?;
             // Not while a DeleteVolume of it runs: answering with a volume being torn down
@@ -95,6 +101,13 @@ impl Volumes {
             }
         }
         let pool = self.pool(&req.pool)?;
+        if let Some(tool) = req.kind.image_fs().and_then(|fs| fs.missing_tool()) {
+            return Err(Error::ResourceExhausted(format!(
+                "volume {:?} is an image volume of {}, but this node has no {tool} (see `stickyvol doctor`)",
+                req.name,
+                req.kind.as_str()
+            )));
+        }
         if req.kind == VolumeKind::Filesystem
             && req.require_enforcement
             && !pool.enforcement.enforces()
@@ -124,14 +137,22 @@ impl Volumes {
         let staging = pool.staging_path(&id, req.kind);
         let made = match &source {
             None => make_data(pool, &staging, req.kind, req.allocation, capacity),
-            Some(data) => cow::fill_volume(
-                pool,
-                req.kind,
-                req.allocation,
-                &data.path,
-                &staging,
-                capacity as u64,
-            ),
+            Some(data) => {
+                let fill = || {
+                    cow::fill_volume(
+                        pool,
+                        req.kind,
+                        req.allocation,
+                        &data.path,
+                        &staging,
+                        capacity as u64,
+                    )
+                };
+                match &data.volume {
+                    Some(volume) => self.with_frozen(volume, fill),
+                    None => fill(),
+                }
+            }
         };
         drop(source);
         // No flush of the staging entry: the commit below is the only one (see the module
@@ -148,7 +169,7 @@ impl Volumes {
                 pool: pool.name.clone(),
                 size_limit: staged_limit,
                 allocation: match req.kind {
-                    VolumeKind::Block => req.allocation,
+                    VolumeKind::Block | VolumeKind::Image(_) => req.allocation,
                     VolumeKind::Filesystem => Allocation::Thin,
                 },
                 access_modes: req.access_modes,
@@ -313,7 +334,7 @@ impl Volumes {
         id: &VolumeId,
         kind: VolumeKind,
     ) -> Result<[PathBuf; 2]> {
-        if kind == VolumeKind::Block {
+        if kind.is_file() {
             // A device left attached by a crash would keep the file's blocks alive.
             for device in devices::serving(&pool.data_path(id, kind)).unwrap_or_default() {
                 loopdev::detach(&device).context(|| {
@@ -404,7 +425,7 @@ fn make_data(
             .enforcement
             .make_directory(path, capacity as u64)
             .map(Some),
-        VolumeKind::Block => {
+        VolumeKind::Block | VolumeKind::Image(_) => {
             let file = OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -412,6 +433,12 @@ fn make_data(
                 .open(path)
                 .context(|| format!("creating {}", path.display()))?;
             size_file(&file, path, allocation, capacity as u64)?;
+            drop(file);
+            if let Some(fs) = kind.image_fs() {
+                // Only ever a file made just now (create_new above): formatting never meets data.
+                fsimage::format(path, fs)
+                    .context(|| format!("making {} in {}", fs.name(), path.display()))?;
+            }
             // Not flushed: see the module comment (remade at start if a power loss loses it).
             Ok(None)
         }

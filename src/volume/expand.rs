@@ -2,7 +2,8 @@
 //!
 //! The pool must be able to promise the growth (RESOURCE_EXHAUSTED otherwise). A filesystem
 //! volume's quota or qgroup is raised; a block volume's file grows (sparsely, or fallocated when
-//! thick) and every loop device over it is told its new size. The host changes before the
+//! thick) and every loop device over it is told its new size; an image volume's file grows the
+//! same way, then its filesystem, in place if it is staged (else when it is next staged). The host changes before the
 //! record does, and each step is idempotent, so a crash in between is finished by kubelet's
 //! retry. Shrinking is refused.
 
@@ -66,6 +67,9 @@ impl Volumes {
             VolumeKind::Filesystem => limits::resize(record.size_limit, &path, wanted as u64)
                 .context(|| format!("raising the size limit of volume {id} to {wanted} bytes")),
             VolumeKind::Block => grow_file(id, &path, record.allocation, wanted as u64),
+            // The file first, then the filesystem in it, while pods may use it.
+            VolumeKind::Image(fs) => grow_file(id, &path, record.allocation, wanted as u64)
+                .and_then(|()| self.grow_staged(&record, fs)),
         };
         if let Err(err) = grown {
             // Back to the promise the record still states.
@@ -88,7 +92,9 @@ impl Volumes {
 /// Whether the host already gives the volume `bytes` (its file's size, or its limit).
 fn already_grown(record: &VolumeRecord, path: &Path, bytes: u64) -> bool {
     match record.kind {
-        VolumeKind::Block => std::fs::metadata(path).is_ok_and(|m| m.len() >= bytes),
+        VolumeKind::Block | VolumeKind::Image(_) => {
+            std::fs::metadata(path).is_ok_and(|m| m.len() >= bytes)
+        }
         VolumeKind::Filesystem => limits::usage(record.size_limit, path)
             .ok()
             .flatten()

@@ -24,6 +24,7 @@ mod create;
 mod devices;
 mod expand;
 pub mod guard;
+mod image;
 pub mod inventory;
 pub mod orphan;
 mod publish;
@@ -41,6 +42,7 @@ use crate::host::fsstat::{self, Space};
 pub use copies::snapshot::{SnapshotFilter, SnapshotRequest};
 pub use copies::transfer::ExportSource;
 pub use create::CreateRequest;
+pub use image::StageRequest;
 pub use publish::PublishRequest;
 pub use space::pool::{Pool, STAGING_PREFIX};
 pub use stats::VolumeStats;
@@ -50,7 +52,7 @@ use copies::snapshot_jobs::Jobs;
 use guard::OperationGuards;
 use space::pool::LockedRoot;
 use state::id::{NodeTag, VolumeId};
-use state::record::{VolumeKind, VolumeRecord};
+use state::record::{FsType, VolumeKind, VolumeRecord};
 use state::records::Records;
 use state::store::Store;
 
@@ -87,7 +89,7 @@ fn data_problem(record: &VolumeRecord, path: &Path) -> Option<String> {
         Ok(Some(stat)) => {
             let right_type = match record.kind {
                 VolumeKind::Filesystem => stat.is_dir(),
-                VolumeKind::Block => stat.is_regular_file(),
+                VolumeKind::Block | VolumeKind::Image(_) => stat.is_regular_file(),
             };
             (!right_type).then(|| {
                 format!(
@@ -96,7 +98,7 @@ fn data_problem(record: &VolumeRecord, path: &Path) -> Option<String> {
                     path.display(),
                     match record.kind {
                         VolumeKind::Filesystem => "directory",
-                        VolumeKind::Block => "regular file",
+                        VolumeKind::Block | VolumeKind::Image(_) => "regular file",
                     }
                 )
             })
@@ -337,8 +339,10 @@ impl Volumes {
     /// Volumes by kind and by whether they have publications, from the records alone (no host
     /// access, so cheap enough for every metrics scrape). Every combination is listed, zeros too.
     pub fn census(&self) -> Vec<CensusEntry> {
+        let image_kinds = FsType::ALL.map(VolumeKind::Image);
         let mut entries: Vec<CensusEntry> = [VolumeKind::Filesystem, VolumeKind::Block]
             .into_iter()
+            .chain(image_kinds)
             .flat_map(|kind| {
                 [false, true].map(|published| CensusEntry {
                     kind,

@@ -18,7 +18,7 @@ use super::Volumes;
 use super::devices;
 use super::inventory::PARAM_PV_NAME;
 use super::state::id::VolumeId;
-use super::state::record::{Orphaned, VolumeKind, VolumeRecord, now_ms};
+use super::state::record::{Orphaned, VolumeRecord, now_ms};
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsstat, mountinfo};
 
@@ -148,8 +148,8 @@ impl Volumes {
                 .next()
                 .is_some()
         };
-        let device = record.kind == VolumeKind::Block
-            && !devices::serving(data).unwrap_or_default().is_empty();
+        let device =
+            record.kind.is_file() && !devices::serving(data).unwrap_or_default().is_empty();
         if mounted || device {
             return Err(Error::FailedPrecondition(format!(
                 "volume {} has a mount or loop device on its data; not moving it",

@@ -43,19 +43,7 @@ impl Volumes {
     pub fn publish(&self, id: &VolumeId, req: PublishRequest) -> Result<()> {
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
-        if let Some(orphaned) = &record.orphaned {
-            return Err(Error::FailedPrecondition(format!(
-                "volume {id} is orphaned (PV {} was gone); its data is in {}",
-                orphaned.pv_name,
-                orphaned.lost_path.display()
-            )));
-        }
-        if record.importing {
-            // Partial content: emptied in the background after a restart (`transfer`).
-            return Err(Error::Pending(format!(
-                "volume {id} (an interrupted import's partial content is being removed; if this lasts, see the driver's log)"
-            )));
-        }
+        usable(&record)?;
         let cap = &req.capability;
         if cap.kind != record.kind {
             return Err(Error::InvalidArgument(format!(
@@ -75,9 +63,10 @@ impl Volumes {
             mount_flags: cap.mount_flags.clone(),
             loop_device: None,
             loop_backing_file: None,
+            staging: false,
         };
         let mut known = None;
-        for other in &record.publications {
+        for other in record.pod_publications() {
             let live = self.is_live(&record, other)?;
             if other.target == wanted.target {
                 if live && !other.same_request(&wanted) {
@@ -114,6 +103,12 @@ impl Volumes {
             }
             VolumeKind::Block => {
                 self.publish_device(id, &record, &data, &at, wanted, known.as_ref())?
+            }
+            // A bind of the node's one mount of the image's filesystem.
+            VolumeKind::Image(_) => {
+                let root = self.staged_root(&record)?;
+                self.publish_directory(id, &root, &at, &wanted, cap)?;
+                wanted
             }
         };
         if record.publication(&published.target) != Some(&published) {
@@ -152,8 +147,15 @@ impl Volumes {
             return unpublish_unknown(&at);
         };
         match record.kind {
-            VolumeKind::Filesystem => unpublish_directory(id, &data, &at)?,
+            VolumeKind::Filesystem => unpublish_directory(id, source_of(&data)?, &at)?,
             VolumeKind::Block => self.unpublish_device(id, &record, &data, &at)?,
+            VolumeKind::Image(_) => {
+                // The pod's bind shows the staging mount's root; with no staging mount left
+                // (unstaged out of order) there is nothing to compare with.
+                let root = self.staged_root(&record).ok();
+                let source = root.as_deref().map(source_of).transpose()?.flatten();
+                unpublish_directory(id, source, &at)?
+            }
         }
         if record.publication(target).is_some() {
             let mut updated = (*record).clone();
@@ -195,6 +197,7 @@ impl Volumes {
         };
         match record.kind {
             VolumeKind::Filesystem => Ok(is_bind_of(&target, &data).context(context)?),
+            VolumeKind::Image(_) => Ok(self.image_is_live(record, &target, &data)),
             VolumeKind::Block => {
                 let Some(device) = publication
                     .loop_device
@@ -250,7 +253,7 @@ impl Volumes {
     /// existing ancestor is opened (symlinks followed) and checked where the kernel says it
     /// is, and the missing directories are made beneath it without following any symlink. The
     /// publish then acts on this descriptor, never on the path resolved again.
-    fn open_target_parent(&self, target: &Path) -> Result<OwnedFd> {
+    pub(super) fn open_target_parent(&self, target: &Path) -> Result<OwnedFd> {
         let mut missing = Vec::new();
         let mut dir = target.parent().unwrap_or(Path::new("/"));
         let mut opened = loop {
@@ -275,7 +278,7 @@ impl Volumes {
 
     /// The target's parent for an unpublish: opened and checked as for a publish, never
     /// created; None when it does not exist (nor, then, does the target).
-    fn open_existing_target_parent(&self, target: &Path) -> Result<Option<OwnedFd>> {
+    pub(super) fn open_existing_target_parent(&self, target: &Path) -> Result<Option<OwnedFd>> {
         let parent = target.parent().unwrap_or(Path::new("/"));
         match dirfd::open_dir(parent) {
             Ok(opened) => {
@@ -479,10 +482,14 @@ impl Volumes {
     }
 }
 
-fn unpublish_directory(id: &VolumeId, data: &Path, at: &Target<'_>) -> Result<()> {
+/// What a bind of `data` shows at its root, if `data` exists.
+fn source_of(data: &Path) -> Result<Option<Stat>> {
+    fsstat::lstat_if_exists(data).context(|| format!("inspecting {}", data.display()))
+}
+
+/// Unmounts the bind mounts at `at` that show `source` (any, when the source is gone).
+fn unpublish_directory(id: &VolumeId, source: Option<Stat>, at: &Target<'_>) -> Result<()> {
     let target = at.path;
-    let source =
-        fsstat::lstat_if_exists(data).context(|| format!("inspecting {}", data.display()))?;
     // Stacked mounts (a retried publish that raced) are all ours to remove.
     while let Some(stat) = at.stat()? {
         if !stat.is_mount_root {
@@ -553,15 +560,15 @@ fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
 
 /// A target as (un)publish acts on it: a name in its checked, open parent directory (None
 /// when an unpublish found no parent: then there is no target either).
-struct Target<'a> {
-    parent: Option<BorrowedFd<'a>>,
-    name: &'a OsStr,
+pub(super) struct Target<'a> {
+    pub(super) parent: Option<BorrowedFd<'a>>,
+    pub(super) name: &'a OsStr,
     /// For messages only.
-    path: &'a Path,
+    pub(super) path: &'a Path,
 }
 
 impl Target<'_> {
-    fn parent(&self) -> Result<BorrowedFd<'_>> {
+    pub(super) fn parent(&self) -> Result<BorrowedFd<'_>> {
         self.parent.ok_or_else(|| {
             Error::host(
                 format!("opening the parent of {}", self.path.display()),
@@ -571,7 +578,7 @@ impl Target<'_> {
     }
 
     /// The target itself (a symlink not followed; a mount on it entered) and what it is.
-    fn open(&self) -> Result<Option<(OwnedFd, Stat)>> {
+    pub(super) fn open(&self) -> Result<Option<(OwnedFd, Stat)>> {
         let Some(parent) = self.parent else {
             return Ok(None);
         };
@@ -583,7 +590,7 @@ impl Target<'_> {
         Ok(Some((opened, stat)))
     }
 
-    fn stat(&self) -> Result<Option<Stat>> {
+    pub(super) fn stat(&self) -> Result<Option<Stat>> {
         Ok(self.open()?.map(|(_, stat)| stat))
     }
 
@@ -614,7 +621,7 @@ impl Target<'_> {
     }
 }
 
-fn target_name(target: &Path) -> Result<&OsStr> {
+pub(super) fn target_name(target: &Path) -> Result<&OsStr> {
     target
         .file_name()
         .ok_or_else(|| Error::InvalidArgument(format!("target {} names no file", target.display())))
@@ -630,6 +637,25 @@ fn bind_flags(cap: &Capability, readonly: bool, data: &Path) -> Result<MountFlag
         inherited.remove(MountFlags::NOATIME | MountFlags::RELATIME);
     }
     Ok(requested | inherited)
+}
+
+/// Why volume `record` cannot be staged or published now, if it cannot.
+pub(super) fn usable(record: &VolumeRecord) -> Result<()> {
+    let id = &record.id;
+    if let Some(orphaned) = &record.orphaned {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {id} is orphaned (PV {} was gone); its data is in {}",
+            orphaned.pv_name,
+            orphaned.lost_path.display()
+        )));
+    }
+    if record.importing {
+        // Partial content: emptied in the background after a restart (`transfer`).
+        return Err(Error::Pending(format!(
+            "volume {id} (an interrupted import's partial content is being removed; if this lasts, see the driver's log)"
+        )));
+    }
+    Ok(())
 }
 
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
@@ -654,7 +680,7 @@ fn is_bind_of(target: &Stat, data: &Path) -> io::Result<bool> {
     Ok(fsstat::lstat_if_exists(data)?.is_some_and(|source| source.same_file(target)))
 }
 
-fn missing_data(id: &VolumeId, data: &Path, err: io::Error) -> Error {
+pub(super) fn missing_data(id: &VolumeId, data: &Path, err: io::Error) -> Error {
     if err.kind() == io::ErrorKind::NotFound {
         Error::FailedPrecondition(format!(
             "data of volume {id} is missing at {}",

@@ -31,8 +31,8 @@ use super::state::record::{SizeLimit, VolumeKind, VolumeRecord};
 use super::state::store::LoadReport;
 use super::{Volumes, devices};
 use crate::error::{IoContext, Result};
-use crate::host::loopdev;
 use crate::host::projquota::ProjectIdLease;
+use crate::host::{fsimage, loopdev};
 
 /// Data a crash left to remove (see `Volumes::leave_for_removal`).
 #[derive(Debug)]
@@ -315,6 +315,7 @@ impl Volumes {
                 .pools()
                 .iter()
                 .any(|pool| devices::serves(&device, &pool.data_path(&id, VolumeKind::Block)));
+            // (Block and image volumes' files have one name: `pool::data_name`.)
             if !ours {
                 debug!(device = %device.path().display(), file = %file.display(), "loop device over a file that is not ours (another node's on this kernel, or deleted); leaving it alone");
                 continue;
@@ -342,6 +343,16 @@ impl Volumes {
     }
 }
 
+/// Whether `file` has any data extent (SEEK_DATA finds one before its end).
+fn holds_any_data(file: &std::fs::File) -> std::io::Result<bool> {
+    use std::os::fd::AsFd;
+    match nix::unistd::lseek(file.as_fd(), 0, nix::unistd::Whence::SeekData) {
+        Ok(_) => Ok(true),
+        Err(nix::errno::Errno::ENXIO) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
 /// Makes sure a recently created, never used volume has its (empty) data with its size limit.
 fn remake_data(pool: &Pool, record: &VolumeRecord) -> Result<()> {
     let path = pool.data_path(&record.id, record.kind);
@@ -349,7 +360,7 @@ fn remake_data(pool: &Pool, record: &VolumeRecord) -> Result<()> {
     let existing = crate::host::fsstat::lstat_if_exists(&path)
         .context(|| format!("inspecting {}", path.display()))?;
     match record.kind {
-        VolumeKind::Block => {
+        VolumeKind::Block | VolumeKind::Image(_) => {
             let file = OpenOptions::new()
                 .write(true)
                 .create(true)
@@ -364,6 +375,15 @@ fn remake_data(pool: &Pool, record: &VolumeRecord) -> Result<()> {
             // Thick: fallocate again (a no-op where the blocks are already allocated).
             if existing.is_none() || len != capacity || record.fully_allocated() {
                 size_file(&file, &path, record.allocation, capacity)?;
+            }
+            // An image whose filesystem a power loss took: only a file of nothing but holes
+            // (it cannot hold anyone's data) is formatted again; mkfs refuses any filesystem.
+            if let Some(fs) = record.kind.image_fs()
+                && !holds_any_data(&file).context(|| format!("inspecting {}", path.display()))?
+            {
+                drop(file);
+                fsimage::format(&path, fs)
+                    .context(|| format!("making {} in {}", fs.name(), path.display()))?;
             }
         }
         VolumeKind::Filesystem => {

@@ -142,6 +142,7 @@ impl Volumes {
                     ),
                 })
             }
+            VolumeKind::Image(fs) => self.image_stats(&record, fs, publication, &data),
             VolumeKind::Block => {
                 let file =
                     fsstat::lstat(&data).context(|| format!("inspecting {}", data.display()))?;

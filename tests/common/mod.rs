@@ -109,6 +109,9 @@ pub struct Options {
     pub data_dir_in_own_namespace: bool,
     /// `KUBECONFIG` for the driver (the Kubernetes API it reads, e.g. a stub); none when None.
     pub kubeconfig: Option<PathBuf>,
+    /// The driver's PATH (where it finds mkfs and the grow tools); the test's own plus the
+    /// sbin directories, as in the image, when None.
+    pub path: Option<String>,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -267,6 +270,13 @@ impl TestDriver {
         if let Some(kubeconfig) = &self.options.kubeconfig {
             cmd.env("KUBECONFIG", kubeconfig);
         }
+        let path = self.options.path.clone().unwrap_or_else(|| {
+            format!(
+                "{}:/usr/sbin:/sbin",
+                std::env::var("PATH").unwrap_or_default()
+            )
+        });
+        cmd.env("PATH", path);
         cmd.env("RUST_LOG", self.options.rust_log.unwrap_or("info"));
         let log = OpenOptions::new()
             .create(true)

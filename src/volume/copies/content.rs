@@ -2,12 +2,13 @@
 //! volume of this node, held against deletion while it is copied.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::volume::Volumes;
 use crate::volume::guard::OperationGuard;
 use crate::volume::space::capacity;
-use crate::volume::state::record::{ContentSource, VolumeKind};
+use crate::volume::state::record::{ContentSource, VolumeKind, VolumeRecord};
 
 /// A source found and claimed for the length of one create.
 #[derive(Debug)]
@@ -16,6 +17,8 @@ pub(in crate::volume) struct SourceData {
     pub kind: VolumeKind,
     /// The source's size: the smallest volume its data fits in.
     pub size_bytes: i64,
+    /// A clone's source volume (a staged image is frozen while it is copied).
+    pub volume: Option<Arc<VolumeRecord>>,
     _claimed: OperationGuard,
 }
 
@@ -37,6 +40,7 @@ impl Volumes {
                     path: pool.snapshot_path(id, record.kind),
                     kind: record.kind,
                     size_bytes: record.size_bytes,
+                    volume: None,
                     _claimed: claimed,
                 })
             }
@@ -50,6 +54,7 @@ impl Volumes {
                     path: self.data_path(&record)?,
                     kind: record.kind,
                     size_bytes: record.capacity_bytes,
+                    volume: Some(record.clone()),
                     _claimed: claimed,
                 })
             }

@@ -60,7 +60,9 @@ pub fn snapshot(
     progress: &mut dyn Progress,
 ) -> Result<Copied> {
     let copied = match kind {
-        VolumeKind::Block => carry(pool.cow, source, dest, progress, copy::copy_file)?,
+        VolumeKind::Block | VolumeKind::Image(_) => {
+            carry(pool.cow, source, dest, progress, copy::copy_file)?
+        }
         VolumeKind::Filesystem => {
             if pool.cow == Mechanism::BtrfsSnapshot && is_subvolume(source)? {
                 let (parent, name) = split(dest)?;
@@ -98,7 +100,8 @@ pub fn fill_volume(
     capacity: u64,
 ) -> Result<Option<NewDirectory>> {
     let made = match kind {
-        VolumeKind::Block => {
+        // An image's filesystem grows to a bigger file when it is next staged.
+        VolumeKind::Block | VolumeKind::Image(_) => {
             carry(pool.cow, source, dest, &mut copy::Always, copy::copy_file)?;
             let file = OpenOptions::new()
                 .write(true)

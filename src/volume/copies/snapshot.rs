@@ -242,7 +242,7 @@ impl Volumes {
     /// Bytes a copy of `record`'s data needs: O(1) where a limit counts them, a walk otherwise.
     pub(in crate::volume) fn data_bytes(&self, pool: &Pool, record: &VolumeRecord) -> Result<u64> {
         let path = pool.data_path(&record.id, record.kind);
-        if record.kind == VolumeKind::Block {
+        if record.kind.is_file() {
             return Ok(crate::host::fsstat::lstat(&path)
                 .context(|| format!("inspecting {}", path.display()))?
                 .allocated);

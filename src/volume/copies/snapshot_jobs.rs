@@ -237,14 +237,19 @@ impl Volumes {
             ))
         })?;
         let source_path = self.data_path(&source)?;
-        let copied = cow::snapshot(
-            pool,
-            record.kind,
-            &source_path,
-            &staging,
-            &mut Cancellation(cancel),
-        )
-        .inspect_err(|_| {
+        // A staged image's filesystem is frozen while its file is copied (a reflink where the
+        // pool has them: an instant), so the copy mounts as after a crash, never torn.
+        let copied = self
+            .with_frozen(&source, || {
+                cow::snapshot(
+                    pool,
+                    record.kind,
+                    &source_path,
+                    &staging,
+                    &mut Cancellation(cancel),
+                )
+            })
+            .inspect_err(|_| {
             if let Err(err) = remove_snapshot_data(&staging) {
                 warn!(snapshot = %id, error = %err, "could not remove a failed copy; it is removed at next start");
             }

@@ -78,7 +78,8 @@ impl Drop for TemporarySnapshot {
 fn kind_of(kind: VolumeKind) -> Kind {
     match kind {
         VolumeKind::Filesystem => Kind::Tree,
-        VolumeKind::Block => Kind::Image,
+        // An image volume travels as its image file, filesystem and all.
+        VolumeKind::Block | VolumeKind::Image(_) => Kind::Image,
     }
 }
 
@@ -91,7 +92,9 @@ impl Volumes {
         let header_of = |path: &Path| {
             match record.kind {
                 VolumeKind::Filesystem => archive::tree_header(path, id.as_str()),
-                VolumeKind::Block => archive::image_header(path, id.as_str()),
+                VolumeKind::Block | VolumeKind::Image(_) => {
+                    archive::image_header(path, id.as_str())
+                }
             }
             .map_err(|err| archive_failure(id, "reading", err))
         };
@@ -124,7 +127,9 @@ impl Volumes {
             path: path.clone(),
             volume: id.clone(),
         };
-        let taken = cow::snapshot(pool, record.kind, &data, &path, &mut copy::Always)?;
+        let taken = self.with_frozen(&record, || {
+            cow::snapshot(pool, record.kind, &data, &path, &mut copy::Always)
+        })?;
         Ok(ExportSource {
             header: header_of(&path)?,
             description: format!(
@@ -172,7 +177,7 @@ impl Volumes {
         let capacity = record.capacity_bytes as u64;
         let imported = match record.kind {
             VolumeKind::Filesystem => importer.into_tree(&data, capacity),
-            VolumeKind::Block => importer.into_image(&data),
+            VolumeKind::Block | VolumeKind::Image(_) => importer.into_image(&data),
         }
         .map_err(|err| archive_failure(id, "importing", err))
         .and_then(|summary| {
@@ -264,7 +269,7 @@ impl Volumes {
         match record.kind {
             VolumeKind::Filesystem => safe_delete::remove_contents(data)
                 .map_err(|err| Error::volume_walk(&record.id, "emptying", err)),
-            VolumeKind::Block => {
+            VolumeKind::Block | VolumeKind::Image(_) => {
                 let file = OpenOptions::new()
                     .write(true)
                     .open(data)
@@ -320,7 +325,7 @@ fn holds_data(record: &VolumeRecord, data: &Path) -> Result<bool> {
     let context = || format!("inspecting {}", data.display());
     match record.kind {
         VolumeKind::Filesystem => Ok(std::fs::read_dir(data).context(context)?.next().is_some()),
-        VolumeKind::Block => {
+        VolumeKind::Block | VolumeKind::Image(_) => {
             let file = File::open(data).context(context)?;
             match lseek(file.as_fd(), 0, Whence::SeekData) {
                 Ok(_) => Ok(true),

@@ -40,6 +40,20 @@ pub fn choose(required: i64, limit: i64) -> Result<i64> {
     Ok(capacity)
 }
 
+/// `capacity` raised to `minimum` (what a filesystem `what` needs at least), unless that
+/// passes `limit` (0 = unset): then OUT_OF_RANGE.
+pub fn at_least(capacity: i64, minimum: i64, limit: i64, what: &str) -> Result<i64> {
+    if capacity >= minimum {
+        return Ok(capacity);
+    }
+    if limit > 0 && limit < minimum {
+        return Err(Error::OutOfRange(format!(
+            "a {what} filesystem needs at least {minimum} bytes, more than limit_bytes {limit}"
+        )));
+    }
+    Ok(minimum)
+}
+
 /// Whether an existing volume of `capacity` satisfies a new range (idempotent CreateVolume).
 pub fn satisfies(capacity: i64, required: i64, limit: i64) -> bool {
     capacity >= required && (limit == 0 || capacity <= limit)

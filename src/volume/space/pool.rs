@@ -267,7 +267,9 @@ impl Pool {
 fn data_name(id: &impl std::fmt::Display, kind: VolumeKind) -> String {
     match kind {
         VolumeKind::Filesystem => id.to_string(),
-        VolumeKind::Block => format!("{id}.img"),
+        // Image volumes' files are named as block volumes' are: `devices` and recovery find a
+        // loop device's volume by that name.
+        VolumeKind::Block | VolumeKind::Image(_) => format!("{id}.img"),
     }
 }
 

@@ -6,14 +6,18 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::id::{SnapshotId, VolumeId};
+pub use crate::host::fsimage::FsType;
 use crate::host::fsstat::FileId;
 
-/// Directory volumes are bind-mounted; block volumes are files exposed through a loop device.
+/// Directory volumes are bind-mounted; block volumes are files exposed through a loop device;
+/// image volumes are files holding a filesystem of their own, mounted through a loop device
+/// once per node (NodeStageVolume) and bind-mounted into each pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VolumeKind {
     Filesystem,
     Block,
+    Image(FsType),
 }
 
 impl VolumeKind {
@@ -21,6 +25,21 @@ impl VolumeKind {
         match self {
             VolumeKind::Filesystem => "filesystem",
             VolumeKind::Block => "block",
+            VolumeKind::Image(FsType::Ext4) => "image-ext4",
+            VolumeKind::Image(FsType::Xfs) => "image-xfs",
+        }
+    }
+
+    /// Whether the data is one file (block and image volumes) rather than a directory tree.
+    pub fn is_file(self) -> bool {
+        self != VolumeKind::Filesystem
+    }
+
+    /// The filesystem an image volume holds.
+    pub fn image_fs(self) -> Option<FsType> {
+        match self {
+            VolumeKind::Image(fs) => Some(fs),
+            _ => None,
         }
     }
 }
@@ -122,6 +141,10 @@ pub struct Publication {
     /// versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loop_backing_file: Option<FileId>,
+    /// The node's one mount of an image volume (NodeStageVolume), which the pods' targets
+    /// are bind mounts of; its loop device is `loop_device`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub staging: bool,
 }
 
 impl Publication {
@@ -131,6 +154,7 @@ impl Publication {
             && self.readonly == other.readonly
             && self.access_mode == other.access_mode
             && self.mount_flags == other.mount_flags
+            && self.staging == other.staging
     }
 }
 
@@ -156,7 +180,7 @@ pub struct VolumeRecord {
     pub pool: String,
     #[serde(default)]
     pub size_limit: SizeLimit,
-    /// Block volumes only.
+    /// Block and image volumes only.
     #[serde(default, skip_serializing_if = "is_thin")]
     pub allocation: Allocation,
     /// Access modes asked for at creation, sorted and deduplicated.
@@ -212,7 +236,7 @@ impl VolumeRecord {
 
     /// A thick block file: every byte of its size is allocated.
     pub fn fully_allocated(&self) -> bool {
-        self.kind == VolumeKind::Block && self.allocation == Allocation::Thick
+        self.kind.is_file() && self.allocation == Allocation::Thick
     }
 
     /// Created for a multi-node access mode (a class with `sharedAccess: "true"`), so pods may
@@ -223,6 +247,16 @@ impl VolumeRecord {
 
     pub fn publication(&self, target: &std::path::Path) -> Option<&Publication> {
         self.publications.iter().find(|p| p.target == target)
+    }
+
+    /// Where an image volume is staged on this node, as recorded (the host may disagree).
+    pub fn staging(&self) -> Option<&Publication> {
+        self.publications.iter().find(|p| p.staging)
+    }
+
+    /// The pods' publications, without the staging mount.
+    pub fn pod_publications(&self) -> impl Iterator<Item = &Publication> {
+        self.publications.iter().filter(|p| !p.staging)
     }
 }
 

@@ -1,0 +1,427 @@
+//! Image volumes on the node: a file in the pool holding a filesystem of its own (ext4 or XFS),
+//! so its size holds on any pool, prepared or not.
+//!
+//! NodeStageVolume attaches the file to a loop device (direct I/O, as for block volumes) and
+//! mounts its filesystem at kubelet's per-volume staging path, once per node; each pod's target
+//! is then a bind mount of that mount (`publish`). The staging mount is recorded like a
+//! publication (`Publication::staging`), so its device is known to be in use at the next start
+//! and DeleteVolume refuses while it stands. Directory and block volumes have nothing to stage:
+//! their NodeStageVolume only checks the request and answers at once.
+//!
+//! The filesystem is made once, by CreateVolume, in a file it has just created (`create`);
+//! staging never formats. It grows to the file's size when staged (a restore into a bigger
+//! volume, an expansion while unstaged) and when NodeExpandVolume grows a staged volume.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use sys_mount::MountFlags;
+use tracing::{info, warn};
+
+use super::capability::Capability;
+use super::devices;
+use super::publish::{Target, missing_data, target_name, usable};
+use super::state::id::VolumeId;
+use super::state::record::{FsType, Publication, VolumeRecord};
+use super::stats::{Amounts, VolumeStats};
+use super::{Condition, Volumes};
+use crate::error::{Error, IoContext, Result};
+use crate::host::fsstat::{self, Stat};
+use crate::host::loopdev::{self, LoopDevice};
+use crate::host::{dirfd, fsimage, mount};
+
+/// A validated NodeStageVolume request.
+#[derive(Debug, Clone)]
+pub struct StageRequest {
+    pub staging: PathBuf,
+    pub capability: Capability,
+}
+
+impl Volumes {
+    /// NodeStageVolume: mounts an image volume's filesystem at `req.staging`; for other
+    /// volumes, checks the request and does nothing.
+    pub fn stage(&self, id: &VolumeId, req: StageRequest) -> Result<()> {
+        let _guard = self.claim(id)?;
+        let record = self.get(id)?;
+        usable(&record)?;
+        let cap = &req.capability;
+        if cap.kind != record.kind {
+            return Err(Error::InvalidArgument(format!(
+                "volume {id} is a {} volume and cannot be staged as {}",
+                record.kind.as_str(),
+                cap.kind.as_str()
+            )));
+        }
+        if let Some(reason) = cap.unsupported_reason(record.is_shared()) {
+            return Err(Error::InvalidArgument(reason));
+        }
+        let Some(fs) = record.kind.image_fs() else {
+            return Ok(());
+        };
+        if let Some(staged) = record.staging()
+            && staged.target != req.staging
+            && self.is_live(&record, staged)?
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is already staged at {}",
+                staged.target.display()
+            )));
+        }
+        let data = self.data_path(&record)?;
+        let source = fsstat::lstat(&data).map_err(|err| missing_data(id, &data, err))?;
+        if !source.is_regular_file() {
+            return Err(Error::FailedPrecondition(format!(
+                "data of volume {id} at {} is not a regular file",
+                data.display()
+            )));
+        }
+        let parent = self.open_target_parent(&req.staging)?;
+        let at = Target {
+            parent: Some(parent.as_fd()),
+            name: target_name(&req.staging)?,
+            path: &req.staging,
+        };
+        let readonly = cap.access_mode.is_read_only();
+        let device = self.mount_image(&record, fs, &data, &at, readonly)?;
+        let staged = Publication {
+            target: req.staging.clone(),
+            readonly,
+            access_mode: cap.access_mode,
+            mount_flags: Vec::new(),
+            loop_device: Some(device.name().to_string()),
+            loop_backing_file: Some(source.id()),
+            staging: true,
+        };
+        if record.staging() != Some(&staged) {
+            let mut updated = (*record).clone();
+            updated
+                .publications
+                .retain(|p| !p.staging && p.target != staged.target);
+            updated.publications.push(staged);
+            self.store
+                .put(updated)
+                .context(|| format!("recording the staging of volume {id}"))?;
+        }
+        if !readonly {
+            // The file may be bigger than its filesystem: a restore into a bigger volume, or
+            // an expansion while nothing was staged. Growing to the same size is a no-op.
+            if let Err(err) = fsimage::grow(fs, &device.path(), &req.staging) {
+                warn!(volume = %id, error = %err, "could not grow the filesystem to its image's size; NodeExpandVolume retries");
+            }
+        }
+        info!(volume = %id, staging = %req.staging.display(), device = %device.path().display(), fs = fs.name(), "staged image volume");
+        Ok(())
+    }
+
+    /// Mounts the image `data` at `at`, or adopts the mount an interrupted attempt made there;
+    /// returns the loop device behind it.
+    fn mount_image(
+        &self,
+        record: &VolumeRecord,
+        fs: FsType,
+        data: &Path,
+        at: &Target<'_>,
+        readonly: bool,
+    ) -> Result<LoopDevice> {
+        let id = &record.id;
+        let target = at.path;
+        let parent = at.parent()?;
+        let mut created = false;
+        let directory = match at.open()? {
+            None => {
+                created = true;
+                dirfd::make_dir_at(parent, at.name)
+                    .context(|| format!("creating {}", target.display()))?
+            }
+            Some((_, stat)) if stat.is_dir() && stat.is_mount_root => {
+                return image_device(record, data, &stat).ok_or_else(|| {
+                    Error::AlreadyExists(format!(
+                        "staging path {} already has something else mounted",
+                        target.display()
+                    ))
+                });
+            }
+            Some((fd, stat)) if stat.is_dir() => fd,
+            Some(_) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "staging path {} exists and is not a directory",
+                    target.display()
+                )));
+            }
+        };
+        let device = loopdev::attach(data, readonly)
+            .context(|| format!("attaching a loop device to volume {id}"))?;
+        // A pod may have written anything into its filesystem: nodev keeps device nodes in it
+        // from reaching the host's devices.
+        let mut flags = MountFlags::NODEV;
+        if readonly {
+            flags |= MountFlags::RDONLY;
+        }
+        let mounted = fsimage::mount(&device.path(), fs, directory.as_fd(), flags);
+        if let Err(err) = mounted {
+            // Nothing left behind: the device goes, and the directory if we made it.
+            let _ = loopdev::detach(&device);
+            if created {
+                let _ = dirfd::remove_dir_at(parent, at.name);
+            }
+            return Err(Error::FailedPrecondition(format!(
+                "the {} filesystem of volume {id} cannot be mounted ({err}); it may be damaged: check it with fsck from the node, the image is {}",
+                fs.name(),
+                data.display()
+            )));
+        }
+        Ok(device)
+    }
+
+    /// NodeUnstageVolume: unmounts an image volume's staging mount and detaches its device;
+    /// succeeds when there is nothing (left) to undo, and for volumes that stage nothing.
+    pub fn unstage(&self, id: Option<&VolumeId>, staging: &Path) -> Result<()> {
+        let parent = self.open_existing_target_parent(staging)?;
+        let at = Target {
+            parent: parent.as_ref().map(|fd| fd.as_fd()),
+            name: target_name(staging)?,
+            path: staging,
+        };
+        let Some(record) = id.and_then(|id| self.store.get(id)) else {
+            // Not ours to unmount; the directory is kubelet's.
+            return refuse_unknown_mount(&at);
+        };
+        let id = &record.id;
+        let _guard = self.claim(id)?;
+        // Looked up again under the guard: a DeleteVolume may just have finished.
+        let Some(record) = self.store.get(id) else {
+            return refuse_unknown_mount(&at);
+        };
+        if record.kind.image_fs().is_none() {
+            return Ok(());
+        }
+        let pods = record
+            .pod_publications()
+            .filter(|p| self.is_live(&record, p).unwrap_or(true))
+            .map(|p| p.target.display().to_string())
+            .collect::<Vec<_>>();
+        if !pods.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "volume {id} is still published at {}; unpublish it first",
+                pods.join(", ")
+            )));
+        }
+        let data = self.data_path(&record)?;
+        let mut devices = Vec::new();
+        // Stacked mounts (a retried stage that raced) are all ours to remove.
+        while let Some(stat) = at.stat()? {
+            if !stat.is_dir() || !stat.is_mount_root {
+                break;
+            }
+            let Some(device) = image_device(&record, &data, &stat) else {
+                return Err(Error::FailedPrecondition(format!(
+                    "staging path {} has a mount that is not volume {id}; leaving it alone",
+                    staging.display()
+                )));
+            };
+            mount::unmount_at(at.parent()?, at.name)
+                .context(|| format!("unmounting volume {id} from {}", staging.display()))?;
+            devices.push(device);
+        }
+        let recorded = record.publication(staging).filter(|p| p.staging);
+        devices.extend(
+            recorded
+                .and_then(|p| p.loop_device.as_deref())
+                .and_then(LoopDevice::from_name)
+                .filter(|device| devices::serves_publication(device, recorded, &data)),
+        );
+        for device in devices {
+            if let Err(err) = loopdev::detach(&device) {
+                warn!(volume = %id, device = %device.path().display(), error = %err, "could not detach loop device; it is retried at next start");
+            }
+        }
+        if recorded.is_some() {
+            let mut updated = (*record).clone();
+            updated.publications.retain(|p| p.target != staging);
+            // As for unpublish: the host is clean, which is what kubelet waits for.
+            if let Err(err) = self.store.put(updated) {
+                warn!(volume = %id, error = %err, "unstaged, but could not update the record");
+            }
+        }
+        info!(volume = %id, staging = %staging.display(), "unstaged image volume");
+        Ok(())
+    }
+
+    /// Where an image volume's filesystem is mounted on this node, for a pod's bind mount.
+    pub(super) fn staged_root(&self, record: &VolumeRecord) -> Result<PathBuf> {
+        match record.staging() {
+            Some(staged) if self.is_live(record, staged)? => Ok(staged.target.clone()),
+            _ => Err(Error::FailedPrecondition(format!(
+                "volume {} is not staged on this node (NodeStageVolume first)",
+                record.id
+            ))),
+        }
+    }
+
+    /// Whether `publication` (staging or a pod's) of an image volume is in place: a mount of
+    /// the filesystem on the staging loop device, which must still be over the volume's file.
+    pub(super) fn image_is_live(&self, record: &VolumeRecord, target: &Stat, data: &Path) -> bool {
+        let Some(staged) = record.staging() else {
+            return false;
+        };
+        let Some(device) = staged
+            .loop_device
+            .as_deref()
+            .and_then(LoopDevice::from_name)
+        else {
+            return false;
+        };
+        let served = devices::serves_publication(&device, Some(staged), data);
+        let on_device = loopdev::device_number(&device).is_ok_and(|dev| dev == target.dev);
+        served && on_device && target.is_dir() && target.is_mount_root
+    }
+
+    /// Grows a staged image volume's filesystem to its file's new size (NodeExpandVolume); an
+    /// unstaged one grows when next staged.
+    pub(super) fn grow_staged(&self, record: &VolumeRecord, fs: FsType) -> Result<()> {
+        let Some(staged) = record.staging() else {
+            return Ok(());
+        };
+        if !self.is_live(record, staged)? {
+            return Ok(());
+        }
+        let device = staged
+            .loop_device
+            .as_deref()
+            .and_then(LoopDevice::from_name)
+            .ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "volume {} is staged without a recorded loop device",
+                    record.id
+                ))
+            })?;
+        fsimage::grow(fs, &device.path(), &staged.target).context(|| {
+            format!(
+                "growing the {} filesystem of volume {} at {}",
+                fs.name(),
+                record.id,
+                staged.target.display()
+            )
+        })
+    }
+
+    /// Runs `copy` with the image volume's staged filesystem frozen, so a copy of its file is
+    /// what a crash at that instant would have left (journal replayed at its next mount).
+    /// Other volumes, and unstaged images, are copied as they are.
+    pub(crate) fn with_frozen<T>(
+        &self,
+        record: &VolumeRecord,
+        copy: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let staged = record
+            .staging()
+            .filter(|staged| !staged.readonly && self.is_live(record, staged).unwrap_or(false));
+        let Some(staged) = staged else {
+            return copy();
+        };
+        // A real descriptor (not O_PATH): FIFREEZE is an ioctl on the mount's root.
+        let root = std::fs::File::open(&staged.target)
+            .context(|| format!("opening {}", staged.target.display()))?;
+        fsimage::freeze(root.as_fd()).context(|| {
+            format!(
+                "freezing the filesystem of volume {} at {}",
+                record.id,
+                staged.target.display()
+            )
+        })?;
+        let copied = copy();
+        if let Err(err) = fsimage::thaw(root.as_fd()) {
+            // Left frozen, every writer of the volume would hang: say so loudly.
+            tracing::error!(volume = %record.id, staging = %staged.target.display(), error = %err, "could not thaw the filesystem after copying it; its writers are blocked until `fsfreeze -u` is run on the node");
+            return Err(Error::host(
+                format!("thawing the filesystem of volume {}", record.id),
+                err,
+            ));
+        }
+        copied
+    }
+}
+
+impl Volumes {
+    /// NodeGetVolumeStats of an image volume: its own filesystem's figures (statfs, O(1)),
+    /// abnormal when the filesystem cannot answer or recorded errors.
+    pub(super) fn image_stats(
+        &self,
+        record: &VolumeRecord,
+        fs: FsType,
+        publication: &Publication,
+        data: &Path,
+    ) -> Result<VolumeStats> {
+        let id = &record.id;
+        let file = fsstat::lstat(data).context(|| format!("inspecting {}", data.display()))?;
+        self.pool_of(record)?.set_used(id, file.allocated);
+        let space = match fsstat::space(&publication.target) {
+            Ok(space) => space,
+            // XFS shuts down on corruption and answers EIO from then on.
+            Err(err) => {
+                return Ok(VolumeStats {
+                    bytes: Amounts {
+                        total: record.capacity_bytes as u64,
+                        used: 0,
+                        available: 0,
+                    },
+                    inodes: None,
+                    condition: Condition::from_problem(Some(format!(
+                        "the {} filesystem of volume {id} does not answer ({err}); it may be damaged",
+                        fs.name()
+                    ))),
+                });
+            }
+        };
+        let errors = record
+            .staging()
+            .and_then(|staged| staged.loop_device.as_deref())
+            .and_then(|device| fsimage::error_count(fs, device))
+            .filter(|count| *count > 0);
+        let problem = errors.map(|count| {
+            format!(
+                "the {} filesystem of volume {id} recorded {count} errors; unstage it and run fsck",
+                fs.name()
+            )
+        });
+        Ok(VolumeStats {
+            bytes: Amounts {
+                total: space.total_bytes,
+                used: space.total_bytes.saturating_sub(space.available_bytes),
+                available: space.available_bytes,
+            },
+            inodes: Some(Amounts {
+                total: space.total_inodes,
+                used: space.total_inodes.saturating_sub(space.available_inodes),
+                available: space.available_inodes,
+            }),
+            condition: Condition::from_problem(problem),
+        })
+    }
+}
+
+/// The loop device behind the mount whose root is `mounted`, if it is volume `record`'s image:
+/// the recorded staging device, or (a stage interrupted before recording) any device over
+/// the image, whose number the mount shows.
+fn image_device(record: &VolumeRecord, data: &Path, mounted: &Stat) -> Option<LoopDevice> {
+    let recorded = record
+        .staging()
+        .and_then(|p| p.loop_device.as_deref())
+        .and_then(LoopDevice::from_name);
+    recorded
+        .into_iter()
+        .chain(devices::serving(data).unwrap_or_default())
+        .filter(|device| devices::serves_publication(device, record.staging(), data))
+        .find(|device| loopdev::device_number(device).is_ok_and(|dev| dev == mounted.dev))
+}
+
+/// An unstage for a volume we do not know: succeed unless a mount stands there.
+fn refuse_unknown_mount(at: &Target<'_>) -> Result<()> {
+    match at.stat()? {
+        Some(stat) if stat.is_mount_root => Err(Error::FailedPrecondition(format!(
+            "{} is mounted but its volume is unknown to stickyvol; refusing to unmount what we did not mount",
+            at.path.display()
+        ))),
+        _ => Ok(()),
+    }
+}

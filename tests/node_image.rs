@@ -1,0 +1,548 @@
+//! Image volumes (a StorageClass with `csi.storage.k8s.io/fstype`): a file in the pool holding
+//! an ext4 or XFS filesystem, mounted once per node at kubelet's staging path through a loop
+//! device and bind-mounted into each pod. Driven as kubelet drives them: NodeStageVolume,
+//! NodePublishVolume per pod, NodeExpandVolume, NodeUnpublishVolume, NodeUnstageVolume.
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::*;
+use stickyvol::host::loopdev;
+use tonic::Code;
+
+fn image_cap(fs: &str, mode: Mode) -> csi::VolumeCapability {
+    let mut cap = mount_cap(mode);
+    if let Some(csi::volume_capability::AccessType::Mount(mount)) = &mut cap.access_type {
+        mount.fs_type = fs.to_string();
+    }
+    cap
+}
+
+fn ext4() -> csi::VolumeCapability {
+    image_cap("ext4", Mode::SingleNodeWriter)
+}
+
+/// The per-volume staging path kubelet makes: `plugins/kubernetes.io/csi/<driver>/<hash>/globalmount`.
+fn staging_path(driver: &TestDriver) -> PathBuf {
+    let dir = driver
+        .kubelet
+        .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
+        .join(uuid::Uuid::now_v7().simple().to_string());
+    fs::create_dir_all(dir.join("globalmount")).unwrap();
+    dir.join("globalmount")
+}
+
+async fn stage(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    staging: &Path,
+    cap: csi::VolumeCapability,
+) -> Result<(), tonic::Status> {
+    driver
+        .node()
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            staging_target_path: path_str(staging),
+            volume_capability: Some(cap),
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
+async fn unstage(
+    driver: &TestDriver,
+    volume_id: &str,
+    staging: &Path,
+) -> Result<(), tonic::Status> {
+    driver
+        .node()
+        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: volume_id.to_string(),
+            staging_target_path: path_str(staging),
+        })
+        .await
+        .map(drop)
+}
+
+/// Publishes with the staging path, as kubelet does for a driver that stages.
+async fn publish(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    staging: &Path,
+    cap: csi::VolumeCapability,
+) -> Result<PathBuf, tonic::Status> {
+    let target = driver.mount_target();
+    let mut request = publish_request(volume, &target, cap, false);
+    request.staging_target_path = path_str(staging);
+    driver.node().node_publish_volume(request).await?;
+    Ok(target)
+}
+
+/// A staged and published ext4 image volume of `bytes`: the volume, its staging path and its
+/// pod target.
+async fn published_image(
+    driver: &TestDriver,
+    cap: csi::VolumeCapability,
+    bytes: i64,
+) -> (csi::Volume, PathBuf, PathBuf) {
+    let volume = driver
+        .create(create_request(&new_name(), cap.clone(), bytes))
+        .await;
+    let staging = staging_path(driver);
+    stage(driver, &volume, &staging, cap.clone())
+        .await
+        .expect("NodeStageVolume");
+    let target = publish(driver, &volume, &staging, cap)
+        .await
+        .expect("NodePublishVolume");
+    (volume, staging, target)
+}
+
+async fn tear_down(driver: &TestDriver, volume: &csi::Volume, staging: &Path, targets: &[&Path]) {
+    for target in targets {
+        driver.unpublish_ok(volume, target).await;
+    }
+    unstage(driver, &volume.volume_id, staging)
+        .await
+        .expect("NodeUnstageVolume");
+    driver
+        .delete(&volume.volume_id)
+        .await
+        .expect("DeleteVolume");
+}
+
+fn loop_devices_of(file: &Path) -> Vec<loopdev::LoopDevice> {
+    loopdev::find_by_backing_file(file).unwrap_or_default()
+}
+
+fn is_mount_root(path: &Path) -> bool {
+    stickyvol::host::fsstat::lstat(path).is_ok_and(|stat| stat.is_mount_root)
+}
+
+/// Writes `bytes` of non-zero data to `path` in 1 MiB writes; the error that stopped it.
+fn fill(path: &Path, bytes: u64) -> io::Result<()> {
+    let mut file = File::create(path)?;
+    let chunk = vec![0x5a_u8; MIB as usize];
+    let mut written = 0;
+    while written < bytes {
+        file.write_all(&chunk)?;
+        written += chunk.len() as u64;
+    }
+    file.sync_all()
+}
+
+fn fsck_clean(fs: &str, image: &Path) -> (bool, String) {
+    let output = match fs {
+        "ext4" => Command::new("e2fsck")
+            .args(["-f", "-n"])
+            .arg(image)
+            .output(),
+        _ => Command::new("xfs_repair")
+            .arg("-n")
+            .arg("-f")
+            .arg(image)
+            .output(),
+    }
+    .expect("running fsck");
+    (
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn an_image_volume_is_made_sparse_formatted_staged_once_and_bound_into_each_pod() {
+    let driver = TestDriver::start().await;
+    let (volume, staging, first) = published_image(&driver, ext4(), 64 * MIB).await;
+    let image = host_path(&volume);
+    let meta = fs::metadata(&image).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.len(), 64 * MIB as u64);
+    assert!(
+        meta.blocks() * 512 < 8 * MIB as u64,
+        "the image must stay sparse after mkfs: {} bytes allocated",
+        meta.blocks() * 512
+    );
+    let devices = loop_devices_of(&image);
+    assert_eq!(devices.len(), 1, "one device per staged volume");
+    assert!(loopdev::uses_direct_io(&devices[0]).unwrap());
+    assert!(is_mount_root(&staging) && is_mount_root(&first));
+
+    // Idempotent: kubelet retries stage and publish after an uncertain answer.
+    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    assert_eq!(loop_devices_of(&image).len(), 1);
+
+    let second = publish(&driver, &volume, &staging, ext4()).await.unwrap();
+    fs::write(first.join("hello"), b"from the first pod").unwrap();
+    assert_eq!(
+        fs::read(second.join("hello")).unwrap(),
+        b"from the first pod"
+    );
+
+    let stats = driver
+        .stats(&volume.volume_id, &path_str(&first))
+        .await
+        .unwrap();
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    assert!(
+        bytes.total > 48 * MIB && bytes.total <= 64 * MIB,
+        "the filesystem's size: {bytes:?}"
+    );
+    assert!(
+        stats
+            .usage
+            .iter()
+            .any(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+    );
+    assert!(!stats.volume_condition.unwrap().abnormal);
+
+    // Unstaging while a pod still uses the volume is refused, and changes nothing.
+    let err = unstage(&driver, &volume.volume_id, &staging)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(is_mount_root(&staging));
+
+    driver.unpublish_ok(&volume, &first).await;
+    driver.unpublish_ok(&volume, &second).await;
+    let err = driver.delete(&volume.volume_id).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::FailedPrecondition,
+        "deleting a staged volume: {err:?}"
+    );
+    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    assert!(!is_mount_root(&staging));
+    assert!(
+        staging.is_dir(),
+        "the staging directory is kubelet's to remove"
+    );
+    assert_eq!(
+        loop_devices_of(&image),
+        vec![],
+        "the device is detached at unstage"
+    );
+    driver.delete(&volume.volume_id).await.unwrap();
+    assert!(!image.exists());
+    assert!(
+        driver.mounts_left().is_empty(),
+        "{:?}",
+        driver.mounts_left()
+    );
+}
+
+#[tokio::test]
+async fn a_write_past_the_size_fails_with_enospc_and_the_neighbour_is_unaffected() {
+    let driver = TestDriver::start().await;
+    let (small, small_staging, small_target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let (neighbour, neighbour_staging, neighbour_target) =
+        published_image(&driver, ext4(), 32 * MIB).await;
+    let err = fill(&small_target.join("big"), 64 * MIB as u64).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let image = fs::metadata(host_path(&small)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        image.blocks() * 512 <= 33 * MIB as u64,
+        "the image holds its size: {}",
+        image.blocks() * 512
+    );
+    fill(&neighbour_target.join("ok"), 16 * MIB as u64).expect("the neighbour writes freely");
+    tear_down(&driver, &small, &small_staging, &[&small_target]).await;
+    tear_down(
+        &driver,
+        &neighbour,
+        &neighbour_staging,
+        &[&neighbour_target],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn online_expansion_grows_the_mounted_filesystem_a_writer_sees() {
+    for fs in ["xfs", "ext4"] {
+        // ext4 grows online through an ioctl that wants CAP_SYS_RESOURCE, which a privileged
+        // pod has and this host's root may lack: then the quota VM runs this test.
+        if fs == "ext4" && !caps::has_sys_resource() {
+            skip::skip(
+                "sys-resource",
+                "growing a mounted ext4 needs CAP_SYS_RESOURCE",
+            );
+            return;
+        }
+        let driver = TestDriver::start().await;
+        let cap = image_cap(fs, Mode::SingleNodeWriter);
+        let (volume, staging, target) = published_image(&driver, cap.clone(), 64 * MIB).await;
+        let before = stickyvol::host::fsstat::space(&target).unwrap().total_bytes;
+        let grown = driver
+            .expand(csi::NodeExpandVolumeRequest {
+                volume_id: volume.volume_id.clone(),
+                volume_path: path_str(&target),
+                staging_target_path: path_str(&staging),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: before as i64 + 512 * MIB,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(cap.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect("NodeExpandVolume");
+        let after = stickyvol::host::fsstat::space(&target).unwrap().total_bytes;
+        assert!(
+            after > before + 400 * MIB as u64,
+            "{fs}: {before} -> {after} (asked {grown})"
+        );
+        fill(&target.join("after-growth"), before + 64 * MIB as u64)
+            .unwrap_or_else(|err| panic!("{fs}: writing past the old size: {err}"));
+        fs::remove_file(target.join("after-growth")).unwrap();
+        tear_down(&driver, &volume, &staging, &[&target]).await;
+    }
+}
+
+#[tokio::test]
+async fn xfs_images_are_raised_to_the_smallest_xfs_and_refused_below_it_when_limited() {
+    let driver = TestDriver::start().await;
+    let cap = image_cap("xfs", Mode::SingleNodeWriter);
+    let volume = driver
+        .create(create_request(&new_name(), cap.clone(), 16 * MIB))
+        .await;
+    assert_eq!(volume.capacity_bytes, 300 * MIB);
+    let mut request = create_request(&new_name(), cap, 16 * MIB);
+    request.capacity_range.as_mut().unwrap().limit_bytes = 100 * MIB;
+    let err = driver
+        .controller()
+        .create_volume(request)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    driver.delete(&volume.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_volume_is_formatted_once_never_again_on_retry_restage_or_restart() {
+    let mut driver = TestDriver::start().await;
+    let request = create_request(&new_name(), ext4(), 32 * MIB);
+    let volume = driver.create(request.clone()).await;
+    let staging = staging_path(&driver);
+    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
+    fs::write(target.join("kept"), b"data").unwrap();
+    driver.unpublish_ok(&volume, &target).await;
+    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+
+    // A retried CreateVolume, a kill -9 and a new stage: the data is still there.
+    assert_eq!(driver.create(request).await.volume_id, volume.volume_id);
+    driver.kill9_and_restart().await;
+    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
+    assert_eq!(fs::read(target.join("kept")).unwrap(), b"data");
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}
+
+#[tokio::test]
+async fn a_restart_keeps_what_kubelet_still_uses_and_unstage_then_cleans_up() {
+    let mut driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let image = host_path(&volume);
+    let device = loop_devices_of(&image);
+    driver.kill9_and_restart().await;
+    assert_eq!(
+        loop_devices_of(&image),
+        device,
+        "the staged device survives the driver"
+    );
+    fs::write(target.join("after-restart"), b"ok").unwrap();
+    let stats = driver
+        .stats(&volume.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    assert!(!stats.volume_condition.unwrap().abnormal);
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+    assert_eq!(loop_devices_of(&image), vec![]);
+}
+
+#[tokio::test]
+async fn a_snapshot_taken_while_a_writer_runs_is_a_clean_filesystem_and_restores() {
+    let driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 64 * MIB).await;
+    fs::write(target.join("before"), b"before the snapshot").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, dir) = (stop.clone(), target.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = fs::write(dir.join(format!("f{}", n % 64)), vec![n as u8; 64 << 10]);
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let snapshot = driver
+        .create_snapshot_ready(&snapshot_request(&new_name(), &volume.volume_id))
+        .await;
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert!(writes > 0);
+
+    let restored = driver
+        .create(csi::CreateVolumeRequest {
+            volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
+            ..create_request(&new_name(), ext4(), 128 * MIB)
+        })
+        .await;
+    let (clean, said) = fsck_clean("ext4", &host_path(&restored));
+    assert!(
+        clean,
+        "the restored image must be a clean filesystem (journal replayed at mount is fine):\n{said}"
+    );
+    let restored_staging = staging_path(&driver);
+    stage(&driver, &restored, &restored_staging, ext4())
+        .await
+        .unwrap();
+    let restored_target = publish(&driver, &restored, &restored_staging, ext4())
+        .await
+        .unwrap();
+    assert_eq!(
+        fs::read(restored_target.join("before")).unwrap(),
+        b"before the snapshot"
+    );
+    // Growing a mounted ext4 wants CAP_SYS_RESOURCE (see the expansion test).
+    if caps::has_sys_resource() {
+        let total = stickyvol::host::fsstat::space(&restored_target)
+            .unwrap()
+            .total_bytes;
+        assert!(
+            total > 100 * MIB as u64,
+            "a restore into a bigger volume grows its filesystem at stage: {total}"
+        );
+    }
+    tear_down(&driver, &restored, &restored_staging, &[&restored_target]).await;
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupt_image_is_an_error_never_a_crash_nor_a_mount() {
+    let mut driver = TestDriver::start().await;
+    let volume = driver
+        .create(create_request(&new_name(), ext4(), 32 * MIB))
+        .await;
+    let image = host_path(&volume);
+    // Garbage over the superblock and the group descriptors, as a pod with the raw bytes could.
+    let mut file = OpenOptions::new().write(true).open(&image).unwrap();
+    file.seek(SeekFrom::Start(1024)).unwrap();
+    file.write_all(&vec![0xa5; 8192]).unwrap();
+    drop(file);
+    let staging = staging_path(&driver);
+    let err = stage(&driver, &volume, &staging, ext4()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("fsck"), "{}", err.message());
+    assert!(driver.is_running());
+    assert!(!is_mount_root(&staging));
+    assert_eq!(loop_devices_of(&image), vec![], "no device left behind");
+    let err = publish(&driver, &volume, &staging, ext4())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    driver.delete(&volume.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn directory_and_block_volumes_stage_nothing_and_unstage_cleanly_when_never_staged() {
+    let driver = TestDriver::start().await;
+    let (volume, target) = driver.published_fs_volume().await;
+    // Published before the driver staged anything (an upgrade): unstage has nothing to undo.
+    let staging = staging_path(&driver);
+    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    assert!(is_mount_root(&target), "the pod's mount is untouched");
+    stage(
+        &driver,
+        &volume,
+        &staging,
+        mount_cap(Mode::SingleNodeWriter),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !is_mount_root(&staging),
+        "a directory volume mounts nothing at stage"
+    );
+    let err = stage(&driver, &volume, &staging, ext4()).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    driver.unpublish_ok(&volume, &target).await;
+
+    let block = driver.create_block_volume().await;
+    let block_staging = staging_path(&driver);
+    stage(
+        &driver,
+        &block,
+        &block_staging,
+        block_cap(Mode::SingleNodeWriter),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        loop_devices_of(&host_path(&block)),
+        vec![],
+        "block volumes attach at publish"
+    );
+    unstage(&driver, &block.volume_id, &block_staging)
+        .await
+        .unwrap();
+    // Unknown ids: nothing to unstage, never an error kubelet would hang on.
+    unstage(&driver, "not-ours", &block_staging).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_node_without_the_tools_refuses_image_volumes_and_offers_no_capacity_for_them() {
+    let empty = tempfile::tempdir().unwrap();
+    let driver = TestDriver::start_with(Options {
+        path: Some(empty.path().display().to_string()),
+        ..Default::default()
+    })
+    .await;
+    let err = driver
+        .controller()
+        .create_volume(create_request(&new_name(), ext4(), 32 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("mkfs.ext4"), "{}", err.message());
+    let capacity = driver
+        .get_capacity(csi::GetCapacityRequest {
+            volume_capabilities: vec![ext4()],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(capacity.available_capacity, 0);
+    let capacity = driver
+        .get_capacity(csi::GetCapacityRequest {
+            volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
+            ..Default::default()
+        })
+        .await;
+    assert!(capacity.available_capacity > 0, "directories need no tools");
+    let _ = driver.create_fs_volume().await;
+    drop(empty);
+}
