@@ -5,7 +5,9 @@
 # Reproducible inputs: base images pinned by tag (pin by digest in your registry mirror if you
 # need bit-for-bit rebuilds), dependencies exactly as in Cargo.lock (--locked), protobuf compiled
 # in pure Rust by build.rs (no protoc), no network access at run time. The runtime image needs
-# no util-linux: mounts and loop devices are made with system calls.
+# no util-linux: mounts and loop devices are made with system calls. It carries e2fsprogs and
+# xfsprogs: image volumes (a StorageClass with csi.storage.k8s.io/fstype) are made with
+# mkfs.ext4 / mkfs.xfs and grown with resize2fs / xfs_growfs.
 
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
@@ -17,6 +19,9 @@ FROM debian:bookworm-slim
 LABEL org.opencontainers.image.title="stickyvol" \
       org.opencontainers.image.description="Sticky, node-local, emptyDir-style persistent volumes for Kubernetes (CSI driver)" \
       org.opencontainers.image.licenses="Apache-2.0"
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends e2fsprogs xfsprogs \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/stickyvol /usr/local/bin/stickyvol
 # The node plugin runs as root (privileged); the controller overrides the user in its pod spec.
 ENTRYPOINT ["/usr/local/bin/stickyvol"]

@@ -8,6 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::config::DoctorConfig;
+use crate::host::fsimage::FsType;
 use crate::host::fsstat::{self, FsKind};
 use crate::host::mountinfo::{self, MountEntry};
 use crate::host::{btrfs, projquota};
@@ -67,6 +68,7 @@ pub fn run(config: &DoctorConfig) -> Vec<Check> {
         }
     }
     checks.extend(run_directory(config));
+    checks.extend(FsType::ALL.map(image_tools));
     checks.push(match &mounts {
         Ok(mounts) => propagation(&config.kubelet_dir, mounts),
         Err(err) => check(
@@ -75,6 +77,28 @@ pub fn run(config: &DoctorConfig) -> Vec<Check> {
         ),
     });
     checks
+}
+
+/// Whether image volumes of `fs` can be made and grown here. A warning, not a failure: the
+/// node still serves directory and block volumes, and offers no capacity for such a class.
+fn image_tools(fs: FsType) -> Check {
+    match fs.missing_tool() {
+        None => check(
+            Outcome::Ok,
+            format!(
+                "image volumes of {0}: {1} found",
+                fs.name(),
+                fs.tools().join(" and ")
+            ),
+        ),
+        Some(tool) => check(
+            Outcome::Warn,
+            format!(
+                "image volumes of {0} (a StorageClass with csi.storage.k8s.io/fstype: {0}) cannot be made here: no {tool} on PATH; this node refuses them and offers no capacity for them",
+                fs.name()
+            ),
+        ),
+    }
 }
 
 /// The report as printed, and whether the node is fit (no failure).

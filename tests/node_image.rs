@@ -546,3 +546,26 @@ async fn a_node_without_the_tools_refuses_image_volumes_and_offers_no_capacity_f
     let _ = driver.create_fs_volume().await;
     drop(empty);
 }
+
+#[tokio::test]
+async fn a_start_mounts_the_staging_path_again_while_pods_use_the_volume_through_the_same_device() {
+    let mut driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let image = host_path(&volume);
+    let devices = loop_devices_of(&image);
+    driver.stop().await;
+    nix::mount::umount2(&staging, nix::mount::MntFlags::empty())
+        .expect("unmounting the staging path");
+    assert!(!is_mount_root(&staging) && is_mount_root(&target));
+    driver.start_again().await;
+    assert!(is_mount_root(&staging), "mounted again at start");
+    assert_eq!(
+        loop_devices_of(&image),
+        devices,
+        "through the device the pod's mount holds, never a second one over the same file"
+    );
+    fs::write(staging.join("seen-by-the-pod"), b"1").unwrap();
+    assert!(target.join("seen-by-the-pod").exists());
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+    assert_eq!(loop_devices_of(&image), vec![]);
+}

@@ -158,7 +158,11 @@ pub fn table(volumes: &[api::Volume]) -> String {
                 v.used_bytes.map_or_else(|| "-".to_string(), human_size),
                 or_dash(&v.enforcement).to_string(),
                 status(v).to_string(),
-                v.publications.len().to_string(),
+                v.publications
+                    .iter()
+                    .filter(|p| !p.staging)
+                    .count()
+                    .to_string(),
                 v.snapshots.len().to_string(),
                 or_dash(&v.host_path).to_string(),
             ]
@@ -251,7 +255,13 @@ pub fn details(v: &api::Volume) -> String {
     }
     for p in &v.publications {
         let mut fields = vec![
-            ("pod", or_dash(&p.pod_uid).to_string()),
+            match p.staging {
+                true => (
+                    "staged",
+                    "the node's mount, which pods' targets bind".to_string(),
+                ),
+                false => ("pod", or_dash(&p.pod_uid).to_string()),
+            },
             ("target", p.target_path.clone()),
             ("readonly", yes_no(p.readonly).into()),
         ];
@@ -332,6 +342,9 @@ pub struct PublicationJson {
     pub pod_uid: String,
     pub readonly: bool,
     pub device: String,
+    /// An image volume's staging mount rather than a pod's target.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub staging: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -369,6 +382,7 @@ impl From<&api::Volume> for VolumeJson {
                     pod_uid: p.pod_uid.clone(),
                     readonly: p.readonly,
                     device: p.device.clone(),
+                    staging: p.staging,
                 })
                 .collect(),
             snapshots: v
@@ -480,6 +494,7 @@ mod tests {
                 pod_uid: "1234".into(),
                 readonly: false,
                 device: String::new(),
+                staging: false,
             }],
             snapshots: Vec::new(),
             host_path: format!("/data/volumes/{id}"),
@@ -701,6 +716,7 @@ snapshots:      none
             pod_uid: String::new(),
             readonly: true,
             device: "/dev/loop7".into(),
+            staging: false,
         });
         let text = details(&v);
         assert!(

@@ -197,6 +197,8 @@ fn to_api(volumes: &Volumes, report: &VolumeReport) -> api::Volume {
         used_bytes: report.used_bytes,
         enforcement: match record.size_limit {
             SizeLimit::None => "none",
+            // An image volume's limit is its own filesystem's size.
+            SizeLimit::File if record.kind.image_fs().is_some() => "filesystem",
             SizeLimit::File => "file",
             SizeLimit::BtrfsQgroup => "btrfs-qgroup",
             SizeLimit::ProjectQuota { .. } => "project-quota",
@@ -217,6 +219,7 @@ fn to_api(volumes: &Volumes, report: &VolumeReport) -> api::Volume {
                     .as_ref()
                     .map(|name| format!("/dev/{name}"))
                     .unwrap_or_default(),
+                staging: p.staging,
             })
             .collect(),
         snapshots: report

@@ -149,8 +149,19 @@ impl Volumes {
                 )));
             }
         };
-        let device = loopdev::attach(data, readonly)
-            .context(|| format!("attaching a loop device to volume {id}"))?;
+        // The device of an earlier staging that pods' bind mounts still hold: mounting the
+        // filesystem through a second device over the same file would corrupt it.
+        let recorded = record
+            .staging()
+            .and_then(|p| p.loop_device.as_deref())
+            .and_then(LoopDevice::from_name)
+            .filter(|device| devices::serves_publication(device, record.staging(), data));
+        let attached = recorded.is_none();
+        let device = match recorded {
+            Some(device) => device,
+            None => loopdev::attach(data, readonly)
+                .context(|| format!("attaching a loop device to volume {id}"))?,
+        };
         // A pod may have written anything into its filesystem: nodev keeps device nodes in it
         // from reaching the host's devices.
         let mut flags = MountFlags::NODEV;
@@ -160,7 +171,9 @@ impl Volumes {
         let mounted = fsimage::mount(&device.path(), fs, directory.as_fd(), flags);
         if let Err(err) = mounted {
             // Nothing left behind: the device goes, and the directory if we made it.
-            let _ = loopdev::detach(&device);
+            if attached {
+                let _ = loopdev::detach(&device);
+            }
             if created {
                 let _ = dirfd::remove_dir_at(parent, at.name);
             }
@@ -171,6 +184,44 @@ impl Volumes {
             )));
         }
         Ok(device)
+    }
+
+    /// At start: an image volume whose staging mount is gone while pods' bind mounts of it
+    /// stand (someone unmounted it) is mounted there again, through the device those mounts
+    /// hold, so kubelet finds what it staged. After a reboot nothing stands, and kubelet
+    /// stages again itself.
+    pub(super) fn restage_for_running_pods(&self) {
+        for record in self.store.all() {
+            let (Some(fs), Some(staged)) = (record.kind.image_fs(), record.staging()) else {
+                continue;
+            };
+            if self.is_live(&record, staged).unwrap_or(true) {
+                continue;
+            }
+            let pods_running = record
+                .pod_publications()
+                .any(|p| self.is_live(&record, p).unwrap_or(false));
+            if !pods_running || !staged.target.is_dir() {
+                continue;
+            }
+            let restaged = self.data_path(&record).and_then(|data| {
+                let parent = self.open_target_parent(&staged.target)?;
+                let at = Target {
+                    parent: Some(parent.as_fd()),
+                    name: target_name(&staged.target)?,
+                    path: &staged.target,
+                };
+                self.mount_image(&record, fs, &data, &at, staged.readonly)
+            });
+            match restaged {
+                Ok(_) => {
+                    info!(volume = %record.id, staging = %staged.target.display(), "mounted an image volume at its staging path again: pods still use it")
+                }
+                Err(err) => {
+                    warn!(volume = %record.id, staging = %staged.target.display(), error = %err, "could not mount an image volume at its staging path again")
+                }
+            }
+        }
     }
 
     /// NodeUnstageVolume: unmounts an image volume's staging mount and detaches its device;

@@ -61,6 +61,8 @@ impl Volumes {
         for torn in &report.torn {
             warn!(what = %torn, "ignored the torn tail of the state journal");
         }
+        // Before anything judges publications: a staging mount pods still rely on comes back.
+        self.restage_for_running_pods();
         // Devices first, while our files are where they were attached: a device over data moved
         // to lost+found or removed could no longer be proven ours, and would stay attached.
         self.detach_unused_devices()?;
