@@ -114,12 +114,16 @@ async fn lifecycle_smoke(access_type: &str) {
     assert_eq!(report["errors_total"], 0);
     assert_eq!(report["driver"]["name"], DRIVER_NAME);
     assert_eq!(report["driver"]["node_id"], NODE_ID);
-    assert_eq!(report["driver"]["stage_unstage"], false);
+    // Image volumes stage; directory and block volumes stage nothing, but kubelet (and the
+    // tool) call it for every volume of a driver that advertises it.
+    assert_eq!(report["driver"]["stage_unstage"], true);
     let rpcs = &report["rpcs"];
     for rpc in [
         "CreateVolume",
+        "NodeStageVolume",
         "NodePublishVolume",
         "NodeUnpublishVolume",
+        "NodeUnstageVolume",
         "DeleteVolume",
         "attach(stage+publish)",
         "detach(unpublish+unstage)",
@@ -127,8 +131,6 @@ async fn lifecycle_smoke(access_type: &str) {
         assert_eq!(calls(rpcs, rpc), (20, 0), "{rpc}");
         assert!(rpcs[rpc]["p50_us"].as_u64().unwrap() <= rpcs[rpc]["max_us"].as_u64().unwrap());
     }
-    // No staging advertised: never called.
-    assert!(rpcs["NodeStageVolume"].is_null(), "{rpcs:#}");
     assert_eq!(
         calls(&report["preload_phase"]["rpcs"], "CreateVolume"),
         (5, 0)
@@ -329,6 +331,51 @@ async fn block_io_reports_every_case_for_device_and_plain_file_and_leaves_nothin
         Vec::<String>::new(),
         "the plain file was left behind"
     );
+    assert_nothing_left(&mut driver).await;
+}
+
+#[tokio::test]
+async fn fs_io_compares_an_image_volume_with_a_directory_volume_and_leaves_nothing() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let mut args = vec!["fs-io".to_string()];
+    args.extend(target_flags(&driver));
+    args.extend(
+        [
+            "--size",
+            "16777216",
+            "--fs-type",
+            "ext4",
+            "--runtime",
+            "200ms",
+            "--driver-cmd",
+        ]
+        .map(String::from),
+    );
+    args.push(driver.shell_command());
+    let output = bench(args).await;
+    assert_exit(&output, 0);
+    let report = report(&output);
+    assert_eq!(report["workload"], "fs-io");
+    assert_eq!(report["errors_total"], 0, "{report:#}");
+    let cases = report["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 8);
+    for case in cases {
+        for side in ["image", "directory"] {
+            assert!(case[side]["ops"].as_u64().unwrap() > 0, "{side}: {case:#}");
+            assert_eq!(case[side]["errors"], 0);
+        }
+    }
+    // Both volumes were staged (the image's filesystem mounted) and published, once each.
+    for rpc in [
+        "CreateVolume",
+        "NodeStageVolume",
+        "NodePublishVolume",
+        "NodeUnstageVolume",
+        "DeleteVolume",
+    ] {
+        assert_eq!(calls(&report["rpcs"], rpc), (2, 0), "{rpc}");
+    }
+    assert!(!driver.socket.exists(), "the driver did not stop cleanly");
     assert_nothing_left(&mut driver).await;
 }
 

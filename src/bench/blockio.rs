@@ -68,14 +68,14 @@ impl Pattern {
 
 /// One case: a pattern, a block size, a queue depth (threads).
 #[derive(Debug, Clone, Copy)]
-struct Case {
-    pattern: Pattern,
-    block_size: usize,
-    queue_depth: usize,
+pub(crate) struct Case {
+    pub(crate) pattern: Pattern,
+    pub(crate) block_size: usize,
+    pub(crate) queue_depth: usize,
 }
 
 impl Case {
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         let size = if self.block_size >= MIB {
             format!("{}m", self.block_size / MIB)
         } else {
@@ -86,7 +86,7 @@ impl Case {
 }
 
 /// The eight cases, in the order they run: writes first, then reads of what was written.
-fn cases() -> Vec<Case> {
+pub(crate) fn cases() -> Vec<Case> {
     let mut all = Vec::new();
     for queue_depth in [1, 32] {
         for (pattern, block_size) in [
@@ -479,7 +479,7 @@ fn xorshift(mut x: u64) -> u64 {
 }
 
 /// Writes `size` bytes from the start in 1 MiB direct writes, then fsync; the seconds taken.
-fn fill_once(file: &File, size: u64) -> io::Result<f64> {
+pub(crate) fn fill_once(file: &File, size: u64) -> io::Result<f64> {
     let started = Instant::now();
     let mut buf = AlignedBuf::new(FILL_BLOCK, 0x5eed);
     let mut offset = 0;
@@ -492,7 +492,12 @@ fn fill_once(file: &File, size: u64) -> io::Result<f64> {
 }
 
 /// Runs one case on `file` for `runtime`; the figures and the I/O errors met.
-fn run_case(file: &File, size: u64, case: Case, runtime: Duration) -> (Side, Vec<String>) {
+pub(crate) fn run_case(
+    file: &File,
+    size: u64,
+    case: Case,
+    runtime: Duration,
+) -> (Side, Vec<String>) {
     let blocks = size / case.block_size as u64;
     let cursor = AtomicU64::new(0);
     let start = Barrier::new(case.queue_depth + 1);

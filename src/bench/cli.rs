@@ -31,6 +31,9 @@ pub enum Workload {
     /// NodeGetVolumeStats from many callers on one published volume holding many files, while
     /// Probe is timed and a second volume is published and unpublished every second.
     StatsFlood(StatsFloodArgs),
+    /// Direct I/O in a file on a volume with a filesystem of its own (--fs-type; stickyvol's
+    /// image volumes), side by side with a file on a directory volume of the same pool.
+    FsIo(FsIoArgs),
 }
 
 /// Which driver, and where kubelet's directories are: every workload's first flags.
@@ -181,6 +184,50 @@ impl BlockIoArgs {
             &self.driver,
             AccessType::Block,
             self.size,
+            &self.parameters,
+            self.deadline,
+            self.json,
+        )
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct FsIoArgs {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+
+    /// Size of the file in each volume, in bytes (the volumes get room for their metadata).
+    #[arg(long, default_value_t = 256 << 20)]
+    pub size: i64,
+
+    /// fsType of the volume with a filesystem of its own.
+    #[arg(long, default_value = "ext4")]
+    pub fs_type: String,
+
+    /// A CreateVolume parameter (StorageClass parameter), KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// How long each case runs, on each side.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub runtime: Duration,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl FsIoArgs {
+    /// The shared flags, for volumes of `volume_bytes` (the fsType is set per volume).
+    pub fn common(&self, volume_bytes: i64) -> Common {
+        Common::without_preload(
+            &self.driver,
+            AccessType::Mount,
+            volume_bytes,
             &self.parameters,
             self.deadline,
             self.json,

@@ -3,13 +3,15 @@
 //! Modules: `cli` (flags), `client` (channel, deadlines, capability discovery), `paths`
 //! (kubelet's directory layout), `driver_process` (starting, probing, measuring and stopping a
 //! driver), `workload` (the lifecycle and startup runs), `blockio` (direct I/O through a
-//! published block volume against a plain file), `statsflood` (NodeGetVolumeStats callers on
+//! published block volume against a plain file), `fsio` (the same in a file on an image
+//! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
 //! a volume of many files, with Probe timed), `report` (samples, percentiles, output).
 
 mod blockio;
 mod cli;
 mod client;
 mod driver_process;
+mod fsio;
 mod paths;
 mod report;
 mod statsflood;
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
             finish(runtime.block_on(workload::startup(&args)), args.common.json)
         }
         Workload::BlockIo(args) => finish(runtime.block_on(blockio::block_io(&args)), args.json),
+        Workload::FsIo(args) => finish(runtime.block_on(fsio::fs_io(&args)), args.json),
         Workload::StatsFlood(args) => {
             finish(runtime.block_on(statsflood::stats_flood(&args)), args.json)
         }
@@ -76,6 +79,7 @@ outcome!(workload::LifecycleReport, lifecycle_text);
 outcome!(workload::StartupReport, startup_text);
 outcome!(blockio::BlockIoReport, blockio::text);
 outcome!(statsflood::StatsFloodReport, statsflood::text);
+outcome!(fsio::FsIoReport, fsio::text);
 
 /// Prints the report (JSON or text) and turns it into the exit status.
 fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCode {

@@ -42,6 +42,11 @@ pub(crate) struct Target {
 }
 
 impl Target {
+    /// Volumes made from now on get `fs_type` (empty: the driver's default).
+    pub(crate) fn set_fs_type(&mut self, fs_type: &str) {
+        self.fs_type = fs_type.to_string();
+    }
+
     pub(crate) fn capability(&self) -> csi::VolumeCapability {
         use csi::volume_capability::{AccessMode, AccessType as Type, BlockVolume, MountVolume};
         csi::VolumeCapability {
