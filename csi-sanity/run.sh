@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs csi-sanity (from kubernetes-csi/csi-test) against a local `stickyvol serve`, in filesystem
-# mode and in block mode. Needs root (real bind mounts and loop devices).
+# mode, in block mode and with ext4 image volumes (the class key csi.storage.k8s.io/fstype among
+# the parameters). Needs root (real bind mounts, loop devices, mkfs.ext4).
 #
 #   csi-sanity/run.sh [extra csi-sanity flags...]
 #
 # The csi-sanity binary is taken from $CSI_SANITY or PATH; stickyvol from $STICKYVOL or
-# target/release/stickyvol (built if missing). Exit status: 0 only if both modes pass.
+# target/release/stickyvol (built if missing). Exit status: 0 only if every mode passes.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -38,13 +39,18 @@ run_mode() {
         --kubelet-dir "$kubelet" --data-dir "$work/$mode/data" >"$work/$mode.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do [[ -S "$work/$mode/csi.sock" ]] && break; sleep 0.05; done
-    local status=0
+    local status=0 access=$mode extra=()
+    if [[ $mode == image ]]; then
+        access=mount
+        printf 'csi.storage.k8s.io/fstype: ext4\n' >"$work/image-parameters.yaml"
+        extra=(--csi.testvolumeparameters "$work/image-parameters.yaml")
+    fi
     "$sanity" --csi.endpoint "$work/$mode/csi.sock" \
         --csi.mountdir "$kubelet/pods/sanity/mount" \
         --csi.stagingdir "$kubelet/pods/sanity/staging" \
         --csi.testvolumesize 67108864 \
-        --csi.testvolumeaccesstype "$mode" \
-        "${@:2}" || status=$?
+        --csi.testvolumeaccesstype "$access" \
+        "${extra[@]}" "${@:2}" || status=$?
     kill "$pid"; wait "$pid" || true; pid=""
     if [[ $status -ne 0 ]]; then
         echo "csi-sanity failed in $mode mode; driver log: $work/$mode.log" >&2
@@ -57,4 +63,5 @@ mkdir -p "$work"
 overall=0
 run_mode mount "$@" || overall=1
 run_mode block "$@" || overall=1
+run_mode image "$@" || overall=1
 exit $overall

@@ -125,7 +125,12 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         name,
         required_bytes: range.required_bytes,
         limit_bytes: range.limit_bytes,
-        kind: caps[0].kind,
+        // csi-provisioner moves the class's fsType into the capability; a caller that leaves it
+        // among the parameters (csi-sanity's --csi.testvolumeparameters) means the same.
+        kind: match (caps[0].kind, parameters.image_fs) {
+            (VolumeKind::Filesystem, Some(fs)) => VolumeKind::Image(fs),
+            (kind, _) => kind,
+        },
         access_modes,
         mount_flags,
         pool: parameters.pool,
@@ -212,7 +217,7 @@ impl Controller for ControllerService {
         let refusal = caps
             .iter()
             .find_map(|cap| {
-                if cap.kind != record.kind {
+                if !record.kind.serves(cap.kind) {
                     Some(format!(
                         "volume {id} is a {} volume, not {}",
                         record.kind.as_str(),

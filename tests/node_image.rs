@@ -569,3 +569,49 @@ async fn a_start_mounts_the_staging_path_again_while_pods_use_the_volume_through
     tear_down(&driver, &volume, &staging, &[&target]).await;
     assert_eq!(loop_devices_of(&image), vec![]);
 }
+
+#[tokio::test]
+async fn the_fstype_parameter_alone_makes_an_image_volume_used_with_mount_capabilities_naming_none()
+{
+    // What csi-sanity sends with --csi.testvolumeparameters: the class's key among the
+    // parameters, capabilities without fs_type.
+    let driver = TestDriver::start().await;
+    let mut request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), 32 * MIB);
+    request
+        .parameters
+        .insert("csi.storage.k8s.io/fstype".into(), "ext4".into());
+    let volume = driver.create(request).await;
+    assert!(host_path(&volume).to_string_lossy().ends_with(".img"));
+    let plain = mount_cap(Mode::SingleNodeWriter);
+    let staging = staging_path(&driver);
+    stage(&driver, &volume, &staging, plain.clone())
+        .await
+        .unwrap();
+    let target = publish(&driver, &volume, &staging, plain.clone())
+        .await
+        .unwrap();
+    assert!(is_mount_root(&target));
+    let err = publish(
+        &driver,
+        &volume,
+        &staging,
+        image_cap("xfs", Mode::SingleNodeWriter),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::InvalidArgument,
+        "another filesystem: {err:?}"
+    );
+    let err = publish(
+        &driver,
+        &volume,
+        &staging,
+        block_cap(Mode::SingleNodeWriter),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "block access: {err:?}");
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}

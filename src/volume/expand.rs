@@ -33,7 +33,7 @@ impl Volumes {
     ) -> Result<i64> {
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
-        if kind.is_some_and(|kind| kind != record.kind) {
+        if kind.is_some_and(|kind| !record.kind.serves(kind)) {
             return Err(Error::InvalidArgument(format!(
                 "volume {id} is a {} volume; the capability given is not",
                 record.kind.as_str()

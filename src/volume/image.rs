@@ -45,7 +45,7 @@ impl Volumes {
         let record = self.get(id)?;
         usable(&record)?;
         let cap = &req.capability;
-        if cap.kind != record.kind {
+        if !record.kind.serves(cap.kind) {
             return Err(Error::InvalidArgument(format!(
                 "volume {id} is a {} volume and cannot be staged as {}",
                 record.kind.as_str(),

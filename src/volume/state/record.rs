@@ -35,6 +35,12 @@ impl VolumeKind {
         self != VolumeKind::Filesystem
     }
 
+    /// Whether a volume of this kind can be used as `asked` says: the same kind, or a mount
+    /// capability that names no filesystem for an image volume (it has its own).
+    pub fn serves(self, asked: VolumeKind) -> bool {
+        self == asked || (asked == VolumeKind::Filesystem && self.image_fs().is_some())
+    }
+
     /// The filesystem an image volume holds.
     pub fn image_fs(self) -> Option<FsType> {
         match self {
