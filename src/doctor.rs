@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::config::DoctorConfig;
-use crate::host::fsimage::FsType;
+use crate::host::fsimage::{self, FsType};
 use crate::host::fsstat::{self, FsKind};
 use crate::host::mountinfo::{self, MountEntry};
 use crate::host::{btrfs, projquota};
@@ -83,6 +83,10 @@ pub fn run(config: &DoctorConfig) -> Vec<Check> {
 /// node still serves directory and block volumes, and offers no capacity for such a class.
 fn image_tools(fs: FsType) -> Check {
     match fs.missing_tool() {
+        None if fs == FsType::Ext4 && !fsimage::has_sys_resource() => check(
+            Outcome::Warn,
+            "image volumes of ext4: the tools are there, but without CAP_SYS_RESOURCE a mounted ext4 cannot grow (NodeExpandVolume fails); run the node plugin privileged",
+        ),
         None => check(
             Outcome::Ok,
             format!(

@@ -111,11 +111,29 @@ pub fn format(image: &Path, fs: FsType) -> io::Result<()> {
 }
 
 /// Grows the filesystem mounted at `mount_point` from `device` to the device's size.
+/// ext4 grows online through an ioctl the kernel allows only with CAP_SYS_RESOURCE: without
+/// it this says so (PermissionDenied) rather than resize2fs's bare "Permission denied".
 pub fn grow(fs: FsType, device: &Path, mount_point: &Path) -> io::Result<()> {
     match fs {
+        FsType::Ext4 if !has_sys_resource() => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "growing a mounted ext4 needs CAP_SYS_RESOURCE, which this process lacks (run the node plugin privileged)",
+        )),
         FsType::Ext4 => run("resize2fs", [device.as_os_str()]),
         FsType::Xfs => run("xfs_growfs", [OsStr::new("-d"), mount_point.as_os_str()]),
     }
+}
+
+/// Whether this process has CAP_SYS_RESOURCE in its effective set (/proc/self/status).
+pub fn has_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
 }
 
 /// Runs `program` with `args`, its output captured: a failure carries what it printed.

@@ -346,13 +346,19 @@ impl Volumes {
                     record.id
                 ))
             })?;
-        fsimage::grow(fs, &device.path(), &staged.target).context(|| {
-            format!(
+        fsimage::grow(fs, &device.path(), &staged.target).map_err(|err| {
+            let what = format!(
                 "growing the {} filesystem of volume {} at {}",
                 fs.name(),
                 record.id,
                 staged.target.display()
-            )
+            );
+            match err.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    Error::FailedPrecondition(format!("{what}: {err}"))
+                }
+                _ => Error::host(what, err),
+            }
         })
     }
 
