@@ -49,15 +49,18 @@ fn limits_are_enforced_and_usage_is_exact(fs: &ScratchFs) {
     let root = &fs.mount_point;
     assert!(projquota::project_quota_enabled(root).unwrap());
 
-    // Allocation probes the filesystem: an id someone else uses is skipped.
+    // Allocation probes the filesystem: an id charged with usage (files tagged with it, no
+    // limit) is avoided while an unused one is found.
     fs::create_dir(fs.path("other")).unwrap();
     projquota::assign_project(&fs.path("other"), PROJECT).unwrap();
     fs::write(fs.path("other/file"), b"someone else's").unwrap();
     assert!(projquota::project_in_use(root, PROJECT).unwrap());
-    let ids = ProjectIds::new(PROJECT..PROJECT + 10, []);
-    let lease = ids
-        .allocate(|id| projquota::project_in_use(root, id))
-        .unwrap();
+    assert_eq!(
+        projquota::project_use(root, PROJECT).unwrap(),
+        projquota::IdUse::Charged
+    );
+    let ids = ProjectIds::new(PROJECT..PROJECT + 2, []);
+    let lease = ids.allocate(|id| projquota::project_use(root, id)).unwrap();
     assert_eq!(lease.id(), PROJECT + 1);
     let id = lease.commit();
 
@@ -68,6 +71,15 @@ fn limits_are_enforced_and_usage_is_exact(fs: &ScratchFs) {
     projquota::set_project_limit(root, id, 10 * MIB).unwrap();
     let usage = projquota::project_usage(root, id).unwrap();
     assert_eq!(usage.hard_limit_bytes, Some(10 * MIB), "{usage:?}");
+    assert_eq!(
+        projquota::project_use(root, id).unwrap(),
+        projquota::IdUse::Limited
+    );
+    // Q_GETNEXTQUOTA finds both, and nothing else in the range; `at_most` bounds the answer.
+    let found = projquota::projects_in_use(root, PROJECT - 5..PROJECT + 1000, 10).unwrap();
+    assert_eq!(found, vec![PROJECT, id]);
+    let first = projquota::projects_in_use(root, PROJECT - 5..PROJECT + 1000, 1).unwrap();
+    assert_eq!(first, vec![PROJECT]);
 
     // Everything created below inherits the project.
     fs::create_dir(vol.join("sub")).unwrap();
