@@ -106,7 +106,10 @@ impl Visitor for Repairer<'_> {
         if (self.stop)() {
             return Err(io::Error::from_raw_os_error(libc::ECANCELED));
         }
-        let opened = if stat.is_dir() {
+        let opened = if stat.is_mount_root {
+            // Another filesystem's: not ours to audit (the walk does not enter it either).
+            Ok(None)
+        } else if stat.is_dir() {
             tree::open_listed_dir(parent, name, stat)
         } else if stat.is_regular_file() {
             open_listed_file(parent, name, stat)
