@@ -442,3 +442,259 @@ async fn a_failed_clone_leaves_no_project_id_behind() {
     driver.delete(&source.volume_id).await.unwrap();
     assert_eq!(ids_in_use(&root, range), BTreeSet::new());
 }
+
+/// The entry point of the tenant's runs (tests/common/tenant.rs); does nothing in a test run.
+#[test]
+fn tenant_act() {
+    common::tenant::act_if_asked();
+}
+
+/// The driver's next start runs the project-id audit every `seconds` (0: never).
+fn audit_every(driver: &mut TestDriver, seconds: u64) {
+    let args = &mut driver.options_mut().extra_args;
+    if let Some(at) = args.iter().position(|a| a == "--project-audit-interval") {
+        args.drain(at..at + 2);
+    }
+    driver.add_args(["--project-audit-interval".to_string(), seconds.to_string()]);
+}
+
+/// The project id of a regular file or directory, not followed.
+fn project_of_path(path: &Path) -> u32 {
+    use std::os::fd::AsFd;
+    let file = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    projquota::project_of_fd(file.as_fd()).unwrap().0
+}
+
+/// What NodeGetVolumeStats, as kubelet calls it, says of the volume's condition.
+async fn stats_condition(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    target: &Path,
+) -> csi::VolumeCondition {
+    driver
+        .stats(&volume.volume_id, &path_str(target))
+        .await
+        .unwrap()
+        .volume_condition
+        .expect("volume_condition")
+}
+
+/// A tenant (uid 1000, no capabilities, writing through its publish target) moves a directory
+/// of its volume into project 0 and writes past its size, and another into its neighbour's
+/// project and fills that quota: both work while no audit runs (the hole). With the audit on,
+/// its next round puts every inode back, the usage counts against the tenant's volume, the
+/// neighbour's quota is freed, the volume is abnormal in NodeGetVolumeStats and counted in the
+/// metrics, and a clean round clears the report.
+async fn a_tenant_leaving_its_project_is_caught(fs_type: &str) {
+    use common::tenant::{Action, act};
+    let Some(fs) = with_project_quota(fs_type) else {
+        return;
+    };
+    let root = fs.mount_point.clone();
+    let mut driver = driver_on(&fs, Some("project"));
+    driver.options_mut().metrics_address = Some(free_local_address());
+    audit_every(&mut driver, 0);
+    driver.start_again().await;
+    let tenant = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
+    let neighbour = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
+    let (tenant_id, neighbour_id) = (project_of_volume(&tenant), project_of_volume(&neighbour));
+    let target = driver.publish_at_new_target(&tenant, snw_mount()).await;
+    for step in [
+        Action::Mkdir("escape"),
+        Action::SetProject("escape", 0),
+        Action::Write("escape/big", 24 * MIB as u64),
+        Action::Mkdir("theirs"),
+        Action::SetProject("theirs", neighbour_id),
+        Action::Write("theirs/fill", 8 * MIB as u64),
+    ] {
+        act(&target, step).unwrap_or_else(|e| panic!("{fs_type}: {step:?} failed: {e}"));
+    }
+    // The hole: 32 MiB written into a 16 MiB volume, 8 MiB of it charged to the neighbour.
+    let charged = |id| projquota::project_usage(&root, id).unwrap().used_bytes;
+    assert!(charged(tenant_id) < MIB as u64, "{}", charged(tenant_id));
+    assert!(
+        charged(neighbour_id) >= 8 * MIB as u64,
+        "{}",
+        charged(neighbour_id)
+    );
+    assert!(!stats_condition(&driver, &tenant, &target).await.abnormal);
+
+    // Rounds 8 s apart: the first finds the tampering, the second (clean) clears the report,
+    // so the checks below have about 8 s. (Mid-walk, the volume may already be abnormal for
+    // its usage: what is put back counts against it at once.)
+    driver.stop().await;
+    audit_every(&mut driver, 8);
+    driver.start_again().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let condition = loop {
+        let condition = stats_condition(&driver, &tenant, &target).await;
+        let audited = condition.message.contains("had left its project");
+        if audited || std::time::Instant::now() > deadline {
+            break condition;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("{fs_type}: tampered volume's condition: {condition:?}");
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(
+        condition.message.contains("had left its project"),
+        "no audit report within 60 s: {condition:?}; log:\n{}",
+        driver.log_text()
+    );
+    assert!(
+        condition.message.contains("in project 0"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        condition
+            .message
+            .contains(&format!("in project {neighbour_id}")),
+        "{}",
+        condition.message
+    );
+    for dir in ["escape", "theirs"] {
+        assert_eq!(
+            projquota::project_of(&target.join(dir)).unwrap(),
+            (tenant_id, true)
+        );
+    }
+    for file in ["escape/big", "theirs/fill"] {
+        assert_eq!(project_of_path(&target.join(file)), tenant_id, "{file}");
+    }
+    assert!(
+        charged(tenant_id) >= 32 * MIB as u64,
+        "{}",
+        charged(tenant_id)
+    );
+    assert!(
+        charged(neighbour_id) < MIB as u64,
+        "{}",
+        charged(neighbour_id)
+    );
+    let stats = driver
+        .stats(&tenant.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let bytes = usage_of(&stats, Unit::Bytes).unwrap();
+    assert!(bytes.used >= 32 * MIB, "{bytes:?}");
+    assert!(!driver.condition_of(&neighbour.volume_id).await.abnormal);
+    assert!(
+        driver.log_text().contains("had left its project"),
+        "{}",
+        driver.log_text()
+    );
+    let metrics = driver.scrape();
+    assert!(metrics.value("stickyvol_project_audit_repaired_inodes_total", &[]) >= 4.0);
+    assert_eq!(
+        metrics.value("stickyvol_project_audit_tampered_volumes", &[]),
+        1.0
+    );
+    let audits = |result| metrics.value("stickyvol_project_audits_total", &[("result", result)]);
+    assert!(audits("tampered") >= 1.0);
+    // Now over its size: the tenant's next write is refused (XFS: already the new file).
+    let refused = act(&target, Action::Write("more", MIB as u64)).unwrap_err();
+    let errno = over_project_limit_errno(fs_type);
+    assert!(
+        refused.contains(&format!("code: {errno},"))
+            || refused.contains(&format!("os error {errno})")),
+        "{refused}"
+    );
+
+    // The tenant removes what it wrote: the next clean round clears the report.
+    std::fs::remove_dir_all(target.join("escape")).unwrap();
+    std::fs::remove_dir_all(target.join("theirs")).unwrap();
+    std::fs::remove_file(target.join("more")).ok();
+    let mut cleared = false;
+    for _ in 0..300 {
+        let metrics = driver.scrape();
+        let condition = stats_condition(&driver, &tenant, &target).await;
+        if !condition.abnormal
+            && metrics.value("stickyvol_project_audit_tampered_volumes", &[]) == 0.0
+        {
+            cleared = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        cleared,
+        "still reported after 60 s; log:\n{}",
+        driver.log_text()
+    );
+    assert!(
+        driver
+            .scrape()
+            .value("stickyvol_project_audits_total", &[("result", "clean")])
+            >= 1.0
+    );
+    driver.unpublish_ok(&tenant, &target).await;
+    driver.delete(&tenant.volume_id).await.unwrap();
+    driver.delete(&neighbour.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn xfs_a_tenant_leaving_its_project_is_caught_by_the_audit() {
+    a_tenant_leaving_its_project_is_caught("xfs").await;
+}
+
+#[tokio::test]
+async fn ext4_a_tenant_leaving_its_project_is_caught_by_the_audit() {
+    a_tenant_leaving_its_project_is_caught("ext4").await;
+}
+
+/// Project ids are drawn at random, and a tenant tagging files with the ids around its own (the
+/// next 1,100 and the previous 1,100: what lowest-first allocation would have handed out next,
+/// and made CreateVolume fail after 1,024) cannot make CreateVolume fail.
+#[tokio::test]
+async fn ids_are_unguessable_and_tagging_cannot_exhaust_them() {
+    use common::tenant::{Action, act};
+    let Some(fs) = with_project_quota("xfs") else {
+        return;
+    };
+    let root = fs.mount_point.clone();
+    let mut driver = driver_on(&fs, Some("project"));
+    audit_every(&mut driver, 0);
+    driver.start_again().await;
+    let tenant = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
+    let tenant_id = project_of_volume(&tenant);
+    let target = driver.publish_at_new_target(&tenant, snw_mount()).await;
+    let started = std::time::Instant::now();
+    act(&target, Action::TagMany("up", tenant_id + 1, 1100)).unwrap();
+    act(&target, Action::TagMany("down", tenant_id - 1100, 1100)).unwrap();
+    eprintln!("the tenant tagged 2,200 ids in {:?}", started.elapsed());
+    for id in [tenant_id + 1, tenant_id + 1100, tenant_id - 1100] {
+        assert_eq!(
+            projquota::project_use(&root, id).unwrap(),
+            projquota::IdUse::Charged,
+            "{id}"
+        );
+    }
+    let mut ids = vec![tenant_id];
+    for _ in 0..10 {
+        let volume = driver.create(in_pool(&[("pool", "disk")], 8 * MIB)).await;
+        ids.push(project_of_volume(&volume));
+    }
+    eprintln!("project ids handed out: {ids:?}");
+    let tagged = tenant_id - 1100..=tenant_id + 1100;
+    assert!(ids[1..].iter().all(|id| !tagged.contains(id)), "{ids:?}");
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len(), "an id handed out twice: {ids:?}");
+    assert!(
+        sorted.windows(2).all(|w| w[1] - w[0] > 1),
+        "neighbouring ids: {sorted:?}"
+    );
+    let range = projquota::DEFAULT_PROJECT_ID_RANGE;
+    assert!(
+        sorted[sorted.len() - 1] - sorted[0] > (range.end - range.start) / 4,
+        "{sorted:?}"
+    );
+    assert!(sorted.iter().all(|id| range.contains(id)));
+    driver.unpublish_ok(&tenant, &target).await;
+    for id in driver.listed_ids().await {
+        driver.delete(&id).await.unwrap();
+    }
+    assert_eq!(ids_in_use(&root, range), BTreeSet::new());
+}
