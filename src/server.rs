@@ -21,6 +21,7 @@ use tonic::transport::Server;
 use tower::{Layer, Service};
 use tracing::{debug, error, info, warn};
 
+use crate::audit_events;
 use crate::config::{Config, Mode};
 use crate::controller::ControllerService;
 use crate::csi;
@@ -182,9 +183,24 @@ fn start_project_audit(driver: &Driver) -> Option<Arc<AtomicBool>> {
     let volumes = driver.volumes().ok()?;
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
+    // Events on the claims: written by a task of their own, fed without waiting (the queue is
+    // bounded; the log and the metrics report what does not fit).
+    let (found, pending) = tokio::sync::mpsc::channel(64);
+    let reporter = audit_events::Reporter {
+        driver: driver.config.driver_name.clone(),
+        node: driver.config.node_id.clone(),
+    };
+    tokio::spawn(audit_events::run(pending, reporter));
+    let report = move |tampered: Vec<audit::Tampered>| {
+        for volume in tampered {
+            if found.try_send(volume).is_err() {
+                warn!("project-id audit: Event queue full, an Event on a claim was dropped");
+            }
+        }
+    };
     let started = std::thread::Builder::new()
         .name("project-audit".into())
-        .spawn(move || audit::run_every(volumes, interval, stopped));
+        .spawn(move || audit::run_every(volumes, interval, stopped, report));
     match started {
         Ok(_) => Some(stop),
         Err(err) => {

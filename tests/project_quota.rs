@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::scratchfs::ScratchFs;
@@ -479,6 +480,69 @@ async fn stats_condition(
         .expect("volume_condition")
 }
 
+/// A stub API server for the audit's Events: GET of the claim `shop/data-0` (uid "uid-claim")
+/// and POST of Events in `shop`, whose bodies it keeps. Serves on a free port of 127.0.0.1
+/// for the rest of the test; returns its kubeconfig.
+async fn events_stub(events: Arc<Mutex<Vec<serde_json::Value>>>, dir: &Path) -> PathBuf {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let serve = move |req: hyper::Request<hyper::body::Incoming>| {
+        let events = events.clone();
+        async move {
+            let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let (code, answer) = match (method.as_str(), path.as_str()) {
+                ("GET", "/api/v1/namespaces/shop/persistentvolumeclaims/data-0") => (
+                    200,
+                    serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": "data-0", "namespace": "shop", "uid": "uid-claim"}}),
+                ),
+                ("POST", "/api/v1/namespaces/shop/events") => {
+                    let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    events.lock().unwrap().push(event.clone());
+                    (201, event)
+                }
+                _ => (
+                    404,
+                    serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404}),
+                ),
+            };
+            let response = hyper::Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(answer.to_string())))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    };
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let serve = serve.clone();
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let service = hyper::service::service_fn(serve);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: stub\n  cluster: {{server: \"http://{address}\"}}\n\
+             users:\n- name: stub\n  user: {{}}\ncontexts:\n- name: stub\n  context: {{cluster: stub, user: stub}}\n\
+             current-context: stub\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
 /// A tenant (uid 1000, no capabilities, writing through its publish target) moves a directory
 /// of its volume into project 0 and writes past its size, and another into its neighbour's
 /// project and fills that quota: both work while no audit runs (the hole). With the audit on,
@@ -493,9 +557,18 @@ async fn a_tenant_leaving_its_project_is_caught(fs_type: &str) {
     let root = fs.mount_point.clone();
     let mut driver = driver_on(&fs, Some("project"));
     driver.options_mut().metrics_address = Some(free_local_address());
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let kubeconfig = events_stub(events.clone(), &driver.root).await;
+    driver.options_mut().kubeconfig = Some(kubeconfig);
     audit_every(&mut driver, 0);
     driver.start_again().await;
-    let tenant = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
+    // As csi-provisioner passes them with --extra-create-metadata.
+    let claim = [
+        ("pool", "disk"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+        ("csi.storage.k8s.io/pvc/name", "data-0"),
+    ];
+    let tenant = driver.create(in_pool(&claim, 16 * MIB)).await;
     let neighbour = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
     let (tenant_id, neighbour_id) = (project_of_volume(&tenant), project_of_volume(&neighbour));
     let target = driver.publish_at_new_target(&tenant, snw_mount()).await;
@@ -592,6 +665,28 @@ async fn a_tenant_leaving_its_project_is_caught(fs_type: &str) {
     );
     let audits = |result| metrics.value("stickyvol_project_audits_total", &[("result", result)]);
     assert!(audits("tampered") >= 1.0);
+    // An Event on the tenant's claim, none for the neighbour (it has no claim either).
+    for _ in 0..100 {
+        if !events.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let posted = events.lock().unwrap().clone();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    let claim_ref = &posted[0]["involvedObject"];
+    assert_eq!(claim_ref["kind"], "PersistentVolumeClaim");
+    assert_eq!(
+        (&claim_ref["name"], &claim_ref["uid"]),
+        (&"data-0".into(), &"uid-claim".into())
+    );
+    assert_eq!(posted[0]["type"], "Warning");
+    assert!(
+        posted[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("had left its project")
+    );
     // Now over its size: the tenant's next write is refused (XFS: already the new file).
     let refused = act(&target, Action::Write("more", MIB as u64)).unwrap_err();
     let errno = over_project_limit_errno(fs_type);

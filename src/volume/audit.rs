@@ -110,6 +110,8 @@ impl Volumes {
             Err(err) if caller::gone() => {
                 debug!(volume = %id, error = %err, "project audit stopped")
             }
+            // Deleted while walked: its tree went away under the walk.
+            Err(_) if self.get(id).is_err() => {}
             Err(err) => {
                 round.unfinished += 1;
                 let why = format!(
@@ -134,8 +136,14 @@ impl Volumes {
 }
 
 /// Runs audit rounds `interval` apart until `stop` is set (checked between entries of a walk,
-/// and while waiting). The first round waits one interval: a restart needs no audit at once.
-pub fn run_every(volumes: Arc<Volumes>, interval: Duration, stop: Arc<AtomicBool>) {
+/// and while waiting), handing each round's tampered volumes to `report`. The first round waits
+/// one interval: a restart needs no audit at once.
+pub fn run_every(
+    volumes: Arc<Volumes>,
+    interval: Duration,
+    stop: Arc<AtomicBool>,
+    report: impl Fn(Vec<Tampered>),
+) {
     info!(interval = ?interval, "project-id audit starting");
     Presence::serve(stop.clone(), || {
         let mut next = Instant::now() + interval;
@@ -156,6 +164,9 @@ pub fn run_every(volumes: Arc<Volumes>, interval: Duration, stop: Arc<AtomicBool
                 seconds = started.elapsed().as_secs_f64(),
                 "project-id audit round done"
             );
+            if !round.tampered.is_empty() {
+                report(round.tampered);
+            }
             next = (started + interval).max(Instant::now());
         }
     });
