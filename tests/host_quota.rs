@@ -312,6 +312,9 @@ fn a_repair_puts_back_what_a_tenant_moved_out_of_the_project() {
         Action::Write("kept", MIB),
         Action::Write("theirs", MIB),
         Action::SetProject("theirs", neighbour),
+        Action::Mkdir("flat"),
+        Action::ClearInherit("flat"),
+        Action::Write("flat/file", MIB),
     ] {
         act(&vol, step).unwrap_or_else(|e| panic!("{step:?}: {e}"));
     }
@@ -320,6 +323,11 @@ fn a_repair_puts_back_what_a_tenant_moved_out_of_the_project() {
         projquota::project_of(&vol.join("escape")).unwrap(),
         (0, true)
     );
+    assert_eq!(
+        projquota::project_of(&vol.join("flat")).unwrap(),
+        (PROJECT, false)
+    );
+    assert_eq!(stickyvol_project_of_file(&vol.join("flat/file")), 0);
     symlink(&outside, vol.join("link")).unwrap();
     nix::unistd::mkfifo(
         &vol.join("fifo"),
@@ -331,16 +339,20 @@ fn a_repair_puts_back_what_a_tenant_moved_out_of_the_project() {
 
     let repairs = projtree::repair_tree(&vol, PROJECT, Budget::WHOLE_TREE, &|| false).unwrap();
     eprintln!("{repairs:?}");
-    // escape (0, inherit kept), escape/big (0, inherited), theirs (neighbour).
-    assert_eq!(repairs.repaired, 3, "{repairs:?}");
-    assert_eq!(repairs.foreign, [(0, 2), (neighbour, 1)].into());
+    // escape (0, inherit kept), escape/big (0, inherited), theirs (neighbour), flat (ours but
+    // without the inherit flag), flat/file (0, made below it).
+    assert_eq!(repairs.repaired, 5, "{repairs:?}");
+    assert_eq!(
+        repairs.foreign,
+        [(0, 3), (PROJECT, 1), (neighbour, 1)].into()
+    );
     assert_eq!(repairs.unchecked, 0);
     let project = |p: &Path| stickyvol_project_of_file(p);
-    assert_eq!(
-        projquota::project_of(&vol.join("escape")).unwrap(),
-        (PROJECT, true)
-    );
-    for file in ["escape/big", "kept", "theirs"] {
+    for dir in ["escape", "flat"] {
+        let found = projquota::project_of(&vol.join(dir)).unwrap();
+        assert_eq!(found, (PROJECT, true), "{dir}");
+    }
+    for file in ["escape/big", "kept", "theirs", "flat/file"] {
         assert_eq!(project(&vol.join(file)), PROJECT, "{file}");
     }
     assert_eq!(

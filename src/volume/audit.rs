@@ -191,7 +191,10 @@ fn tamper_message(record: &VolumeRecord, project_id: u32, repairs: &Repairs) -> 
     let found: Vec<String> = repairs
         .foreign
         .iter()
-        .map(|(id, count)| format!("{count} in project {id}"))
+        .map(|(&id, count)| match id == project_id {
+            true => format!("{count} directories without the inherit flag"),
+            false => format!("{count} in project {id}"),
+        })
         .collect();
     let mut message = format!(
         "volume {}: {} of {} inodes had left its project {project_id} ({}) and were put back; \
@@ -241,12 +244,12 @@ mod tests {
             inodes: 10,
             repaired: 3,
             unchecked: 1,
-            foreign: [(0, 2), (1_000_000_123, 1)].into(),
+            foreign: [(0, 2), (1_000_000_123, 1), (1_000_000_456, 1)].into(),
         };
         let text = tamper_message(&record, 1_000_000_456, &repairs);
         assert!(text.contains("3 of 10 inodes"), "{text}");
         assert!(
-            text.contains("2 in project 0, 1 in project 1000000123"),
+            text.contains("2 in project 0, 1 in project 1000000123, 1 directories without"),
             "{text}"
         );
         assert!(text.contains("1 files held under a lease"), "{text}");

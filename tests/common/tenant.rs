@@ -24,6 +24,9 @@ pub enum Action<'a> {
     Mkdir(&'a str),
     /// Sets the project id of a file or directory (FS_IOC_FSSETXATTR), its flags unchanged.
     SetProject(&'a str, u32),
+    /// Clears the inherit flag of a directory (FS_XFLAG_PROJINHERIT): what is made in it then
+    /// starts in project 0.
+    ClearInherit(&'a str),
     /// Writes this many bytes into a new file, 1 MiB at a time, each synced.
     Write(&'a str, u64),
     /// Makes files `<prefix>0`, `<prefix>1`, … and tags each with the next project id from
@@ -36,6 +39,7 @@ pub fn act(dir: &Path, action: Action<'_>) -> Result<(), String> {
     let (name, path, arg) = match action {
         Action::Mkdir(path) => ("mkdir", path, 0),
         Action::SetProject(path, id) => ("set-project", path, u64::from(id)),
+        Action::ClearInherit(path) => ("clear-inherit", path, 0),
         Action::Write(path, bytes) => ("write", path, bytes),
         Action::TagMany(prefix, first, count) => (
             "tag-many",
@@ -94,6 +98,7 @@ pub fn act_if_asked() {
     match action.as_str() {
         "mkdir" => fs::create_dir(&path).unwrap(),
         "set-project" => set_project(&path, arg as u32),
+        "clear-inherit" => clear_inherit(&path),
         "write" => {
             let mut file = File::create_new(&path).unwrap();
             let chunk = vec![0x5a; 1 << 20];
@@ -121,4 +126,18 @@ fn set_project(path: &str, id: u32) {
     let file = File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     projquota::set_project_of_fd(file.as_fd(), id, false)
         .unwrap_or_else(|e| panic!("FS_IOC_FSSETXATTR {path} to project {id}: {e}"));
+}
+
+nix::ioctl_read_bad!(fs_ioc_fsgetxattr, 0x801C_581F, projquota::FsXattr);
+nix::ioctl_write_ptr_bad!(fs_ioc_fssetxattr, 0x401C_5820, projquota::FsXattr);
+
+fn clear_inherit(path: &str) {
+    const FS_XFLAG_PROJINHERIT: u32 = 0x200;
+    let dir = File::open(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut attr = projquota::FsXattr::default();
+    // SAFETY: `attr` is a whole struct fsxattr that outlives both calls.
+    unsafe { fs_ioc_fsgetxattr(dir.as_raw_fd(), &mut attr) }.unwrap();
+    attr.fsx_xflags &= !FS_XFLAG_PROJINHERIT;
+    // SAFETY: as above; the kernel only reads it.
+    unsafe { fs_ioc_fssetxattr(dir.as_raw_fd(), &attr) }.unwrap();
 }
