@@ -122,6 +122,18 @@ pub struct ServeArgs {
     )]
     pub orphan_check_interval: u64,
 
+    /// Seconds between audits of the project ids in volumes limited by project quotas (a pod's
+    /// files moved out of its volume's project are put back, and the volume reported); the
+    /// longest a pod can write past its size (0: off; modes all and node only).
+    #[arg(
+        long,
+        env = "PROJECT_AUDIT_INTERVAL",
+        value_name = "SECONDS",
+        default_value_t = 600,
+        value_parser = clap::value_parser!(u64).range(0..=86400)
+    )]
+    pub project_audit_interval: u64,
+
     /// The pod's own namespace (from the downward API): where the reconciler's Lease is, and
     /// where the orphan check keeps this node's report for `stickyvol cluster orphans`.
     #[arg(long, env = "POD_NAMESPACE")]
@@ -271,6 +283,8 @@ pub struct Config {
     pub node_loss: Option<NodeLossConfig>,
     /// The looks for orphaned volumes, when they run (modes with volumes only).
     pub orphan_check: Option<OrphanCheckConfig>,
+    /// Time between project-id audits, when they run (modes with volumes only).
+    pub project_audit_interval: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -349,9 +363,13 @@ impl Config {
                 .metrics_max_connections
                 .map_or(defaults.max_connections, |n| n as usize),
         };
+        // Controller mode has no volumes to audit: the default interval means nothing there.
+        let project_audit_interval = (args.project_audit_interval > 0 && args.mode.works_on_host())
+            .then(|| Duration::from_secs(args.project_audit_interval));
         Ok(Config {
             node_loss,
             orphan_check,
+            project_audit_interval,
             socket_path,
             admin_socket,
             node_id: args.node_id,
@@ -792,6 +810,7 @@ mod tests {
             node_loss: NodeLossMode::Off,
             node_loss_interval: 5,
             orphan_check_interval: 0,
+            project_audit_interval: 600,
             namespace: None,
             identity: None,
         }
@@ -1176,5 +1195,29 @@ mod tests {
             let err = with(mode, 60, namespace).unwrap_err();
             assert!(matches!(err, ConfigError::NodeLoss(_)), "{err}");
         }
+    }
+
+    #[test]
+    fn the_project_audit_runs_where_the_volumes_are_unless_turned_off() {
+        let with = |mode, seconds| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.project_audit_interval = seconds;
+            Config::from_args(a).unwrap().project_audit_interval
+        };
+        assert_eq!(with(Mode::All, 600), Some(Duration::from_secs(600)));
+        assert_eq!(with(Mode::Node, 5), Some(Duration::from_secs(5)));
+        assert_eq!(with(Mode::All, 0), None);
+        assert_eq!(with(Mode::Controller, 600), None);
+        use clap::Parser;
+        let parsed = crate::cli::Cli::try_parse_from(["stickyvol", "serve", "--node-id", "n"]);
+        let Ok(crate::cli::Cli {
+            command: crate::cli::Command::Serve(serve),
+            ..
+        }) = parsed
+        else {
+            panic!("serve does not parse: {parsed:?}");
+        };
+        assert_eq!(serve.project_audit_interval, 600, "the default");
     }
 }

@@ -6,6 +6,7 @@
 //! mechanics that know nothing about gRPC (mounts, loop devices, safe deletion, usage).
 
 pub mod admin;
+pub mod audit_events;
 pub mod cli;
 pub mod config;
 pub mod controller;

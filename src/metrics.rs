@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 use tracing::warn;
 
 use crate::driver::Driver;
+use crate::volume::space::audit::AuditTotals;
 use crate::volume::state::journal;
 
 pub use http::serve;
@@ -170,6 +171,67 @@ impl Collector for JournalCollector {
     }
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuditLabels {
+    result: String,
+}
+
+/// The project-id audit's running totals as the last scrape read them (`Metrics::render`).
+#[derive(Debug, Default)]
+struct AuditCollector {
+    latest: Mutex<Option<AuditTotals>>,
+}
+
+impl Collector for AuditCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(totals) = *self.latest.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return Ok(());
+        };
+        {
+            let mut audits = encoder.encode_descriptor(
+                "project_audits",
+                "Audits of a volume's project ids (project quotas), by result: clean, tampered \
+             (inodes found in another project and put back) or unfinished",
+                None,
+                MetricType::Counter,
+            )?;
+            for (result, count) in [
+                ("clean", totals.clean),
+                ("tampered", totals.tampered),
+                ("unfinished", totals.unfinished),
+            ] {
+                let labels = AuditLabels {
+                    result: result.into(),
+                };
+                ConstCounter::new(count).encode(audits.encode_family(&labels)?)?;
+            }
+        }
+        ConstCounter::new(totals.repaired_inodes).encode(encoder.encode_descriptor(
+            "project_audit_repaired_inodes",
+            "Inodes the project-id audit found outside their volume's project and put back",
+            None,
+            MetricType::Counter,
+        )?)?;
+        ConstGauge::new(i64::try_from(totals.tampered_volumes).unwrap_or(i64::MAX)).encode(
+            encoder.encode_descriptor(
+                "project_audit_tampered_volumes",
+                "Volumes whose last project-id audit found inodes outside their project (shown \
+                 abnormal in NodeGetVolumeStats until an audit finds them clean)",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
+        ConstGauge::new(i64::try_from(totals.unfinished_volumes).unwrap_or(i64::MAX)).encode(
+            encoder.encode_descriptor(
+                "project_audit_unfinished_volumes",
+                "Volumes whose last project-id audit did not finish (see the log)",
+                None,
+                MetricType::Gauge,
+            )?,
+        )
+    }
+}
+
 type HistogramFamily = Family<MethodLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -191,6 +253,7 @@ pub struct Metrics {
     snapshots: Family<PoolLabels, Gauge>,
     pool_snapshot_bytes: Family<PoolLabels, Gauge>,
     journals: Arc<JournalCollector>,
+    audits: Arc<AuditCollector>,
     connections_refused: Counter,
     connections_timed_out: Counter,
     node_loss_actions: Family<NodeLossLabels, Counter>,
@@ -284,6 +347,8 @@ impl Metrics {
         );
         let journals = Arc::new(JournalCollector::default());
         registry.register_collector(Box::new(journals.clone()));
+        let audits = Arc::new(AuditCollector::default());
+        registry.register_collector(Box::new(audits.clone()));
         let connections_refused = Counter::default();
         registry.register(
             "metrics_connections_refused",
@@ -325,6 +390,7 @@ impl Metrics {
             connections_timed_out,
             registry,
             journals,
+            audits,
             pool_available,
             pool_unwritten,
             pool_full,
@@ -443,6 +509,8 @@ impl Metrics {
                 .latest
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = volumes.journal_stats().to_vec();
+            *self.audits.latest.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(volumes.audit_totals());
             for (pool, count, bytes) in volumes.snapshot_census() {
                 let labels = PoolLabels { pool };
                 self.snapshots.get_or_create(&labels).set(count as i64);

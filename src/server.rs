@@ -10,6 +10,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -20,6 +21,7 @@ use tonic::transport::Server;
 use tower::{Layer, Service};
 use tracing::{debug, error, info, warn};
 
+use crate::audit_events;
 use crate::config::{Config, Mode};
 use crate::controller::ControllerService;
 use crate::csi;
@@ -28,6 +30,7 @@ use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 use crate::nodeloss::{reconcile, report, returned};
+use crate::volume::audit;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
 const SOCKET_MODE: u32 = 0o660;
@@ -173,6 +176,40 @@ async fn start_orphan_check(
     )))
 }
 
+/// The periodic project-id audit, where the configuration asks for it and this mode has
+/// volumes, on a thread of its own (its walks block); it stops when the flag returned is set.
+fn start_project_audit(driver: &Driver) -> Option<Arc<AtomicBool>> {
+    let interval = driver.config.project_audit_interval?;
+    let volumes = driver.volumes().ok()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    // Events on the claims: written by a task of their own, fed without waiting (the queue is
+    // bounded; the log and the metrics report what does not fit).
+    let (found, pending) = tokio::sync::mpsc::channel(64);
+    let reporter = audit_events::Reporter {
+        driver: driver.config.driver_name.clone(),
+        node: driver.config.node_id.clone(),
+    };
+    tokio::spawn(audit_events::run(pending, reporter));
+    let report = move |tampered: Vec<audit::Tampered>| {
+        for volume in tampered {
+            if found.try_send(volume).is_err() {
+                warn!("project-id audit: Event queue full, an Event on a claim was dropped");
+            }
+        }
+    };
+    let started = std::thread::Builder::new()
+        .name("project-audit".into())
+        .spawn(move || audit::run_every(volumes, interval, stopped, report));
+    match started {
+        Ok(_) => Some(stop),
+        Err(err) => {
+            error!(error = %err, "project-id audit off: cannot start its thread");
+            None
+        }
+    }
+}
+
 async fn serve_on(
     listener: UnixListener,
     admin: Option<UnixListener>,
@@ -208,6 +245,8 @@ async fn serve_on(
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
     let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
+    // Pods moving files out of their volume's project are caught and undone.
+    let stop_audit = start_project_audit(&driver);
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);
@@ -234,6 +273,10 @@ async fn serve_on(
     let served = serving.await;
     let _ = stop_reconciler.send(());
     let _ = stop_orphans.send(());
+    if let Some(stop) = stop_audit {
+        // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
+        stop.store(true, Ordering::Relaxed);
+    }
     if let Some(orphan_check) = orphan_check {
         // A move under way finishes on its blocking thread; the loop itself just stops.
         orphan_check.abort();

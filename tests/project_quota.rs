@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::scratchfs::ScratchFs;
@@ -225,9 +226,11 @@ async fn sizes_are_enforced(fs_type: &str) {
         "project {full_id} after DeleteVolume"
     );
     assert!(!projquota::project_in_use(&root, full_id).unwrap());
-    // Its id is free again: the next volume gets it (ids go lowest first).
+    // Ids are drawn at random from the range: the next volume gets one of its own.
     let next = driver.create(in_pool(&[("pool", "disk")], 8 * MIB)).await;
-    assert_eq!(project_of_volume(&next), full_id);
+    let next_id = project_of_volume(&next);
+    assert!(projquota::DEFAULT_PROJECT_ID_RANGE.contains(&next_id));
+    assert_ne!(next_id, neighbour_id);
     driver.delete(&next.volume_id).await.unwrap();
     driver.delete(&neighbour.volume_id).await.unwrap();
     for id in [full_id, neighbour_id] {
@@ -299,11 +302,14 @@ fn project_dirs(pool: &Path) -> Vec<(PathBuf, u32)> {
     found
 }
 
-/// The ids of `range` that quota says are in use (usage or a limit).
+/// The ids of `range` that quota says are in use (usage or a limit), by Q_GETNEXTQUOTA.
 fn ids_in_use(root: &Path, range: std::ops::Range<u32>) -> BTreeSet<u32> {
-    range
-        .filter(|&id| projquota::project_in_use(root, id).unwrap())
-        .collect()
+    let found = projquota::projects_in_use(root, range, 10_000).unwrap();
+    assert!(
+        found.len() < 10_000,
+        "more projects in use than a test makes"
+    );
+    found.into_iter().collect()
 }
 
 /// SIGKILL in the middle of concurrent CreateVolumes: at the next start the uncommitted ones
@@ -317,8 +323,7 @@ async fn creates_interrupted_by_a_kill_leave_no_project_id_behind() {
     };
     let root = fs.mount_point.clone();
     let pool = root.join("pool");
-    let range =
-        projquota::DEFAULT_PROJECT_ID_RANGE.start..projquota::DEFAULT_PROJECT_ID_RANGE.start + 200;
+    let range = projquota::DEFAULT_PROJECT_ID_RANGE;
     let mut driver = driver_on(&fs, Some("project"));
     driver.start_again().await;
     let mut rounds_with_leftovers = 0;
@@ -411,8 +416,7 @@ async fn a_failed_clone_leaves_no_project_id_behind() {
         return;
     };
     let root = fs.mount_point.clone();
-    let range =
-        projquota::DEFAULT_PROJECT_ID_RANGE.start..projquota::DEFAULT_PROJECT_ID_RANGE.start + 200;
+    let range = projquota::DEFAULT_PROJECT_ID_RANGE;
     let mut driver = driver_on(&fs, Some("project"));
     driver.start_again().await;
     let source = driver.create(in_pool(&[("pool", "disk")], 8 * MIB)).await;
@@ -437,5 +441,355 @@ async fn a_failed_clone_leaves_no_project_id_behind() {
         "project ids in use after the failed clone"
     );
     driver.delete(&source.volume_id).await.unwrap();
+    assert_eq!(ids_in_use(&root, range), BTreeSet::new());
+}
+
+/// The entry point of the tenant's runs (tests/common/tenant.rs); does nothing in a test run.
+#[test]
+fn tenant_act() {
+    common::tenant::act_if_asked();
+}
+
+/// The driver's next start runs the project-id audit every `seconds` (0: never).
+fn audit_every(driver: &mut TestDriver, seconds: u64) {
+    let args = &mut driver.options_mut().extra_args;
+    if let Some(at) = args.iter().position(|a| a == "--project-audit-interval") {
+        args.drain(at..at + 2);
+    }
+    driver.add_args(["--project-audit-interval".to_string(), seconds.to_string()]);
+}
+
+/// The project id of a regular file or directory, not followed.
+fn project_of_path(path: &Path) -> u32 {
+    use std::os::fd::AsFd;
+    let file = File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    projquota::project_of_fd(file.as_fd()).unwrap().0
+}
+
+/// What NodeGetVolumeStats, as kubelet calls it, says of the volume's condition.
+async fn stats_condition(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    target: &Path,
+) -> csi::VolumeCondition {
+    driver
+        .stats(&volume.volume_id, &path_str(target))
+        .await
+        .unwrap()
+        .volume_condition
+        .expect("volume_condition")
+}
+
+/// A stub API server for the audit's Events: GET of the claim `shop/data-0` (uid "uid-claim")
+/// and POST of Events in `shop`, whose bodies it keeps. Serves on a free port of 127.0.0.1
+/// for the rest of the test; returns its kubeconfig.
+async fn events_stub(events: Arc<Mutex<Vec<serde_json::Value>>>, dir: &Path) -> PathBuf {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let serve = move |req: hyper::Request<hyper::body::Incoming>| {
+        let events = events.clone();
+        async move {
+            let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let (code, answer) = match (method.as_str(), path.as_str()) {
+                ("GET", "/api/v1/namespaces/shop/persistentvolumeclaims/data-0") => (
+                    200,
+                    serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": "data-0", "namespace": "shop", "uid": "uid-claim"}}),
+                ),
+                ("POST", "/api/v1/namespaces/shop/events") => {
+                    let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    events.lock().unwrap().push(event.clone());
+                    (201, event)
+                }
+                _ => (
+                    404,
+                    serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404}),
+                ),
+            };
+            let response = hyper::Response::builder()
+                .status(code)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(answer.to_string())))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    };
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let serve = serve.clone();
+            tokio::spawn(async move {
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let service = hyper::service::service_fn(serve);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: stub\n  cluster: {{server: \"http://{address}\"}}\n\
+             users:\n- name: stub\n  user: {{}}\ncontexts:\n- name: stub\n  context: {{cluster: stub, user: stub}}\n\
+             current-context: stub\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+/// A tenant (uid 1000, no capabilities, writing through its publish target) moves a directory
+/// of its volume into project 0 and writes past its size, and another into its neighbour's
+/// project and fills that quota: both work while no audit runs (the hole). With the audit on,
+/// its next round puts every inode back, the usage counts against the tenant's volume, the
+/// neighbour's quota is freed, the volume is abnormal in NodeGetVolumeStats and counted in the
+/// metrics, and a clean round clears the report.
+async fn a_tenant_leaving_its_project_is_caught(fs_type: &str) {
+    use common::tenant::{Action, act};
+    let Some(fs) = with_project_quota(fs_type) else {
+        return;
+    };
+    let root = fs.mount_point.clone();
+    let mut driver = driver_on(&fs, Some("project"));
+    driver.options_mut().metrics_address = Some(free_local_address());
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let kubeconfig = events_stub(events.clone(), &driver.root).await;
+    driver.options_mut().kubeconfig = Some(kubeconfig);
+    audit_every(&mut driver, 0);
+    driver.start_again().await;
+    // As csi-provisioner passes them with --extra-create-metadata.
+    let claim = [
+        ("pool", "disk"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+        ("csi.storage.k8s.io/pvc/name", "data-0"),
+    ];
+    let tenant = driver.create(in_pool(&claim, 16 * MIB)).await;
+    let neighbour = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
+    let (tenant_id, neighbour_id) = (project_of_volume(&tenant), project_of_volume(&neighbour));
+    let target = driver.publish_at_new_target(&tenant, snw_mount()).await;
+    for step in [
+        Action::Mkdir("escape"),
+        Action::SetProject("escape", 0),
+        Action::Write("escape/big", 24 * MIB as u64),
+        Action::Mkdir("theirs"),
+        Action::SetProject("theirs", neighbour_id),
+        Action::Write("theirs/fill", 8 * MIB as u64),
+    ] {
+        act(&target, step).unwrap_or_else(|e| panic!("{fs_type}: {step:?} failed: {e}"));
+    }
+    // The hole: 32 MiB written into a 16 MiB volume, 8 MiB of it charged to the neighbour.
+    let charged = |id| projquota::project_usage(&root, id).unwrap().used_bytes;
+    assert!(charged(tenant_id) < MIB as u64, "{}", charged(tenant_id));
+    assert!(
+        charged(neighbour_id) >= 8 * MIB as u64,
+        "{}",
+        charged(neighbour_id)
+    );
+    assert!(!stats_condition(&driver, &tenant, &target).await.abnormal);
+
+    // Rounds 8 s apart: the first finds the tampering, the second (clean) clears the report,
+    // so the checks below have about 8 s. (Mid-walk, the volume may already be abnormal for
+    // its usage: what is put back counts against it at once.)
+    driver.stop().await;
+    audit_every(&mut driver, 8);
+    driver.start_again().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let condition = loop {
+        let condition = stats_condition(&driver, &tenant, &target).await;
+        let audited = condition.message.contains("had left its project");
+        if audited || std::time::Instant::now() > deadline {
+            break condition;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("{fs_type}: tampered volume's condition: {condition:?}");
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(
+        condition.message.contains("had left its project"),
+        "no audit report within 60 s: {condition:?}; log:\n{}",
+        driver.log_text()
+    );
+    assert!(
+        condition.message.contains("in project 0"),
+        "{}",
+        condition.message
+    );
+    assert!(
+        condition
+            .message
+            .contains(&format!("in project {neighbour_id}")),
+        "{}",
+        condition.message
+    );
+    for dir in ["escape", "theirs"] {
+        assert_eq!(
+            projquota::project_of(&target.join(dir)).unwrap(),
+            (tenant_id, true)
+        );
+    }
+    for file in ["escape/big", "theirs/fill"] {
+        assert_eq!(project_of_path(&target.join(file)), tenant_id, "{file}");
+    }
+    assert!(
+        charged(tenant_id) >= 32 * MIB as u64,
+        "{}",
+        charged(tenant_id)
+    );
+    assert!(
+        charged(neighbour_id) < MIB as u64,
+        "{}",
+        charged(neighbour_id)
+    );
+    let stats = driver
+        .stats(&tenant.volume_id, &path_str(&target))
+        .await
+        .unwrap();
+    let bytes = usage_of(&stats, Unit::Bytes).unwrap();
+    assert!(bytes.used >= 32 * MIB, "{bytes:?}");
+    assert!(!driver.condition_of(&neighbour.volume_id).await.abnormal);
+    assert!(
+        driver.log_text().contains("had left its project"),
+        "{}",
+        driver.log_text()
+    );
+    let metrics = driver.scrape();
+    assert!(metrics.value("stickyvol_project_audit_repaired_inodes_total", &[]) >= 4.0);
+    assert_eq!(
+        metrics.value("stickyvol_project_audit_tampered_volumes", &[]),
+        1.0
+    );
+    let audits = |result| metrics.value("stickyvol_project_audits_total", &[("result", result)]);
+    assert!(audits("tampered") >= 1.0);
+    // An Event on the tenant's claim, none for the neighbour (it has no claim either).
+    for _ in 0..100 {
+        if !events.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let posted = events.lock().unwrap().clone();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    let claim_ref = &posted[0]["involvedObject"];
+    assert_eq!(claim_ref["kind"], "PersistentVolumeClaim");
+    assert_eq!(
+        (&claim_ref["name"], &claim_ref["uid"]),
+        (&"data-0".into(), &"uid-claim".into())
+    );
+    assert_eq!(posted[0]["type"], "Warning");
+    assert!(
+        posted[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("had left its project")
+    );
+    // Now over its size: the tenant's next write is refused (XFS: already the new file).
+    let refused = act(&target, Action::Write("more", MIB as u64)).unwrap_err();
+    let errno = over_project_limit_errno(fs_type);
+    assert!(
+        refused.contains(&format!("code: {errno},"))
+            || refused.contains(&format!("os error {errno})")),
+        "{refused}"
+    );
+
+    // The tenant removes what it wrote: the next clean round clears the report.
+    std::fs::remove_dir_all(target.join("escape")).unwrap();
+    std::fs::remove_dir_all(target.join("theirs")).unwrap();
+    std::fs::remove_file(target.join("more")).ok();
+    let mut cleared = false;
+    for _ in 0..300 {
+        let metrics = driver.scrape();
+        let condition = stats_condition(&driver, &tenant, &target).await;
+        if !condition.abnormal
+            && metrics.value("stickyvol_project_audit_tampered_volumes", &[]) == 0.0
+        {
+            cleared = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        cleared,
+        "still reported after 60 s; log:\n{}",
+        driver.log_text()
+    );
+    assert!(
+        driver
+            .scrape()
+            .value("stickyvol_project_audits_total", &[("result", "clean")])
+            >= 1.0
+    );
+    driver.unpublish_ok(&tenant, &target).await;
+    driver.delete(&tenant.volume_id).await.unwrap();
+    driver.delete(&neighbour.volume_id).await.unwrap();
+}
+
+#[tokio::test]
+async fn xfs_a_tenant_leaving_its_project_is_caught_by_the_audit() {
+    a_tenant_leaving_its_project_is_caught("xfs").await;
+}
+
+#[tokio::test]
+async fn ext4_a_tenant_leaving_its_project_is_caught_by_the_audit() {
+    a_tenant_leaving_its_project_is_caught("ext4").await;
+}
+
+/// Project ids are drawn at random, and a tenant tagging files with the ids around its own (the
+/// next 1,100 and the previous 1,100: what lowest-first allocation would have handed out next,
+/// and made CreateVolume fail after 1,024) cannot make CreateVolume fail.
+#[tokio::test]
+async fn ids_are_unguessable_and_tagging_cannot_exhaust_them() {
+    use common::tenant::{Action, act};
+    let Some(fs) = with_project_quota("xfs") else {
+        return;
+    };
+    let root = fs.mount_point.clone();
+    let mut driver = driver_on(&fs, Some("project"));
+    audit_every(&mut driver, 0);
+    driver.start_again().await;
+    let tenant = driver.create(in_pool(&[("pool", "disk")], 16 * MIB)).await;
+    let tenant_id = project_of_volume(&tenant);
+    let target = driver.publish_at_new_target(&tenant, snw_mount()).await;
+    let started = std::time::Instant::now();
+    act(&target, Action::TagMany("up", tenant_id + 1, 1100)).unwrap();
+    act(&target, Action::TagMany("down", tenant_id - 1100, 1100)).unwrap();
+    eprintln!("the tenant tagged 2,200 ids in {:?}", started.elapsed());
+    for id in [tenant_id + 1, tenant_id + 1100, tenant_id - 1100] {
+        assert_eq!(
+            projquota::project_use(&root, id).unwrap(),
+            projquota::IdUse::Charged,
+            "{id}"
+        );
+    }
+    let mut ids = vec![tenant_id];
+    for _ in 0..10 {
+        let volume = driver.create(in_pool(&[("pool", "disk")], 8 * MIB)).await;
+        ids.push(project_of_volume(&volume));
+    }
+    eprintln!("project ids handed out: {ids:?}");
+    let tagged = tenant_id - 1100..=tenant_id + 1100;
+    assert!(ids[1..].iter().all(|id| !tagged.contains(id)), "{ids:?}");
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len(), "an id handed out twice: {ids:?}");
+    assert!(
+        sorted.windows(2).all(|w| w[1] - w[0] > 1),
+        "neighbouring ids: {sorted:?}"
+    );
+    let range = projquota::DEFAULT_PROJECT_ID_RANGE;
+    assert!(
+        sorted[sorted.len() - 1] - sorted[0] > (range.end - range.start) / 4,
+        "{sorted:?}"
+    );
+    assert!(sorted.iter().all(|id| range.contains(id)));
+    driver.unpublish_ok(&tenant, &target).await;
+    for id in driver.listed_ids().await {
+        driver.delete(&id).await.unwrap();
+    }
     assert_eq!(ids_in_use(&root, range), BTreeSet::new());
 }

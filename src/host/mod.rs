@@ -14,6 +14,7 @@ mod meta;
 pub mod mount;
 pub mod mountinfo;
 pub mod projquota;
+pub mod projtree;
 pub mod safe_delete;
 pub mod tree;
 pub mod usage;

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -26,7 +26,7 @@ use nix::fcntl::{OFlag, open};
 use nix::sys::stat::Mode;
 
 use uapi::*;
-pub use uapi::{FsXattr, IfDqblk, IfDqinfo};
+pub use uapi::{FsXattr, IfDqblk, IfDqinfo, IfNextDqblk};
 
 /// Project ids [`ProjectIds::new`] hands out unless configured otherwise. Administrators
 /// number their projects from 1 upwards (/etc/projid), and systemd takes 2^31 and above for
@@ -39,7 +39,7 @@ pub const DEFAULT_PROJECT_ID_RANGE: Range<u32> = 1_000_000_000..1_100_000_000;
 /// `dir` is not followed if it is a symlink.
 pub fn project_of(dir: &Path) -> io::Result<(u32, bool)> {
     let fd = open_dir(dir)?;
-    let attr = get_xattr(&fd)?;
+    let attr = get_xattr(fd.as_fd())?;
     Ok((attr.fsx_projid, attr.fsx_xflags & FS_XFLAG_PROJINHERIT != 0))
 }
 
@@ -49,7 +49,7 @@ pub fn project_of(dir: &Path) -> io::Result<(u32, bool)> {
 /// XFS and on ext4 with the `project` feature; elsewhere a non-zero id fails with EOPNOTSUPP.
 pub fn assign_project(dir: &Path, project_id: u32) -> io::Result<()> {
     let fd = open_dir(dir)?;
-    let mut attr = get_xattr(&fd)?;
+    let mut attr = get_xattr(fd.as_fd())?;
     attr.fsx_projid = project_id;
     attr.fsx_xflags |= FS_XFLAG_PROJINHERIT;
     // SAFETY: `attr` is a complete struct fsxattr, as returned by the kernel, that outlives
@@ -144,16 +144,88 @@ pub fn project_usage(path_in_fs: &Path, project_id: u32) -> io::Result<ProjectUs
 }
 
 /// Whether anything on the filesystem uses project `project_id`: space or inodes charged to
-/// it, or any limit (block or inode, hard or soft) set on it. The probe for
-/// [`ProjectIds::allocate`].
+/// it, or any limit (block or inode, hard or soft) set on it.
 pub fn project_in_use(path_in_fs: &Path, project_id: u32) -> io::Result<bool> {
-    let dq = get_quota(path_in_fs, project_id)?;
-    Ok(dq.dqb_curspace != 0
-        || dq.dqb_curinodes != 0
-        || dq.dqb_bhardlimit != 0
+    Ok(project_use(path_in_fs, project_id)? != IdUse::Unused)
+}
+
+/// How the filesystem uses project `project_id`: the probe for [`ProjectIds::allocate`].
+pub fn project_use(path_in_fs: &Path, project_id: u32) -> io::Result<IdUse> {
+    Ok(use_of(&get_quota(path_in_fs, project_id)?))
+}
+
+fn use_of(dq: &IfDqblk) -> IdUse {
+    if dq.dqb_bhardlimit != 0
         || dq.dqb_bsoftlimit != 0
         || dq.dqb_ihardlimit != 0
-        || dq.dqb_isoftlimit != 0)
+        || dq.dqb_isoftlimit != 0
+    {
+        IdUse::Limited
+    } else if dq.dqb_curspace != 0 || dq.dqb_curinodes != 0 {
+        IdUse::Charged
+    } else {
+        IdUse::Unused
+    }
+}
+
+/// The projects of `range` the filesystem uses (usage or a limit), lowest first, at most
+/// `at_most` of them (Q_GETNEXTQUOTA: one call per project found, however sparse the range).
+pub fn projects_in_use(
+    path_in_fs: &Path,
+    range: Range<u32>,
+    at_most: usize,
+) -> io::Result<Vec<u32>> {
+    let mut found = Vec::new();
+    let mut next = range.start;
+    while next < range.end && found.len() < at_most {
+        let mut dq = IfNextDqblk::default();
+        match quotactl(path_in_fs, Q_GETNEXTQUOTA, next, (&raw mut dq).cast()) {
+            Ok(()) => {}
+            Err(Errno::ENOENT) => break,
+            Err(errno) => return Err(errno.into()),
+        }
+        if dq.dqb_id >= range.end || dq.dqb_id < next {
+            break;
+        }
+        let quota = IfDqblk {
+            dqb_bhardlimit: dq.dqb_bhardlimit,
+            dqb_bsoftlimit: dq.dqb_bsoftlimit,
+            dqb_curspace: dq.dqb_curspace,
+            dqb_ihardlimit: dq.dqb_ihardlimit,
+            dqb_isoftlimit: dq.dqb_isoftlimit,
+            dqb_curinodes: dq.dqb_curinodes,
+            ..IfDqblk::default()
+        };
+        if use_of(&quota) != IdUse::Unused {
+            found.push(dq.dqb_id);
+        }
+        match dq.dqb_id.checked_add(1) {
+            Some(after) => next = after,
+            None => break,
+        }
+    }
+    Ok(found)
+}
+
+/// The project id of the open file `fd` and whether it carries the inherit flag.
+pub fn project_of_fd(fd: BorrowedFd<'_>) -> io::Result<(u32, bool)> {
+    let attr = get_xattr(fd)?;
+    Ok((attr.fsx_projid, attr.fsx_xflags & FS_XFLAG_PROJINHERIT != 0))
+}
+
+/// Puts the open file `fd` into project `project_id`, with the inherit flag if `inherit`
+/// (directories); its other flags stay. The quota subsystem moves its charges to the new
+/// project, whatever the old one's limit.
+pub fn set_project_of_fd(fd: BorrowedFd<'_>, project_id: u32, inherit: bool) -> io::Result<()> {
+    let mut attr = get_xattr(fd)?;
+    attr.fsx_projid = project_id;
+    if inherit {
+        attr.fsx_xflags |= FS_XFLAG_PROJINHERIT;
+    }
+    // SAFETY: `attr` is a complete struct fsxattr, as returned by the kernel, that outlives
+    // the call and that the kernel only reads.
+    unsafe { fs_ioc_fssetxattr(fd.as_raw_fd(), &attr) }?;
+    Ok(())
 }
 
 fn get_quota(path_in_fs: &Path, project_id: u32) -> io::Result<IfDqblk> {
@@ -180,9 +252,9 @@ fn quotactl(
     let fd = open_dir(path_in_fs).map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(0)))?;
     let qcmd = libc::QCMD(cmd, PRJQUOTA) as libc::c_uint;
     // SAFETY: quotactl_fd reads or fills `addr`, which the callers point at the struct the
-    // command expects (if_dqinfo for Q_GETINFO, if_dqblk for Q_GETQUOTA/Q_SETQUOTA, fs_quota_statv
-    // for Q_XGETQSTATV), alive for
-    // the duration of the call.
+    // command expects (if_dqinfo for Q_GETINFO, if_dqblk for Q_GETQUOTA/Q_SETQUOTA,
+    // if_nextdqblk for Q_GETNEXTQUOTA, fs_quota_statv for Q_XGETQSTATV), alive for the
+    // duration of the call.
     let rc = unsafe {
         libc::syscall(
             SYS_QUOTACTL_FD,
@@ -195,7 +267,7 @@ fn quotactl(
     if rc == 0 { Ok(()) } else { Err(Errno::last()) }
 }
 
-fn get_xattr(fd: &OwnedFd) -> io::Result<FsXattr> {
+fn get_xattr(fd: BorrowedFd<'_>) -> io::Result<FsXattr> {
     let mut attr = FsXattr::default();
     // SAFETY: `attr` is a complete struct fsxattr the kernel fills in; it outlives the call.
     unsafe { fs_ioc_fsgetxattr(fd.as_raw_fd(), &mut attr) }?;
@@ -211,12 +283,18 @@ fn open_dir(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Hands out project ids from a range so that no two volumes ever share one: an id is taken
-/// while a volume record holds it or a [`ProjectIdLease`] reserves it, and an id the
-/// filesystem already uses (the probe says so) is skipped. Cheap to clone (the clones share
-/// one state) and safe to use from many threads.
+/// while a volume record holds it or a [`ProjectIdLease`] reserves it. Cheap to clone (the
+/// clones share one state) and safe to use from many threads.
 ///
-/// Allocation is O(log n) amortized: ids below a frontier that were released are kept in a
-/// set, ids above it are handed out in order, each held id being stepped over once.
+/// Ids are drawn at random from the range, so a tenant cannot guess a neighbour's id from its
+/// own (the owner of a file may set its project id without privilege; see `volume::audit`).
+///
+/// Exhaustion is not a tenant's to cause. Our records (and leases) are the authority on which
+/// ids are taken. Beyond them the filesystem is asked ([`IdUse`]): an id carrying a limit was
+/// set up by someone with CAP_SYS_ADMIN (a crash's leftover, another tool) and is skipped; an id
+/// merely charged with usage may be a tenant's tagging of its own files, which cannot reserve
+/// anything: it is avoided while unused ids are found, and taken otherwise (the audit of the
+/// tagging tenant's volume moves those files back to that volume's id).
 #[derive(Debug, Clone)]
 pub struct ProjectIds {
     range: Range<u32>,
@@ -229,17 +307,24 @@ struct IdState {
     held: BTreeSet<u32>,
     /// The subset of `held` reserved by leases not yet committed.
     leased: BTreeSet<u32>,
-    /// Released ids below `frontier`, free to hand out again.
-    free: BTreeSet<u32>,
-    /// No id in [frontier, range.end) was handed out, except those in `held`.
-    frontier: u32,
-    /// Ids the probe reported as used by someone else; never offered again by this instance.
+    /// Draws the probe answered with a limit nobody here set, over this instance's life.
     foreign: u64,
 }
 
-/// How many consecutive ids the probe may report as in use before [`ProjectIds::allocate`]
-/// gives up: more means someone else is allocating from our range.
-const MAX_PROBES_PER_ALLOCATION: usize = 1024;
+/// How the filesystem uses a project id, as [`ProjectIds::allocate`]'s probe reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdUse {
+    /// No usage, no limit.
+    Unused,
+    /// Space or inodes are charged to it, no limit: files tagged with it, perhaps by a tenant.
+    Charged,
+    /// A limit is set on it: only a privileged process does that.
+    Limited,
+}
+
+/// Random draws [`ProjectIds::allocate`] makes before settling for a charged id, or giving up
+/// when every draw carries a limit (then someone else allocates from our range).
+const DRAWS_PER_ALLOCATION: usize = 64;
 
 impl ProjectIds {
     /// `ids_in_use_by_our_records`: the project ids of the volumes that exist (from their
@@ -255,8 +340,6 @@ impl ProjectIds {
             state: Arc::new(Mutex::new(IdState {
                 held,
                 leased: BTreeSet::new(),
-                free: BTreeSet::new(),
-                frontier: range.start,
                 foreign: 0,
             })),
             range,
@@ -267,60 +350,61 @@ impl ProjectIds {
         self.range.clone()
     }
 
-    /// Reserves the lowest id that is neither held nor reported in use by `probe` (e.g.
-    /// [`project_in_use`] on the volume's filesystem). The reservation lasts until the lease
-    /// is committed (the id now belongs to a record) or dropped (the id is free again). A
-    /// probe error is returned as is and the id stays available. Fails with StorageFull when
-    /// the range is exhausted.
-    pub fn allocate(&self, probe: impl Fn(u32) -> io::Result<bool>) -> io::Result<ProjectIdLease> {
+    /// Reserves a random id that is not held, preferring one `probe` (e.g. [`project_use`] on
+    /// the volume's filesystem) reports unused, never one it reports limited. The reservation
+    /// lasts until the lease is committed (the id now belongs to a record) or dropped (the id
+    /// is free again). A probe error is returned as is. Fails with StorageFull when the range
+    /// is exhausted by held ids, or every draw carries a limit.
+    pub fn allocate(&self, probe: impl Fn(u32) -> io::Result<IdUse>) -> io::Result<ProjectIdLease> {
         let mut state = self.lock();
-        for _ in 0..MAX_PROBES_PER_ALLOCATION {
-            let Some(id) = state.take_lowest(&self.range) else {
+        let mut charged = None;
+        for _ in 0..DRAWS_PER_ALLOCATION {
+            let Some(id) = state.draw(&self.range)? else {
                 return Err(io::Error::new(
                     io::ErrorKind::StorageFull,
                     format!(
-                        "no free project id left in {}..{}: {} held by volumes, {} found in use \
-                         on the filesystem",
-                        self.range.start,
-                        self.range.end,
-                        state.held.range(self.range.clone()).count(),
-                        state.foreign
+                        "no free project id left in {}..{}: all held by volumes",
+                        self.range.start, self.range.end
                     ),
                 ));
             };
-            match probe(id) {
-                Ok(false) => {
-                    state.held.insert(id);
-                    state.leased.insert(id);
-                    return Ok(ProjectIdLease {
-                        id,
-                        state: Some(Arc::clone(&self.state)),
-                    });
+            match probe(id)? {
+                IdUse::Unused => return Ok(self.lease(&mut state, id)),
+                IdUse::Charged => {
+                    charged.get_or_insert(id);
                 }
-                // Someone else's project: skip it for good rather than probe it on every call.
-                Ok(true) => state.foreign += 1,
-                Err(err) => {
-                    state.free.insert(id);
-                    return Err(err);
-                }
+                IdUse::Limited => state.foreign += 1,
             }
         }
-        Err(io::Error::new(
-            io::ErrorKind::StorageFull,
-            format!(
-                "{MAX_PROBES_PER_ALLOCATION} project ids in a row are in use on the filesystem; \
-                 is another tool allocating from {}..{}?",
-                self.range.start, self.range.end
-            ),
-        ))
+        match charged {
+            Some(id) => Ok(self.lease(&mut state, id)),
+            None => Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!(
+                    "{DRAWS_PER_ALLOCATION} random project ids of {}..{} all carry a limit no \
+                     volume of ours set ({} such draws so far); is another tool allocating \
+                     from this range?",
+                    self.range.start, self.range.end, state.foreign
+                ),
+            )),
+        }
     }
 
-    /// The volume holding `id` is gone: the id may be handed out again. Ids not held, and
-    /// ids reserved by a live lease (its drop releases them), are left alone.
+    fn lease(&self, state: &mut IdState, id: u32) -> ProjectIdLease {
+        state.held.insert(id);
+        state.leased.insert(id);
+        ProjectIdLease {
+            id,
+            state: Some(Arc::clone(&self.state)),
+        }
+    }
+
+    /// The volume holding `id` is gone: the id may be handed out again. Ids reserved by a
+    /// live lease (its drop releases them) are left alone.
     pub fn release(&self, id: u32) {
         let mut state = self.lock();
         if !state.leased.contains(&id) {
-            state.release(id, &self.range);
+            state.held.remove(&id);
         }
     }
 
@@ -328,15 +412,10 @@ impl ProjectIds {
     /// data a crash left, until that data and its quota are gone. None otherwise.
     pub fn reserve(&self, id: u32) -> Option<ProjectIdLease> {
         let mut state = self.lock();
-        if !self.range.contains(&id) || !state.held.insert(id) {
+        if !self.range.contains(&id) || state.held.contains(&id) {
             return None;
         }
-        state.leased.insert(id);
-        state.free.remove(&id);
-        Some(ProjectIdLease {
-            id,
-            state: Some(Arc::clone(&self.state)),
-        })
+        Some(self.lease(&mut state, id))
     }
 
     /// Whether `id` is held by a record or a lease.
@@ -351,25 +430,36 @@ impl ProjectIds {
 }
 
 impl IdState {
-    fn take_lowest(&mut self, range: &Range<u32>) -> Option<u32> {
-        if let Some(id) = self.free.pop_first() {
-            return Some(id);
+    /// A random id of `range` that is not held; None when all are.
+    fn draw(&self, range: &Range<u32>) -> io::Result<Option<u32>> {
+        let size = range.end.saturating_sub(range.start);
+        if size as usize <= self.held.range(range.clone()).count() {
+            return Ok(None);
         }
-        while self.frontier < range.end && self.held.contains(&self.frontier) {
-            self.frontier += 1;
+        for _ in 0..16 {
+            let id = range.start + random_below(size)?;
+            if !self.held.contains(&id) {
+                return Ok(Some(id));
+            }
         }
-        if self.frontier >= range.end {
-            return None;
-        }
-        self.frontier += 1;
-        Some(self.frontier - 1)
+        // A crowded range: the first free id from a random point on, wrapping around.
+        let from = range.start + random_below(size)?;
+        Ok((from..range.end)
+            .chain(range.start..from)
+            .find(|id| !self.held.contains(id)))
     }
+}
 
-    fn release(&mut self, id: u32, range: &Range<u32>) {
-        if self.held.remove(&id) && range.contains(&id) && id < self.frontier {
-            self.free.insert(id);
-        }
+/// A uniformly random number below `bound` (> 0), from the kernel's generator. The modulo's
+/// bias is below 2^-32 for a 32-bit bound.
+fn random_below(bound: u32) -> io::Result<u32> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer it is given.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        return Err(io::Error::last_os_error());
     }
+    Ok((u64::from_ne_bytes(bytes) % u64::from(bound)) as u32)
 }
 
 /// A project id reserved by [`ProjectIds::allocate`]: released on drop unless committed.
@@ -399,11 +489,7 @@ impl Drop for ProjectIdLease {
         if let Some(state) = self.state.take() {
             let mut state = lock(&state);
             state.leased.remove(&self.id);
-            // The range is not known here; an id handed out by allocate is always inside it
-            // and below the frontier, so only those two facts matter.
-            if state.held.remove(&self.id) && self.id < state.frontier {
-                state.free.insert(self.id);
-            }
+            state.held.remove(&self.id);
         }
     }
 }
@@ -418,6 +504,10 @@ mod uapi {
     use nix::sys::ioctl::ioctl_num_type;
 
     pub use libc::{Q_GETQUOTA, Q_SETQUOTA, QIF_BLIMITS};
+
+    /// Q_GETNEXTQUOTA (<linux/quota.h>, Linux 4.6+): the quota of the first id at or above the
+    /// one asked for that has one.
+    pub const Q_GETNEXTQUOTA: libc::c_int = 0x80_0009;
 
     /// Q_XGETQSTATV (<linux/dqblk_xfs.h>: XQM_CMD(8)), served by XFS and by the VFS quota code
     /// (ext4) alike; its answer's version must be set on the way in.
@@ -460,6 +550,22 @@ mod uapi {
         pub dqb_btime: u64,
         pub dqb_itime: u64,
         pub dqb_valid: u32,
+    }
+
+    /// struct if_nextdqblk, the argument of Q_GETNEXTQUOTA: an if_dqblk and the id it is of.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct IfNextDqblk {
+        pub dqb_bhardlimit: u64,
+        pub dqb_bsoftlimit: u64,
+        pub dqb_curspace: u64,
+        pub dqb_ihardlimit: u64,
+        pub dqb_isoftlimit: u64,
+        pub dqb_curinodes: u64,
+        pub dqb_btime: u64,
+        pub dqb_itime: u64,
+        pub dqb_valid: u32,
+        pub dqb_id: u32,
     }
 
     /// struct if_dqinfo, the argument of Q_GETINFO.
@@ -609,112 +715,158 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 
-    fn never_used(_: u32) -> io::Result<bool> {
-        Ok(false)
+    fn never_used(_: u32) -> io::Result<IdUse> {
+        Ok(IdUse::Unused)
     }
 
     #[test]
-    fn ids_are_handed_out_lowest_first_skipping_records() {
-        let ids = ProjectIds::new(100..200, [100, 102, 7]);
-        let got: Vec<u32> = (0..4)
+    fn struct_if_nextdqblk_matches_the_kernel_uapi() {
+        assert_eq!(
+            (size_of::<IfNextDqblk>(), align_of::<IfNextDqblk>()),
+            (72, 8)
+        );
+        assert_eq!(offset_of!(IfNextDqblk, dqb_valid), 64);
+        assert_eq!(offset_of!(IfNextDqblk, dqb_id), 68);
+        assert_eq!(libc::QCMD(Q_GETNEXTQUOTA, PRJQUOTA) as u32, 0x8000_0902);
+    }
+
+    #[test]
+    fn usage_and_limits_classify_an_id() {
+        let with = |f: fn(&mut IfDqblk)| {
+            let mut dq = IfDqblk::default();
+            f(&mut dq);
+            use_of(&dq)
+        };
+        assert_eq!(with(|_| {}), IdUse::Unused);
+        assert_eq!(with(|d| d.dqb_curinodes = 1), IdUse::Charged);
+        assert_eq!(with(|d| d.dqb_curspace = 4096), IdUse::Charged);
+        assert_eq!(with(|d| d.dqb_bhardlimit = 1), IdUse::Limited);
+        assert_eq!(with(|d| d.dqb_isoftlimit = 1), IdUse::Limited);
+        let both = |d: &mut IfDqblk| {
+            d.dqb_curspace = 1;
+            d.dqb_bsoftlimit = 1;
+        };
+        assert_eq!(with(both), IdUse::Limited);
+    }
+
+    #[test]
+    fn ids_are_drawn_at_random_never_held_ones() {
+        let ids = ProjectIds::new(DEFAULT_PROJECT_ID_RANGE, [DEFAULT_PROJECT_ID_RANGE.start]);
+        let got: Vec<u32> = (0..200)
             .map(|_| ids.allocate(never_used).unwrap().commit())
             .collect();
-        assert_eq!(got, vec![101, 103, 104, 105]);
-        assert!(ids.is_held(100) && ids.is_held(105) && !ids.is_held(106));
+        let unique: HashSet<u32> = got.iter().copied().collect();
+        assert_eq!(unique.len(), got.len());
+        assert!(got.iter().all(|id| DEFAULT_PROJECT_ID_RANGE.contains(id)));
+        assert!(!unique.contains(&DEFAULT_PROJECT_ID_RANGE.start));
+        // Lowest-first would give start+1, start+2, …: a neighbour's id is one more than yours.
+        let neighbours = got
+            .windows(2)
+            .filter(|w| w[1].abs_diff(w[0]) < 1000)
+            .count();
+        assert!(
+            neighbours < 5,
+            "{neighbours} draws next to the previous one: {got:?}"
+        );
+        let (low, high) = (got.iter().min().unwrap(), got.iter().max().unwrap());
+        let size = DEFAULT_PROJECT_ID_RANGE.end - DEFAULT_PROJECT_ID_RANGE.start;
+        assert!(
+            high - low > size / 2,
+            "{low}..{high}: not spread over the range"
+        );
+        assert!(got.iter().all(|id| ids.is_held(*id)));
     }
 
     #[test]
-    fn released_ids_are_reused_lowest_first() {
-        let ids = ProjectIds::new(10..20, [10, 11]);
-        let a = ids.allocate(never_used).unwrap().commit();
-        let b = ids.allocate(never_used).unwrap().commit();
-        assert_eq!((a, b), (12, 13));
-        ids.release(13);
-        ids.release(10);
-        assert!(!ids.is_held(10));
-        assert_eq!(ids.allocate(never_used).unwrap().commit(), 10);
-        assert_eq!(ids.allocate(never_used).unwrap().commit(), 13);
-        assert_eq!(ids.allocate(never_used).unwrap().commit(), 14);
+    fn a_crowded_range_still_finds_its_last_free_id() {
+        let ids = ProjectIds::new(10..1010, (10..1010).filter(|id| *id != 777));
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 777);
+        let err = ids.allocate(never_used).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert!(err.to_string().contains("10..1010"), "{err}");
+        ids.release(500);
+        assert!(!ids.is_held(500));
+        assert_eq!(ids.allocate(never_used).unwrap().commit(), 500);
         // Releasing what nobody holds changes nothing.
-        ids.release(15);
-        ids.release(99);
-        assert_eq!(ids.allocate(never_used).unwrap().commit(), 15);
+        ids.release(5000);
+        assert!(ids.allocate(never_used).is_err());
     }
 
     #[test]
-    fn ids_in_use_on_the_filesystem_are_skipped() {
-        let ids = ProjectIds::new(1..100, []);
-        let foreign = [1, 2, 4];
-        let probe = |id| Ok(foreign.contains(&id));
-        assert_eq!(ids.allocate(probe).unwrap().commit(), 3);
-        assert_eq!(ids.allocate(probe).unwrap().commit(), 5);
-        assert!(!ids.is_held(4));
+    fn limited_ids_are_skipped_and_charged_ones_taken_only_for_want_of_unused_ones() {
+        let ids = ProjectIds::new(1..1000, []);
+        let odd_limited = |id: u32| {
+            Ok(if !id.is_multiple_of(2) {
+                IdUse::Limited
+            } else {
+                IdUse::Unused
+            })
+        };
+        for _ in 0..50 {
+            assert_eq!(ids.allocate(odd_limited).unwrap().commit() % 2, 0);
+        }
+        let even_charged = |id: u32| {
+            Ok(if id.is_multiple_of(2) {
+                IdUse::Charged
+            } else {
+                IdUse::Unused
+            })
+        };
+        for _ in 0..50 {
+            assert_eq!(ids.allocate(even_charged).unwrap().commit() % 2, 1);
+        }
+        // A tenant tagging every id cannot stop a create: tags reserve nothing.
+        let all_charged = |_| Ok(IdUse::Charged);
+        let id = ids.allocate(all_charged).unwrap().commit();
+        assert!((1..1000).contains(&id));
+        // Limits everywhere: someone else allocates from the range, and we say so.
+        let err = ids.allocate(|_| Ok(IdUse::Limited)).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert!(err.to_string().contains("another tool"), "{err}");
     }
 
     #[test]
     fn a_probe_error_is_returned_and_the_id_stays_available() {
-        let ids = ProjectIds::new(1..100, []);
+        let ids = ProjectIds::new(1..2, []);
         let err = ids
             .allocate(|_| Err(io::Error::from_raw_os_error(libc::EIO)))
             .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EIO));
+        assert!(!ids.is_held(1));
         assert_eq!(ids.allocate(never_used).unwrap().commit(), 1);
     }
 
     #[test]
     fn a_reserved_id_is_not_handed_out_until_its_lease_goes() {
-        let ids = ProjectIds::new(1..10, [2]);
+        let ids = ProjectIds::new(1..4, [2]);
         assert!(ids.reserve(2).is_none(), "held by a record");
-        assert!(ids.reserve(10).is_none(), "outside the range");
+        assert!(ids.reserve(4).is_none(), "outside the range");
         let lease = ids.reserve(1).unwrap();
         assert!(ids.reserve(1).is_none(), "reserved twice");
         assert_eq!(ids.allocate(never_used).unwrap().commit(), 3);
+        assert!(ids.allocate(never_used).is_err(), "1 is reserved");
         drop(lease);
         assert_eq!(ids.allocate(never_used).unwrap().id(), 1);
-        // A released id below the frontier, reserved again, leaves the free list.
-        ids.release(3);
-        let again = ids.reserve(3).unwrap();
-        assert_eq!(ids.allocate(never_used).unwrap().id(), 1);
-        drop(again);
     }
 
     #[test]
     fn a_lease_dropped_without_commit_is_reusable() {
-        let ids = ProjectIds::new(1..100, []);
+        let ids = ProjectIds::new(1..3, []);
         let lease = ids.allocate(never_used).unwrap();
-        assert_eq!(lease.id(), 1);
-        assert!(ids.is_held(1));
+        let first = lease.id();
+        assert!(ids.is_held(first));
         // A live lease keeps its id, even against a stray release.
-        ids.release(1);
-        assert!(ids.is_held(1));
-        assert_eq!(ids.allocate(never_used).unwrap().id(), 2); // dropped at once
+        ids.release(first);
+        assert!(ids.is_held(first));
+        let other = ids.allocate(never_used).unwrap().id(); // dropped at once
+        assert_ne!(other, first);
+        assert!(!ids.is_held(other));
         drop(lease);
-        assert!(!ids.is_held(1));
-        assert_eq!(ids.allocate(never_used).unwrap().commit(), 1);
-        assert_eq!(ids.allocate(never_used).unwrap().commit(), 2);
-    }
-
-    #[test]
-    fn exhaustion_is_a_clear_storage_full_error() {
-        let ids = ProjectIds::new(5..8, [5]);
-        let probe = |id| Ok(id == 6);
-        assert_eq!(ids.allocate(probe).unwrap().commit(), 7);
-        let err = ids.allocate(probe).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
-        let message = err.to_string();
-        assert!(message.contains("5..8"), "{message}");
-        assert!(message.contains("2 held by volumes"), "{message}");
-        assert!(message.contains("1 found in use"), "{message}");
-        ids.release(7);
-        assert_eq!(ids.allocate(probe).unwrap().commit(), 7);
-    }
-
-    #[test]
-    fn a_range_full_of_foreign_projects_stops_the_search() {
-        let ids = ProjectIds::new(1..1_000_000, []);
-        let err = ids.allocate(|_| Ok(true)).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
-        assert_eq!(ids.allocate(|id| Ok(id % 2 == 1)).unwrap().commit(), 1026);
+        assert!(!ids.is_held(first));
+        let both: HashSet<u32> = (0..2)
+            .map(|_| ids.allocate(never_used).unwrap().commit())
+            .collect();
+        assert_eq!(both, HashSet::from([1, 2]));
     }
 
     #[test]

@@ -240,7 +240,7 @@ pub fn walk_within(
             });
         }
         let Some(child) =
-            open_listed_dir(&current, &name, &stat).map_err(io_error(root, &levels))?
+            open_listed_dir(current.as_fd(), &name, &stat).map_err(io_error(root, &levels))?
         else {
             continue;
         };
@@ -259,8 +259,12 @@ pub fn walk_within(
 
 /// Opens the directory `name` of `parent` if it still is the one listed as `listed`; None if it
 /// vanished or something else was put in its place between the stat and the open.
-fn open_listed_dir(parent: &OwnedFd, name: &CStr, listed: &Stat) -> io::Result<Option<OwnedFd>> {
-    let child = match open_dir(Some(parent.as_fd()), name.to_bytes()) {
+pub(super) fn open_listed_dir(
+    parent: BorrowedFd<'_>,
+    name: &CStr,
+    listed: &Stat,
+) -> io::Result<Option<OwnedFd>> {
+    let child = match open_dir(Some(parent), name.to_bytes()) {
         Ok(child) => child,
         Err(err) if changed_meanwhile(&err) => return Ok(None),
         Err(err) => return Err(err),

@@ -11,13 +11,15 @@
 //!
 //! Here, above them: [`Volumes`] (a node's volumes) and the operations kubelet, the
 //! provisioner and the admin API call: create and delete, publish, expand, stats, capacity,
-//! the inventory, and recovery at start. `copies` adds its operations to `Volumes` too (impl
-//! blocks), so it is the one room that uses `Volumes` and `guard` from here.
+//! the inventory, recovery at start, and the periodic project-id audit. `copies` adds its
+//! operations to `Volumes` too (impl blocks), so it is the one room that uses `Volumes` and
+//! `guard` from here.
 
 pub mod copies;
 pub mod space;
 pub mod state;
 
+pub mod audit;
 mod available;
 pub mod capability;
 mod create;
@@ -168,6 +170,8 @@ pub struct Volumes {
     guards: OperationGuards,
     /// Usage of plain directories, walked at most once per burst of callers.
     usage_cache: space::throttle::UsageCache,
+    /// Volumes the project-id audit found tampered with, until a clean audit (see `audit`).
+    audits: space::audit::AuditBook,
     /// Signs the ids this node issues.
     node: NodeTag,
     /// Data crashes left, found at start and removed once the socket serves.
@@ -271,6 +275,7 @@ impl Volumes {
             jobs: Jobs::default(),
             guards: OperationGuards::default(),
             usage_cache: space::throttle::UsageCache::default(),
+            audits: space::audit::AuditBook::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };
@@ -430,8 +435,8 @@ impl Volumes {
         Ok(())
     }
 
-    /// Healthy unless the volume's data is missing or of the wrong type, or its size limit is
-    /// gone or exceeded.
+    /// Healthy unless the volume's data is missing or of the wrong type, its size limit is
+    /// gone or exceeded, or its last project-id audit found files outside its project.
     pub fn condition(&self, record: &VolumeRecord) -> Condition {
         if let Some(orphaned) = &record.orphaned {
             return Condition::from_problem(Some(format!(
@@ -444,7 +449,7 @@ impl Volumes {
             |err| Some(err.to_string()),
             |path| data_problem(record, &path).or_else(|| limit_problem(record, &path)),
         );
-        Condition::from_problem(problem)
+        Condition::from_problem(stats::joined(self.audit_problem(&record.id), problem))
     }
 
     /// Claims the per-volume operation slot (ABORTED for a concurrent second caller).

@@ -137,9 +137,10 @@ impl Volumes {
                         used,
                         available: space.available_inodes,
                     }),
-                    condition: Condition::from_problem(
+                    condition: Condition::from_problem(joined(
+                        self.audit_problem(id),
                         unreadable.or_else(|| usage_problem(&record, used, limited)),
-                    ),
+                    )),
                 })
             }
             VolumeKind::Image(fs) => self.image_stats(&record, fs, publication, &data),
@@ -158,5 +159,13 @@ impl Volumes {
                 })
             }
         }
+    }
+}
+
+/// Both problems, or the one there is.
+pub(super) fn joined(first: Option<String>, second: Option<String>) -> Option<String> {
+    match (first, second) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
     }
 }

@@ -9,7 +9,8 @@
 //! Submodules: `scrape` (HTTP GET and Prometheus text parsing for the metrics server),
 //! `fidelity` (a tree with every property a copy must keep, and comparing trees), `doctor` (running `stickyvol doctor` and reading its report), `mounts` (scratch tmpfs mounts
 //! with chosen flags and propagation, unmounted on drop), `namespace` (another node on this
-//! kernel: a mount namespace where a tmpfs hides a directory we use).
+//! kernel: a mount namespace where a tmpfs hides a directory we use), `tenant` (a pod's
+//! unprivileged user acting in its volume).
 
 // Each test binary uses a different subset of the helpers.
 #![allow(dead_code)]
@@ -23,6 +24,7 @@ pub mod namespace;
 pub mod scrape;
 pub mod scratchfs;
 pub mod skip;
+pub mod tenant;
 
 use std::collections::HashMap;
 use std::fmt::Debug;

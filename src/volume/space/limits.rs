@@ -169,7 +169,7 @@ impl Enforcement {
             Enforcement::Project(ids) => {
                 mkdir(dir)?;
                 let lease = ids
-                    .allocate(|id| projquota::project_in_use(dir, id))
+                    .allocate(|id| projquota::project_use(dir, id))
                     .context(|| format!("choosing a project id for {}", dir.display()))?;
                 let project_id = lease.id();
                 projquota::assign_project(dir, project_id)
@@ -481,7 +481,7 @@ mod tests {
             None,
             "the default project"
         );
-        let lease = ids.allocate(|_| Ok(false)).unwrap();
+        let lease = ids.allocate(|_| Ok(projquota::IdUse::Unused)).unwrap();
         assert_eq!(
             orphaned_project((lease.id(), true), &ids),
             None,

@@ -1,10 +1,11 @@
 //! Where data lives and how much: pools (a directory on some filesystem each, the data dir
 //! being "default"), the books of what each pool promised its volumes (`accounting`), how a
 //! volume's size is enforced and measured (`limits`), the capacity rules a request must meet,
-//! the throttle that keeps tree walks from piling up, whether a pool is full, and how it
-//! copies cheaply (`mechanism`). Uses `state`.
+//! the throttle that keeps tree walks from piling up, whether a pool is full, how it copies
+//! cheaply (`mechanism`), and the book of project-id audits (`audit`). Uses `state`.
 
 pub mod accounting;
+pub mod audit;
 pub mod capacity;
 pub mod full;
 pub mod limits;
