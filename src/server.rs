@@ -28,6 +28,7 @@ use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 use crate::nodeloss::{reconcile, report, returned};
+use crate::overflow;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
 const SOCKET_MODE: u32 = 0o660;
@@ -173,6 +174,40 @@ async fn start_orphan_check(
     )))
 }
 
+/// The overflow check, where the configuration asks for one and this mode has volumes; it runs
+/// until `stopped`. Without credentials the driver serves anyway, and says so.
+async fn start_overflow_check(
+    driver: &Driver,
+    metrics: &Arc<Metrics>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let interval = driver.config.overflow_check?;
+    let volumes = driver.volumes().ok()?;
+    let client = match overflow::client().await {
+        Ok(client) => client,
+        Err(err) => {
+            error!(error = %err, "overflow check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+            return None;
+        }
+    };
+    let settings = overflow::Settings {
+        driver: driver.config.driver_name.clone(),
+        node: driver.config.node_id.clone(),
+        interval,
+    };
+    info!(interval = ?settings.interval, "overflow check starting");
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    Some(tokio::spawn(overflow::run(
+        client,
+        volumes,
+        settings,
+        metrics.clone(),
+        shutdown,
+    )))
+}
+
 async fn serve_on(
     listener: UnixListener,
     admin: Option<UnixListener>,
@@ -208,6 +243,9 @@ async fn serve_on(
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
     let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
+    // Directory volumes above a size their pool cannot enforce: evicted or reported.
+    let (stop_overflow, overflow_stopped) = tokio::sync::oneshot::channel::<()>();
+    let overflow_check = start_overflow_check(&driver, &metrics, overflow_stopped).await;
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);
@@ -234,6 +272,10 @@ async fn serve_on(
     let served = serving.await;
     let _ = stop_reconciler.send(());
     let _ = stop_orphans.send(());
+    let _ = stop_overflow.send(());
+    if let Some(overflow_check) = overflow_check {
+        overflow_check.abort();
+    }
     if let Some(orphan_check) = orphan_check {
         // A move under way finishes on its blocking thread; the loop itself just stops.
         orphan_check.abort();

@@ -26,6 +26,7 @@ mod expand;
 pub mod guard;
 pub mod inventory;
 pub mod orphan;
+pub mod overflow;
 mod publish;
 mod recover;
 pub mod stats;
@@ -166,6 +167,8 @@ pub struct Volumes {
     guards: OperationGuards,
     /// Usage of plain directories, walked at most once per burst of callers.
     usage_cache: space::throttle::UsageCache,
+    /// Volumes stats found above their size, for the overflow check.
+    overflow_noticed: overflow::Noticed,
     /// Signs the ids this node issues.
     node: NodeTag,
     /// Data crashes left, found at start and removed once the socket serves.
@@ -269,6 +272,7 @@ impl Volumes {
             jobs: Jobs::default(),
             guards: OperationGuards::default(),
             usage_cache: space::throttle::UsageCache::default(),
+            overflow_noticed: overflow::Noticed::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };

@@ -301,6 +301,7 @@ mod tests {
             mount_flags: vec![],
             loop_device: None,
             loop_backing_file: None,
+            pod: None,
         }
     }
 
