@@ -360,6 +360,8 @@ pub fn pod_info(context: &HashMap<String, String>) -> Result<Option<PodRef>> {
         return invalid(POD_NAMESPACE_KEY, namespace, "a namespace name");
     }
     let uid_ok = (1..=64).contains(&uid.len())
+        && uid.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && uid.ends_with(|c: char| c.is_ascii_alphanumeric())
         && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     if !uid_ok {
         return invalid(POD_UID_KEY, uid, "a pod uid");
@@ -696,7 +698,7 @@ mod tests {
         assert_eq!(pod_info(&context(&[("other", "x")])).unwrap(), None);
         let long = "a".repeat(254);
         let long_ns = "a".repeat(64);
-        let bad: [&[(&str, &str)]; 8] = [
+        let bad: [&[(&str, &str)]; 9] = [
             &whole[..2],
             &[(POD_UID_KEY, uid)],
             &[(POD_NAME_KEY, "Web"), whole[1], whole[2]],
@@ -705,6 +707,7 @@ mod tests {
             &[whole[0], (POD_NAMESPACE_KEY, &long_ns), whole[2]],
             &[whole[0], (POD_NAMESPACE_KEY, "a.b"), whole[2]],
             &[whole[0], whole[1], (POD_UID_KEY, "x\ny")],
+            &[whole[0], whole[1], (POD_UID_KEY, "-x")],
         ];
         for pairs in bad {
             let err = pod_info(&context(pairs)).unwrap_err();

@@ -261,7 +261,9 @@ pub async fn run(
 ) {
     let mut tracker = Tracker::default();
     tokio::pin!(shutdown);
-    let mut next_full = tokio::time::Instant::now();
+    // The first full round waits an interval too: after a start, kubelet's stats measure the
+    // volumes in use within a minute, and a round at once would walk them all in a burst.
+    let mut next_full = tokio::time::Instant::now() + settings.interval;
     loop {
         if tokio::time::Instant::now() >= next_full {
             // Noticed ones are part of a full round.
