@@ -125,7 +125,7 @@ pub struct ServeArgs {
     /// Seconds between the overflow check's rounds: a published directory volume whose size its
     /// pool cannot enforce, measured above its size, has its pods evicted (StorageClass
     /// `onOverflow: evict`, the default) or is reported (`report`). A measurement stats made
-    /// within this interval is reused, so the check walks nothing kubelet's stats walked (0: off;
+    /// within 1.5 intervals is reused, so the check walks nothing kubelet's stats walked (0: off;
     /// needs Kubernetes credentials: in-cluster, or $KUBECONFIG).
     #[arg(
         long,

@@ -41,7 +41,7 @@ const PODS_NAMED: usize = 5;
 pub struct Settings {
     pub driver: String,
     pub node: String,
-    /// Between full rounds; also how old a measurement may be to be reused.
+    /// Between full rounds; a measurement up to 1.5 intervals old is reused.
     pub interval: Duration,
 }
 
@@ -217,19 +217,18 @@ pub async fn round(
     only: Option<HashSet<VolumeId>>,
 ) {
     let listed = volumes.clone();
-    let interval = settings.interval;
+    // Half an interval of slack: kubelet's stats come about every minute, not exactly, and
+    // one that lands a little late must still spare the check a walk.
+    let reuse = settings.interval + settings.interval / 2;
     let full = only.is_none();
-    let found = match tokio::task::spawn_blocking(move || {
-        listed.overflowing(interval, only.as_ref())
-    })
-    .await
-    {
-        Ok(found) => found,
-        Err(err) => {
-            warn!(error = %err, "overflow check: could not measure the volumes");
-            return;
-        }
-    };
+    let found =
+        match tokio::task::spawn_blocking(move || listed.overflowing(reuse, only.as_ref())).await {
+            Ok(found) => found,
+            Err(err) => {
+                warn!(error = %err, "overflow check: could not measure the volumes");
+                return;
+            }
+        };
     if full {
         // A volume back within its size (or unpublished, or deleted) is announced anew if it
         // overflows again.

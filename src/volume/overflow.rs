@@ -7,8 +7,8 @@
 //! What it costs: nothing beyond what stats already cost. NodeGetVolumeStats walks such a
 //! volume (kubelet asks every minute, its volumeStatsAggPeriod) and notes one found above its
 //! size (`notice`), so the check acts on that very measurement. The check's own round reuses a
-//! walk that finished within its interval (`UsageCache::measured_within`) and walks only a
-//! volume nobody measured for that long, through the same usage cache and walk slots as
+//! walk that finished within 1.5 intervals (`UsageCache::measured_within`; kubelet's minute is
+//! not exact) and walks only a volume nobody measured for that long, through the same usage cache and walk slots as
 //! stats: at most one walk per volume per interval, none while kubelet's stats are as frequent.
 //! Unpublished volumes are never walked here: no pod uses them. A volume whose size is enforced
 //! (its record's `SizeLimit`) is never looked at, so a pool that enforces sizes never evicts.
