@@ -133,6 +133,19 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(0..=86400)
     )]
     pub project_audit_interval: u64,
+    /// Seconds between the overflow check's rounds: a published directory volume whose size its
+    /// pool cannot enforce, measured above its size, has its pods evicted (StorageClass
+    /// `onOverflow: evict`, the default) or is reported (`report`). A measurement stats made
+    /// within 1.5 intervals is reused, so the check walks nothing kubelet's stats walked (0: off;
+    /// needs Kubernetes credentials: in-cluster, or $KUBECONFIG).
+    #[arg(
+        long,
+        env = "OVERFLOW_CHECK_INTERVAL",
+        value_name = "SECONDS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u64).range(0..=3600)
+    )]
+    pub overflow_check_interval: u64,
 
     /// The pod's own namespace (from the downward API): where the reconciler's Lease is, and
     /// where the orphan check keeps this node's report for `stickyvol cluster orphans`.
@@ -285,6 +298,8 @@ pub struct Config {
     pub orphan_check: Option<OrphanCheckConfig>,
     /// Time between project-id audits, when they run (modes with volumes only).
     pub project_audit_interval: Option<Duration>,
+    /// The overflow check's interval; None: off.
+    pub overflow_check: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -339,6 +354,16 @@ impl Config {
                 ));
             }
         };
+        let overflow_check = match (args.overflow_check_interval, args.mode.works_on_host()) {
+            (0, _) => None,
+            (seconds, true) => Some(Duration::from_secs(seconds)),
+            (_, false) => {
+                return Err(ConfigError::NodeLoss(
+                    "--overflow-check-interval runs only where the volumes are (--mode=all or node)"
+                        .into(),
+                ));
+            }
+        };
         if !is_label_value(&args.node_id) {
             return Err(ConfigError::NodeId(args.node_id));
         }
@@ -370,6 +395,7 @@ impl Config {
             node_loss,
             orphan_check,
             project_audit_interval,
+            overflow_check,
             socket_path,
             admin_socket,
             node_id: args.node_id,
@@ -811,6 +837,7 @@ mod tests {
             node_loss_interval: 5,
             orphan_check_interval: 0,
             project_audit_interval: 600,
+            overflow_check_interval: 0,
             namespace: None,
             identity: None,
         }
@@ -1162,6 +1189,27 @@ mod tests {
             let err = with(mode, NodeLossMode::On, namespace, identity).unwrap_err();
             assert!(matches!(err, ConfigError::NodeLoss(_)), "{err}");
         }
+    }
+
+    #[test]
+    fn the_overflow_check_runs_only_where_the_volumes_are() {
+        let with = |mode, seconds| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.overflow_check_interval = seconds;
+            Config::from_args(a)
+        };
+        assert_eq!(with(Mode::All, 0).unwrap().overflow_check, None);
+        assert_eq!(with(Mode::Controller, 0).unwrap().overflow_check, None);
+        assert_eq!(
+            with(Mode::Node, 60).unwrap().overflow_check,
+            Some(Duration::from_secs(60))
+        );
+        let err = with(Mode::Controller, 60).unwrap_err();
+        assert!(
+            err.to_string().contains("--overflow-check-interval"),
+            "{err}"
+        );
     }
 
     #[test]

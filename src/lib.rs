@@ -20,6 +20,7 @@ pub mod identity;
 pub mod metrics;
 pub mod node;
 pub mod nodeloss;
+pub mod overflow;
 pub mod request;
 pub mod server;
 pub mod unix_channel;

@@ -60,6 +60,16 @@ struct NodeLossLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OnOverflowLabels {
+    on_overflow: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JournalLabels {
     journal: String,
 }
@@ -259,6 +269,8 @@ pub struct Metrics {
     node_loss_actions: Family<NodeLossLabels, Counter>,
     node_loss_leader: Gauge,
     orphaned_volumes: Gauge,
+    overflowing_volumes: Family<OnOverflowLabels, Gauge>,
+    overflow_evictions: Family<ResultLabels, Counter>,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -382,7 +394,24 @@ impl Metrics {
             "Volumes of this node whose PV was found gone, their data moved to lost+found",
             orphaned_volumes.clone(),
         );
+        let overflowing_volumes = Family::<OnOverflowLabels, Gauge>::default();
+        registry.register(
+            "overflowing_volumes",
+            "Published directory volumes without an enforced size measured above their size, by \
+             their class's onOverflow (evict, report), as the overflow check's last round found",
+            overflowing_volumes.clone(),
+        );
+        let overflow_evictions = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "overflow_evictions",
+            "Evictions the overflow check asked for, by result: evicted, refused (a \
+             PodDisruptionBudget; asked again next round), gone (the pod was gone or replaced), \
+             failed (asked again next round)",
+            overflow_evictions.clone(),
+        );
         Metrics {
+            overflowing_volumes,
+            overflow_evictions,
             orphaned_volumes,
             node_loss_actions,
             node_loss_leader,
@@ -432,6 +461,26 @@ impl Metrics {
             .get_or_create(&NodeLossLabels {
                 action: action.to_string(),
                 result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// The overflow check's last full round: volumes overflowing, by their onOverflow.
+    pub fn set_overflowing_volumes(&self, evict: usize, report: usize) {
+        for (label, count) in [("evict", evict), ("report", report)] {
+            self.overflowing_volumes
+                .get_or_create(&OnOverflowLabels {
+                    on_overflow: label.into(),
+                })
+                .set(count as i64);
+        }
+    }
+
+    /// Counts one eviction the overflow check asked for (`result`: a fixed set of words).
+    pub fn observe_overflow_eviction(&self, result: &'static str) {
+        self.overflow_evictions
+            .get_or_create(&ResultLabels {
+                result: result.into(),
             })
             .inc();
     }

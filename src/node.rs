@@ -94,12 +94,14 @@ impl Node for NodeService {
         request::required("volume_id", &req.volume_id)?;
         let target = request::path_beneath(self.kubelet_dir(), "target_path", &req.target_path)?;
         let capability = request::capability(req.volume_capability.as_ref())?;
+        let pod = request::pod_info(&req.volume_context)?;
         let id = request::volume_id(&req.volume_id)?;
         let volumes = self.volumes()?;
         let publish = PublishRequest {
             target,
             capability,
             readonly: req.readonly,
+            pod,
         };
         blocking(move || volumes.publish(&id, publish)).await?;
         Ok(Response::new(csi::NodePublishVolumeResponse {}))

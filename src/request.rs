@@ -15,8 +15,14 @@ use crate::csi::volume_content_source::Type as SourceType;
 use crate::error::{Error, Result};
 use crate::host::mount;
 pub use crate::volume::capability::Capability;
+use crate::volume::overflow::OnOverflow;
+/// StorageClass parameter: `evict` (the default) or `report` when a directory volume on a pool
+/// that cannot limit sizes grows past its size.
+pub use crate::volume::overflow::PARAM_ON_OVERFLOW;
 use crate::volume::state::id::{SnapshotId, VolumeId};
-use crate::volume::state::record::{AccessMode, Allocation, ContentSource, FsType, VolumeKind};
+use crate::volume::state::record::{
+    AccessMode, Allocation, ContentSource, FsType, PodRef, VolumeKind,
+};
 
 /// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
 /// secret references, fstype); accepted and ignored.
@@ -46,6 +52,7 @@ pub const KNOWN_PARAMETERS: &[&str] = &[
     PARAM_REQUIRE_ENFORCEMENT,
     PARAM_SHARED_ACCESS,
     PARAM_ON_NODE_LOSS,
+    PARAM_ON_OVERFLOW,
 ];
 
 /// Validated StorageClass parameters.
@@ -64,6 +71,8 @@ pub struct ClassParameters {
     /// The class's volumes are image volumes with this filesystem, when the parameters say so
     /// (the capability says it too, and is what CreateVolume follows).
     pub image_fs: Option<FsType>,
+    /// Read by the node's overflow check from the record's parameters; checked here likewise.
+    pub on_overflow: OnOverflow,
 }
 
 pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
@@ -319,6 +328,8 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
         None => None,
         Some(fs) => mount_kind(fs)?.image_fs(),
     };
+    let on_overflow = OnOverflow::parse(params.get(PARAM_ON_OVERFLOW).map(String::as_str))
+        .map_err(Error::InvalidArgument)?;
     Ok(ClassParameters {
         raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         image_fs,
@@ -327,7 +338,58 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
         require_enforcement,
         shared_access,
         on_node_loss,
+        on_overflow,
     })
+}
+
+/// volume_context keys kubelet adds to NodePublishVolume when the CSIDriver has
+/// `podInfoOnMount: true`.
+pub const POD_NAME_KEY: &str = "csi.storage.k8s.io/pod.name";
+pub const POD_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pod.namespace";
+pub const POD_UID_KEY: &str = "csi.storage.k8s.io/pod.uid";
+
+/// The pod a NodePublishVolume is for: None when kubelet sent no pod info; INVALID_ARGUMENT
+/// when it is partial or not a pod's name, namespace and uid (they end up in API requests).
+pub fn pod_info(context: &HashMap<String, String>) -> Result<Option<PodRef>> {
+    let get = |key: &str| context.get(key).map(String::as_str);
+    let (name, namespace, uid) = match (get(POD_NAME_KEY), get(POD_NAMESPACE_KEY), get(POD_UID_KEY))
+    {
+        (None, None, None) => return Ok(None),
+        (Some(name), Some(namespace), Some(uid)) => (name, namespace, uid),
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "volume_context has part of the pod info only: {POD_NAME_KEY}, {POD_NAMESPACE_KEY} and {POD_UID_KEY} come together"
+            )));
+        }
+    };
+    let invalid = |key: &str, value: &str, expected: &str| {
+        // Bounded in the message: the value is a caller's.
+        let shown: String = value.chars().take(80).collect();
+        Err(Error::InvalidArgument(format!(
+            "volume_context {key} {shown:?} is not {expected}"
+        )))
+    };
+    if !crate::config::is_object_name(name) {
+        return invalid(POD_NAME_KEY, name, "a pod name");
+    }
+    if !(crate::config::is_object_name(namespace)
+        && namespace.len() <= 63
+        && !namespace.contains('.'))
+    {
+        return invalid(POD_NAMESPACE_KEY, namespace, "a namespace name");
+    }
+    let uid_ok = (1..=64).contains(&uid.len())
+        && uid.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && uid.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !uid_ok {
+        return invalid(POD_UID_KEY, uid, "a pod uid");
+    }
+    Ok(Some(PodRef {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        uid: uid.to_string(),
+    }))
 }
 
 /// A target or staging path: absolute, normalized, strictly beneath `root` (the kubelet dir).
@@ -621,10 +683,74 @@ mod tests {
             ("requireEnforcement", "yes"),
             ("onNodeLoss", "delete"),
             ("onNodeLoss", ""),
+            ("onOverflow", "Evict"),
+            ("onOverflow", "delete"),
+            ("onOverflow", ""),
         ] {
             let err = given(&[bad]).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");
             assert!(err.to_string().contains(bad.0), "{err}");
+        }
+    }
+
+    #[test]
+    fn on_overflow_evicts_unless_the_class_says_report() {
+        let given = |pairs: &[(&str, &str)]| {
+            parameters(
+                &pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+            .unwrap()
+            .on_overflow
+        };
+        assert_eq!(given(&[]), OnOverflow::Evict);
+        assert_eq!(given(&[("onOverflow", "evict")]), OnOverflow::Evict);
+        assert_eq!(given(&[("onOverflow", "report")]), OnOverflow::Report);
+    }
+
+    #[test]
+    fn pod_info_comes_whole_and_well_formed_or_not_at_all() {
+        let context = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let uid = "0f6c1a52-1b7e-4c54-9d7e-2c1f3e0b9a11";
+        let whole = [
+            (POD_NAME_KEY, "web-0"),
+            (POD_NAMESPACE_KEY, "shop"),
+            (POD_UID_KEY, uid),
+            ("csi.storage.k8s.io/serviceAccount.name", "default"),
+        ];
+        assert_eq!(
+            pod_info(&context(&whole)).unwrap(),
+            Some(PodRef {
+                namespace: "shop".into(),
+                name: "web-0".into(),
+                uid: uid.into()
+            })
+        );
+        assert_eq!(pod_info(&context(&[])).unwrap(), None);
+        assert_eq!(pod_info(&context(&[("other", "x")])).unwrap(), None);
+        let long = "a".repeat(254);
+        let long_ns = "a".repeat(64);
+        let bad: [&[(&str, &str)]; 9] = [
+            &whole[..2],
+            &[(POD_UID_KEY, uid)],
+            &[(POD_NAME_KEY, "Web"), whole[1], whole[2]],
+            &[(POD_NAME_KEY, &long), whole[1], whole[2]],
+            &[(POD_NAME_KEY, "a/../b"), whole[1], whole[2]],
+            &[whole[0], (POD_NAMESPACE_KEY, &long_ns), whole[2]],
+            &[whole[0], (POD_NAMESPACE_KEY, "a.b"), whole[2]],
+            &[whole[0], whole[1], (POD_UID_KEY, "x\ny")],
+            &[whole[0], whole[1], (POD_UID_KEY, "-x")],
+        ];
+        for pairs in bad {
+            let err = pod_info(&context(pairs)).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{pairs:?}");
         }
     }
 

@@ -30,6 +30,7 @@ use crate::identity::IdentityService;
 use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 use crate::nodeloss::{reconcile, report, returned};
+use crate::overflow;
 use crate::volume::audit;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
@@ -210,6 +211,40 @@ fn start_project_audit(driver: &Driver) -> Option<Arc<AtomicBool>> {
     }
 }
 
+/// The overflow check, where the configuration asks for one and this mode has volumes; it runs
+/// until `stopped`. Without credentials the driver serves anyway, and says so.
+async fn start_overflow_check(
+    driver: &Driver,
+    metrics: &Arc<Metrics>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let interval = driver.config.overflow_check?;
+    let volumes = driver.volumes().ok()?;
+    let client = match overflow::client().await {
+        Ok(client) => client,
+        Err(err) => {
+            error!(error = %err, "overflow check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+            return None;
+        }
+    };
+    let settings = overflow::Settings {
+        driver: driver.config.driver_name.clone(),
+        node: driver.config.node_id.clone(),
+        interval,
+    };
+    info!(interval = ?settings.interval, "overflow check starting");
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    Some(tokio::spawn(overflow::run(
+        client,
+        volumes,
+        settings,
+        metrics.clone(),
+        shutdown,
+    )))
+}
+
 async fn serve_on(
     listener: UnixListener,
     admin: Option<UnixListener>,
@@ -247,6 +282,9 @@ async fn serve_on(
     let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
     // Pods moving files out of their volume's project are caught and undone.
     let stop_audit = start_project_audit(&driver);
+    // Directory volumes above a size their pool cannot enforce: evicted or reported.
+    let (stop_overflow, overflow_stopped) = tokio::sync::oneshot::channel::<()>();
+    let overflow_check = start_overflow_check(&driver, &metrics, overflow_stopped).await;
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);
@@ -276,6 +314,10 @@ async fn serve_on(
     if let Some(stop) = stop_audit {
         // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
         stop.store(true, Ordering::Relaxed);
+    }
+    let _ = stop_overflow.send(());
+    if let Some(overflow_check) = overflow_check {
+        overflow_check.abort();
     }
     if let Some(orphan_check) = orphan_check {
         // A move under way finishes on its blocking thread; the loop itself just stops.

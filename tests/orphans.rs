@@ -7,20 +7,14 @@
 mod common;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::apistub::{self, status};
 use common::*;
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 /// What the stub API server holds and saw.
@@ -36,100 +30,59 @@ struct Api {
 
 type Shared = Arc<Mutex<Api>>;
 
-fn respond(code: u16, body: &Value) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap()
-}
-
-fn status(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "message": reason, "reason": reason, "code": code})
-}
-
 /// The paths the driver uses: GET a PV (names starting with "pv-broken" answer 500), POST an
 /// Event, GET its Node, apply (PATCH) and DELETE a ConfigMap of namespace `stickyvol`.
-async fn handle(api: Shared, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    use http_body_util::BodyExt;
-    let method = req.method().to_string();
-    let path = req.uri().path().to_string();
-    let body = req.into_body().collect().await.unwrap().to_bytes();
+fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+    let path = path.split('?').next().unwrap_or_default();
     let mut api = api.lock().unwrap();
     if method == "GET"
         && let Some(name) = path.strip_prefix("/api/v1/persistentvolumes/")
     {
         if name.starts_with("pv-broken") {
-            return Ok(respond(500, &status(500, "InternalError")));
+            return (500, status(500, "InternalError"));
         }
-        return Ok(match api.pvs.get(name) {
-            Some(pv) => respond(200, pv),
-            None => respond(404, &status(404, "NotFound")),
-        });
+        return match api.pvs.get(name) {
+            Some(pv) => (200, pv.clone()),
+            None => (404, status(404, "NotFound")),
+        };
     }
     if method == "GET" && path == format!("/api/v1/nodes/{NODE_ID}") {
-        return Ok(respond(
+        return (
             200,
-            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_ID, "uid": "uid-node"}}),
-        ));
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_ID, "uid": "uid-node"}}),
+        );
     }
     if let Some(name) = path.strip_prefix("/api/v1/namespaces/stickyvol/configmaps/") {
-        match method.as_str() {
+        match method {
             "PATCH" => {
-                let applied: Value = serde_json::from_slice(&body).unwrap();
+                let applied: Value = serde_json::from_slice(body).unwrap();
                 api.config_maps.insert(name.to_string(), applied.clone());
-                return Ok(respond(200, &applied));
+                return (200, applied);
             }
             "DELETE" => {
-                return Ok(match api.config_maps.remove(name) {
-                    Some(_) => respond(
-                        200,
-                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                    ),
-                    None => respond(404, &status(404, "NotFound")),
-                });
+                return match api.config_maps.remove(name) {
+                    Some(_) => (200, apistub::success()),
+                    None => (404, status(404, "NotFound")),
+                };
             }
             _ => {}
         }
     }
     if method == "POST" && path == "/api/v1/namespaces/default/events" {
-        let event: Value = serde_json::from_slice(&body).unwrap();
+        let event: Value = serde_json::from_slice(body).unwrap();
         api.events.push(event.clone());
-        return Ok(respond(201, &event));
+        return (201, event);
     }
-    Ok(respond(404, &status(404, "NotFound")))
+    (404, status(404, "NotFound"))
 }
 
-/// Serves the stub on a free port of 127.0.0.1 for the rest of the test; its kubeconfig.
+/// Serves the stub for the rest of the test; its kubeconfig.
 async fn stub_api(api: Shared, dir: &Path) -> PathBuf {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let api = api.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| handle(api.clone(), req));
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    let kubeconfig = dir.join("kubeconfig");
-    fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: stub\n  cluster: {{server: \"http://{address}\"}}\n\
-             users:\n- name: stub\n  user: {{}}\ncontexts:\n- name: stub\n  context: {{cluster: stub, user: stub}}\n\
-             current-context: stub\n"
-        ),
+    apistub::serve(
+        Arc::new(move |method: &str, path: &str, body: &[u8]| handle(&api, method, path, body)),
+        dir,
     )
-    .unwrap();
-    kubeconfig
+    .await
 }
 
 fn pv(name: &str, handle: &str) -> Value {

@@ -7,7 +7,8 @@
 //! - a path is accepted exactly when it is absolute, normalized and strictly beneath the
 //!   kubelet directory (an independent statement of the rule), and comes back unchanged;
 //! - accepted parameters and mount options are the documented ones, kept verbatim / sorted,
-//!   deduplicated and each honoured by a bind mount.
+//!   deduplicated and each honoured by a bind mount;
+//! - accepted pod info (NodePublishVolume's volume_context) is plain names, kept verbatim.
 #![no_main]
 
 use std::collections::{BTreeMap, HashMap};
@@ -165,6 +166,35 @@ fn check_parameters(params: &HashMap<String, String>) {
     ] {
         assert_eq!(value, params.get(key).is_some_and(|v| v == "true"));
     }
+    assert_eq!(
+        class.on_overflow.as_str(),
+        params
+            .get(request::PARAM_ON_OVERFLOW)
+            .map_or("evict", String::as_str)
+    );
+}
+
+/// Accepted pod info is kubelet's three keys verbatim, each a plain name that cannot reshape the
+/// API path it goes into.
+fn check_pod_info(context: &HashMap<String, String>) {
+    let Ok(Some(pod)) = request::pod_info(context) else {
+        return;
+    };
+    assert_eq!(Some(&pod.name), context.get(request::POD_NAME_KEY));
+    assert_eq!(
+        Some(&pod.namespace),
+        context.get(request::POD_NAMESPACE_KEY)
+    );
+    assert_eq!(Some(&pod.uid), context.get(request::POD_UID_KEY));
+    for part in [&pod.name, &pod.namespace, &pod.uid] {
+        assert!(!part.is_empty() && part.len() <= 253);
+        assert!(
+            part.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        );
+        assert!(part.as_bytes()[0].is_ascii_alphanumeric());
+        assert!(part.as_bytes()[part.len() - 1].is_ascii_alphanumeric());
+    }
 }
 
 fn check_capability(cap: &csi::VolumeCapability, parsed: &Capability) {
@@ -229,6 +259,7 @@ fuzz_target!(|data: &[u8]| {
                 check_path("staging_target_path", &req.staging_target_path);
             }
             capability(req.volume_capability.as_ref());
+            check_pod_info(&req.volume_context);
         }
         5 => {
             let Ok(req) = csi::CreateVolumeRequest::decode(rest) else {

@@ -91,6 +91,7 @@ impl Volumes {
             loop_device: Some(device.name().to_string()),
             loop_backing_file: Some(source.id()),
             staging: true,
+            pod: None,
         };
         if record.staging() != Some(&staged) {
             let mut updated = (*record).clone();

@@ -29,6 +29,7 @@ pub mod guard;
 mod image;
 pub mod inventory;
 pub mod orphan;
+pub mod overflow;
 mod publish;
 mod recover;
 pub mod stats;
@@ -172,6 +173,8 @@ pub struct Volumes {
     usage_cache: space::throttle::UsageCache,
     /// Volumes the project-id audit found tampered with, until a clean audit (see `audit`).
     audits: space::audit::AuditBook,
+    /// Volumes stats found above their size, for the overflow check.
+    overflow_noticed: overflow::Noticed,
     /// Signs the ids this node issues.
     node: NodeTag,
     /// Data crashes left, found at start and removed once the socket serves.
@@ -276,6 +279,7 @@ impl Volumes {
             guards: OperationGuards::default(),
             usage_cache: space::throttle::UsageCache::default(),
             audits: space::audit::AuditBook::default(),
+            overflow_noticed: overflow::Noticed::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };

@@ -26,7 +26,7 @@ use super::Volumes;
 use super::capability::Capability;
 use super::devices;
 use super::state::id::VolumeId;
-use super::state::record::{Publication, VolumeKind, VolumeRecord};
+use super::state::record::{PodRef, Publication, VolumeKind, VolumeRecord};
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Stat};
 use crate::host::{dirfd, loopdev, mount};
@@ -37,6 +37,8 @@ pub struct PublishRequest {
     pub target: PathBuf,
     pub capability: Capability,
     pub readonly: bool,
+    /// The pod it is for, when kubelet says (`request::pod_info`).
+    pub pod: Option<PodRef>,
 }
 
 impl Volumes {
@@ -64,6 +66,7 @@ impl Volumes {
             loop_device: None,
             loop_backing_file: None,
             staging: false,
+            pod: req.pod.clone(),
         };
         let mut known = None;
         for other in record.pod_publications() {

@@ -126,6 +126,7 @@ impl Volumes {
                     }
                 };
                 pool.set_used(id, used);
+                self.notice_overflow(&record, used);
                 Ok(VolumeStats {
                     bytes: Amounts {
                         total: capacity,

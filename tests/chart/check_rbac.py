@@ -97,6 +97,26 @@ if policy and binding:
     check(any(f"== '{driver}'" in v["expression"] for v in spec["validations"]),
           f"the report's label value is {driver}")
 
+# The node plugin's evictions (the overflow check): pods/eviction create, no pod deletes, no pod
+# reads beyond its namespace, and the policy holding it to pods named by uid.
+pod_grants = {g for g in node if g[2].startswith("pods")}
+check(pod_grants == rules("*", "", ["pods/eviction"], ["create"]) | rules(ns, "", ["pods"], ["get"]),
+      f"the node plugin evicts pods and reads only its namespace's: {sorted(pod_grants)}")
+evictions = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+             and o["metadata"]["name"] == "stickyvol-overflow-evictions"]
+eviction_binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                    and o["spec"]["policyName"] == "stickyvol-overflow-evictions"]
+check(len(evictions) == 1 and len(eviction_binding) == 1, "the eviction policy and its binding are rendered")
+if evictions and eviction_binding:
+    spec = evictions[0]["spec"]
+    check(spec["failurePolicy"] == "Fail", "the eviction policy fails closed")
+    check(eviction_binding[0]["spec"]["validationActions"] == ["Deny"], "the eviction binding denies")
+    check(spec["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/eviction"]
+          and spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"],
+          "the eviction policy sees every eviction")
+    check(any("preconditions.uid" in v["expression"] for v in spec["validations"]),
+          "the eviction policy wants the pod's uid")
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)

@@ -6,7 +6,7 @@
 //! the driver, unmounts everything under its temp dir, detaches every loop device backed by a
 //! file in it and removes it, also when the test panicked (then the driver log is printed).
 //!
-//! Submodules: `scrape` (HTTP GET and Prometheus text parsing for the metrics server),
+//! Submodules: `apistub` (a stub Kubernetes API server), `scrape` (HTTP GET and Prometheus text parsing for the metrics server),
 //! `fidelity` (a tree with every property a copy must keep, and comparing trees), `doctor` (running `stickyvol doctor` and reading its report), `mounts` (scratch tmpfs mounts
 //! with chosen flags and propagation, unmounted on drop), `namespace` (another node on this
 //! kernel: a mount namespace where a tmpfs hides a directory we use), `tenant` (a pod's
@@ -15,6 +15,7 @@
 // Each test binary uses a different subset of the helpers.
 #![allow(dead_code)]
 
+pub mod apistub;
 pub mod caps;
 pub mod doctor;
 pub mod fidelity;

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use tracing::info;
 
@@ -129,6 +130,8 @@ struct FlightState {
     finished: u64,
     /// What the last finished walk found (None if it failed).
     last: Option<Usage>,
+    /// When that walk finished.
+    landed_at: Option<Instant>,
 }
 
 impl UsageCache {
@@ -169,8 +172,23 @@ impl UsageCache {
         state.walking = false;
         state.finished += 1;
         state.last = result.as_ref().ok().copied();
+        state.landed_at = Some(Instant::now());
         flight.landed.notify_all();
         result
+    }
+
+    /// What a walk of `id` that finished within `max_age` found, without walking (None: no
+    /// such walk, or it failed).
+    pub fn measured_within(&self, id: &VolumeId, max_age: Duration) -> Option<Usage> {
+        let flight = self
+            .flights
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)?
+            .clone();
+        let state = flight.state.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = state.landed_at?.elapsed() <= max_age;
+        state.last.filter(|_| fresh)
     }
 
     /// Forgets a deleted volume.
@@ -186,7 +204,6 @@ impl UsageCache {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
 
     #[test]
     fn no_more_than_the_slots_run_at_once() {
@@ -209,6 +226,30 @@ mod tests {
             thread.join().unwrap();
         }
         assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_measurement_is_reused_only_while_it_is_fresh() {
+        let cache = UsageCache::default();
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
+        let day = Duration::from_secs(86_400);
+        assert_eq!(cache.measured_within(&id, day), None, "never walked");
+        let usage = Usage {
+            bytes: 7,
+            inodes: 1,
+        };
+        cache
+            .get_or_walk(&id, || Ok::<_, ()>(usage), || ())
+            .unwrap();
+        assert_eq!(cache.measured_within(&id, day), Some(usage));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(cache.measured_within(&id, Duration::from_millis(1)), None);
+        let _ = cache.get_or_walk(&id, || Err::<Usage, _>(()), || ());
+        assert_eq!(
+            cache.measured_within(&id, day),
+            None,
+            "the last walk failed"
+        );
     }
 
     /// A gate the walks wait at until the test opens it (for all of them at once).

@@ -151,6 +151,18 @@ pub struct Publication {
     /// are bind mounts of; its loop device is `loop_device`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub staging: bool,
+    /// The pod it was published for, where kubelet said (CSIDriver `podInfoOnMount`): whom an
+    /// overflowing volume's eviction concerns. None in records of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// A pod as NodePublishVolume's volume_context names it (validated by `request::pod_info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
 }
 
 impl Publication {
@@ -271,4 +283,32 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publications_of_earlier_versions_read_without_a_pod_and_new_ones_keep_theirs() {
+        let earlier = r#"[{"target":"/k/pods/u/volumes/x/mount","readonly":false,"access_mode":"SINGLE_NODE_WRITER"}]"#;
+        let read: Vec<Publication> = serde_json::from_str(earlier).unwrap();
+        assert_eq!(read[0].pod, None);
+        assert_eq!(
+            serde_json::to_string(&read).unwrap(),
+            earlier,
+            "written back as before: no pod key"
+        );
+        let mut with_pod = read[0].clone();
+        with_pod.pod = Some(PodRef {
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            uid: "0f6c1a52-1b7e-4c54-9d7e-2c1f3e0b9a11".into(),
+        });
+        let text = serde_json::to_string(&with_pod).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Publication>(&text).unwrap(),
+            with_pod
+        );
+    }
 }

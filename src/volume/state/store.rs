@@ -302,6 +302,7 @@ mod tests {
             loop_device: None,
             loop_backing_file: None,
             staging: false,
+            pod: None,
         }
     }
 

@@ -1,0 +1,480 @@
+//! Directory volumes whose pool cannot limit them behave like an emptyDir with a sizeLimit: the
+//! real driver, with `--overflow-check-interval`, against a stub API server (its kubeconfig).
+//! Volumes are published as kubelet publishes them with the CSIDriver's `podInfoOnMount` (the
+//! pod's name, namespace and uid in volume_context) and filled through the mount past their size;
+//! NodeGetVolumeStats measures them as kubelet's periodic call does. Then: an Eviction for that
+//! pod alone, carrying its uid, and Events on the claim; with `onOverflow: report` none; a
+//! PodDisruptionBudget's refusal (429) retried; a pool that enforces sizes never evicts.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::apistub::{self, status};
+use common::scratchfs::ScratchFs;
+use common::*;
+use serde_json::{Value, json};
+
+const CLAIM_NS: &str = "shop";
+
+/// What the stub API server holds and saw.
+#[derive(Default)]
+struct Api {
+    /// Claims of namespace `shop` by name.
+    claims: HashMap<String, Value>,
+    /// (pod name, request body) of every eviction asked for.
+    evictions: Vec<(String, Value)>,
+    /// How many more evictions of a pod a PodDisruptionBudget refuses, by pod name.
+    refusals: HashMap<String, usize>,
+    /// Bodies of the Events posted in namespace `shop`.
+    events: Vec<Value>,
+}
+
+type Shared = Arc<Mutex<Api>>;
+
+/// GET a claim of `shop`, POST an eviction of a pod of `shop` (429 while `refusals` says so),
+/// POST an Event in `shop`.
+fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+    let path = path.split('?').next().unwrap_or_default();
+    let mut api = api.lock().unwrap();
+    let ns = format!("/api/v1/namespaces/{CLAIM_NS}/");
+    let Some(rest) = path.strip_prefix(&ns) else {
+        return (404, status(404, "NotFound"));
+    };
+    match (method, rest.split('/').collect::<Vec<_>>().as_slice()) {
+        ("GET", ["persistentvolumeclaims", name]) => match api.claims.get(*name) {
+            Some(claim) => (200, claim.clone()),
+            None => (404, status(404, "NotFound")),
+        },
+        ("POST", ["pods", name, "eviction"]) => {
+            let eviction: Value = serde_json::from_slice(body).unwrap();
+            api.evictions.push((name.to_string(), eviction));
+            match api.refusals.get_mut(*name) {
+                Some(left) if *left > 0 => {
+                    *left -= 1;
+                    (429, status(429, "TooManyRequests"))
+                }
+                _ => (201, apistub::success()),
+            }
+        }
+        ("POST", ["events"]) => {
+            let event: Value = serde_json::from_slice(body).unwrap();
+            api.events.push(event.clone());
+            (201, event)
+        }
+        _ => (404, status(404, "NotFound")),
+    }
+}
+
+struct Setup {
+    api: Shared,
+    driver: TestDriver,
+    _scratch: tempfile::TempDir,
+}
+
+/// A driver whose overflow check runs every second, talking to a fresh stub; `args` adds flags.
+async fn start(args: &[String]) -> Setup {
+    let api = Shared::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let stub = api.clone();
+    let kubeconfig = apistub::serve(
+        Arc::new(move |method: &str, path: &str, body: &[u8]| handle(&stub, method, path, body)),
+        scratch.path(),
+    )
+    .await;
+    let mut options = Options {
+        kubeconfig: Some(kubeconfig),
+        ..Options::default()
+    };
+    options.extra_args = [
+        "--overflow-check-interval",
+        "1",
+        "--enforcement",
+        "default=none",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .chain(args.iter().cloned())
+    .collect();
+    let driver = TestDriver::start_with_metrics(options).await;
+    Setup {
+        api,
+        driver,
+        _scratch: scratch,
+    }
+}
+
+/// A claim `name` of `shop` bound to the PV `pv`, with uid `uid-<name>`.
+fn claim(api: &Shared, name: &str, pv: &str) {
+    api.lock().unwrap().claims.insert(
+        name.into(),
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": CLAIM_NS, "uid": format!("uid-{name}")},
+               "spec": {"volumeName": pv}}),
+    );
+}
+
+/// A volume as the provisioner creates it for claim `shop/<claim>`, with `extra` parameters.
+async fn volume_of_claim(setup: &Setup, claim_name: &str, extra: &[(&str, &str)]) -> csi::Volume {
+    let pv = new_name();
+    claim(&setup.api, claim_name, &pv);
+    let mut pairs = vec![
+        ("csi.storage.k8s.io/pvc/name", claim_name),
+        ("csi.storage.k8s.io/pvc/namespace", CLAIM_NS),
+        ("csi.storage.k8s.io/pv/name", pv.as_str()),
+    ];
+    pairs.extend_from_slice(extra);
+    setup
+        .driver
+        .create(csi::CreateVolumeRequest {
+            parameters: params(&pairs),
+            ..create_request(&pv, mount_cap(Mode::SingleNodeWriter), SIZE)
+        })
+        .await
+}
+
+/// Published for pod `shop/<pod>` (uid `uid-<pod>`), as kubelet does with podInfoOnMount.
+async fn publish_for_pod(driver: &TestDriver, volume: &csi::Volume, pod: &str) -> PathBuf {
+    let target = driver.mount_target();
+    let mut request = publish_request(volume, &target, mount_cap(Mode::SingleNodeWriter), false);
+    request.volume_context.extend([
+        ("csi.storage.k8s.io/pod.name".to_string(), pod.to_string()),
+        (
+            "csi.storage.k8s.io/pod.namespace".to_string(),
+            CLAIM_NS.to_string(),
+        ),
+        (
+            "csi.storage.k8s.io/pod.uid".to_string(),
+            format!("uid-{pod}"),
+        ),
+        (
+            "csi.storage.k8s.io/serviceAccount.name".to_string(),
+            "default".to_string(),
+        ),
+    ]);
+    driver
+        .node()
+        .node_publish_volume(request)
+        .await
+        .unwrap_or_else(|s| panic!("NodePublishVolume for {pod}: {s:?}"));
+    target
+}
+
+/// Writes `bytes` of real (allocated) data into a new file under `dir`.
+fn write(dir: &Path, name: &str, bytes: i64) {
+    fs::write(dir.join(name), vec![0x5a; bytes as usize]).unwrap();
+    let file = fs::File::open(dir.join(name)).unwrap();
+    file.sync_all().unwrap();
+}
+
+/// NodeGetVolumeStats as kubelet calls it periodically; the volume's condition.
+async fn measure(driver: &TestDriver, volume: &csi::Volume, target: &Path) -> csi::VolumeCondition {
+    driver
+        .stats(&volume.volume_id, &path_str(target))
+        .await
+        .unwrap()
+        .volume_condition
+        .unwrap()
+}
+
+/// Waits up to 20 s for `done` to hold of the stub's state.
+async fn until(api: &Shared, what: &str, done: impl Fn(&Api) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done(&api.lock().unwrap()) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn reasons(api: &Shared) -> Vec<String> {
+    api.lock()
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn evicted_pods(api: &Shared) -> Vec<String> {
+    api.lock()
+        .unwrap()
+        .evictions
+        .iter()
+        .map(|(pod, _)| pod.clone())
+        .collect()
+}
+
+/// Lets the check run a few more rounds (it runs every second).
+async fn a_few_rounds() {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_overflowing_volume_has_its_pod_evicted_and_no_other() {
+    let setup = start(&[]).await;
+    let driver = &setup.driver;
+    let full = volume_of_claim(&setup, "full", &[]).await;
+    let fine = volume_of_claim(&setup, "fine", &[]).await;
+    let full_target = publish_for_pod(driver, &full, "writer").await;
+    let fine_target = publish_for_pod(driver, &fine, "bystander").await;
+    write(&full_target, "big", 2 * SIZE);
+    write(&fine_target, "small", SIZE / 4);
+    let condition = measure(driver, &full, &full_target).await;
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(!measure(driver, &fine, &fine_target).await.abnormal);
+
+    until(&setup.api, "the eviction and its event", |api| {
+        api.events.iter().any(|e| e["reason"] == "OverflowEvicted")
+    })
+    .await;
+    a_few_rounds().await;
+    assert_eq!(
+        evicted_pods(&setup.api),
+        ["writer"],
+        "one eviction, of that pod only"
+    );
+    {
+        let api = setup.api.lock().unwrap();
+        let eviction = &api.evictions[0].1;
+        assert_eq!(eviction["kind"], "Eviction");
+        assert_eq!(eviction["apiVersion"], "policy/v1");
+        assert_eq!(eviction["metadata"]["namespace"], CLAIM_NS);
+        assert_eq!(
+            eviction["deleteOptions"]["preconditions"]["uid"], "uid-writer",
+            "only the pod published, never a namesake made since: {eviction}"
+        );
+        for event in &api.events {
+            assert_eq!(event["involvedObject"]["kind"], "PersistentVolumeClaim");
+            assert_eq!(event["involvedObject"]["name"], "full");
+            assert_eq!(event["involvedObject"]["uid"], "uid-full");
+            assert_eq!(event["type"], "Warning");
+        }
+    }
+    assert_eq!(
+        reasons(&setup.api),
+        ["VolumeOverflow", "OverflowEvicted"],
+        "each said once"
+    );
+    let note = setup.api.lock().unwrap().events[0]["message"].to_string();
+    assert!(
+        note.contains("more than its size of") && note.contains("evicting shop/writer"),
+        "{note}"
+    );
+    let metrics = driver.scrape();
+    assert_eq!(
+        metrics.value(
+            "stickyvol_overflow_evictions_total",
+            &[("result", "evicted")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metrics.value("stickyvol_overflowing_volumes", &[("on_overflow", "evict")]),
+        1.0
+    );
+
+    // Back within its size (data removed): no longer counted.
+    fs::remove_file(full_target.join("big")).unwrap();
+    measure(driver, &full, &full_target).await;
+    a_few_rounds().await;
+    let metrics = driver.scrape();
+    assert_eq!(
+        metrics.value("stickyvol_overflowing_volumes", &[("on_overflow", "evict")]),
+        0.0
+    );
+    for (volume, target) in [(&full, &full_target), (&fine, &fine_target)] {
+        driver.unpublish_ok(volume, target).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn report_evicts_nothing_but_says_so() {
+    let setup = start(&[]).await;
+    let driver = &setup.driver;
+    let volume = volume_of_claim(&setup, "logs", &[("onOverflow", "report")]).await;
+    let target = publish_for_pod(driver, &volume, "logger").await;
+    write(&target, "big", 2 * SIZE);
+    let condition = measure(driver, &volume, &target).await;
+    assert!(
+        condition.abnormal && condition.message.contains("more than its size"),
+        "{condition:?}"
+    );
+    until(&setup.api, "the event", |api| !api.events.is_empty()).await;
+    a_few_rounds().await;
+    assert_eq!(evicted_pods(&setup.api), Vec::<String>::new());
+    assert_eq!(reasons(&setup.api), ["VolumeOverflow"]);
+    let note = setup.api.lock().unwrap().events[0]["message"].to_string();
+    assert!(
+        note.contains("onOverflow: report: no pod is evicted"),
+        "{note}"
+    );
+    assert_eq!(
+        driver.scrape().value(
+            "stickyvol_overflowing_volumes",
+            &[("on_overflow", "report")]
+        ),
+        1.0
+    );
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_budget_refusal_is_announced_once_and_retried_until_allowed() {
+    let setup = start(&[]).await;
+    let driver = &setup.driver;
+    setup
+        .api
+        .lock()
+        .unwrap()
+        .refusals
+        .insert("guarded".into(), 3);
+    let volume = volume_of_claim(&setup, "db", &[]).await;
+    let target = publish_for_pod(driver, &volume, "guarded").await;
+    write(&target, "big", 2 * SIZE);
+    measure(driver, &volume, &target).await;
+    until(
+        &setup.api,
+        "the eviction allowed at the fourth try",
+        |api| api.events.iter().any(|e| e["reason"] == "OverflowEvicted"),
+    )
+    .await;
+    a_few_rounds().await;
+    assert_eq!(
+        evicted_pods(&setup.api),
+        ["guarded"; 4],
+        "retried, and not after success"
+    );
+    assert_eq!(
+        reasons(&setup.api),
+        [
+            "VolumeOverflow",
+            "OverflowEvictionRefused",
+            "OverflowEvicted"
+        ]
+    );
+    let refused = setup.api.lock().unwrap().events[1]["message"].to_string();
+    assert!(
+        refused.contains("refused by a PodDisruptionBudget"),
+        "{refused}"
+    );
+    let metrics = driver.scrape();
+    assert_eq!(
+        metrics.value(
+            "stickyvol_overflow_evictions_total",
+            &[("result", "refused")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        metrics.value(
+            "stickyvol_overflow_evictions_total",
+            &[("result", "evicted")]
+        ),
+        1.0
+    );
+    assert!(
+        driver
+            .log_text()
+            .contains("a PodDisruptionBudget refuses the eviction")
+    );
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pod_info_survives_a_restart_and_hostile_pod_info_is_refused() {
+    let mut setup = start(&[]).await;
+    let volume = volume_of_claim(&setup, "kept", &[]).await;
+    let target = publish_for_pod(&setup.driver, &volume, "survivor").await;
+    // Hostile pod info never reaches an API path.
+    let other = setup.driver.mount_target();
+    let mut request = publish_request(&volume, &other, mount_cap(Mode::SingleNodeWriter), false);
+    request.volume_context.extend([
+        (
+            "csi.storage.k8s.io/pod.name".to_string(),
+            "../../nodes/x".to_string(),
+        ),
+        (
+            "csi.storage.k8s.io/pod.namespace".to_string(),
+            CLAIM_NS.to_string(),
+        ),
+        ("csi.storage.k8s.io/pod.uid".to_string(), "u".to_string()),
+    ]);
+    let err = setup
+        .driver
+        .node()
+        .node_publish_volume(request)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+
+    setup.driver.kill9_and_restart().await;
+    write(&target, "big", 2 * SIZE);
+    measure(&setup.driver, &volume, &target).await;
+    until(&setup.api, "the eviction after the restart", |api| {
+        !api.evictions.is_empty()
+    })
+    .await;
+    assert_eq!(evicted_pods(&setup.api)[0], "survivor");
+    setup.driver.unpublish_ok(&volume, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_that_enforces_sizes_never_evicts() {
+    // btrfs with quota: the qgroup counts extents shared by reflinked copies once, a walk
+    // counts each copy. Three copies of 3/4 of the size are "above the size" to a walk, within
+    // it to the quota: a check that walked a limited volume would evict.
+    let fs = ScratchFs::new("btrfs", 512 * MIB as u64, &["-q"], "");
+    let pool = fs.mount_point.join("pool");
+    let setup = start(&[
+        "--pool".into(),
+        format!("fast={}", pool.display()),
+        "--enforcement".into(),
+        "fast=btrfs".into(),
+    ])
+    .await;
+    let driver = &setup.driver;
+    let volume = volume_of_claim(&setup, "limited", &[("pool", "fast")]).await;
+    let target = publish_for_pod(driver, &volume, "tenant").await;
+    write(&target, "data", SIZE * 3 / 4);
+    for copy in ["copy-1", "copy-2"] {
+        let status = Command::new("cp")
+            .arg("--reflink=always")
+            .arg(target.join("data"))
+            .arg(target.join(copy))
+            .status()
+            .unwrap();
+        assert!(status.success(), "cp --reflink");
+    }
+    let walked = Command::new("du")
+        .args(["-s", "-B1"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    let walked: u64 = String::from_utf8_lossy(&walked.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        walked > SIZE as u64,
+        "a walk sees {walked} bytes: the test would prove nothing"
+    );
+    let condition = measure(driver, &volume, &target).await;
+    assert!(!condition.abnormal, "{condition:?}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    {
+        let api = setup.api.lock().unwrap();
+        assert!(
+            api.evictions.is_empty() && api.events.is_empty(),
+            "nothing evicted or reported"
+        );
+    }
+    assert!(driver.log_text().contains("overflow check starting"));
+    driver.unpublish_ok(&volume, &target).await;
+}
