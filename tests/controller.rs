@@ -187,9 +187,10 @@ async fn create_rejects_invalid_arguments() {
     no_access_mode.access_mode = None;
     let mut no_access_type = mount_cap(Mode::SingleNodeWriter);
     no_access_type.access_type = None;
+    // A filesystem stickyvol does not make (ext4 and xfs make image volumes).
     let mut fs_type = mount_cap(Mode::SingleNodeWriter);
     if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut fs_type.access_type {
-        m.fs_type = "ext4".into();
+        m.fs_type = "btrfs".into();
     }
     let cases = [
         (

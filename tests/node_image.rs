@@ -615,3 +615,44 @@ async fn the_fstype_parameter_alone_makes_an_image_volume_used_with_mount_capabi
     assert_eq!(err.code(), Code::InvalidArgument, "block access: {err:?}");
     tear_down(&driver, &volume, &staging, &[&target]).await;
 }
+
+#[tokio::test]
+async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_volume() {
+    let fs = scratchfs::ScratchFs::new("xfs", 768 << 20, &["-q", "-m", "reflink=1"], "");
+    let pool = fs.mount_point.join("pool");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.add_args(["--pool".to_string(), format!("fast={}", pool.display())]);
+    driver.start_again().await;
+    let in_fast = |bytes: i64| {
+        let mut request = create_request(&new_name(), ext4(), bytes);
+        request.parameters.insert("pool".into(), "fast".into());
+        request
+    };
+    let volume = driver.create(in_fast(64 * MIB)).await;
+    let staging = staging_path(&driver);
+    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
+    fs::write(target.join("file"), b"kept").unwrap();
+    let snapshot = driver
+        .create_snapshot_ready(&snapshot_request(&new_name(), &volume.volume_id))
+        .await;
+    let restored = driver
+        .create(csi::CreateVolumeRequest {
+            volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
+            ..in_fast(128 * MIB)
+        })
+        .await;
+    let (clean, said) = fsck_clean("ext4", &host_path(&restored));
+    assert!(clean, "{said}");
+    let restored_staging = staging_path(&driver);
+    stage(&driver, &restored, &restored_staging, ext4())
+        .await
+        .expect("staging the restore");
+    let restored_target = publish(&driver, &restored, &restored_staging, ext4())
+        .await
+        .unwrap();
+    assert_eq!(fs::read(restored_target.join("file")).unwrap(), b"kept");
+    tear_down(&driver, &restored, &restored_staging, &[&restored_target]).await;
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+}

@@ -86,19 +86,26 @@ fn is_executable(path: &Path) -> bool {
 /// the background after the first mount, allocating ~1.6 % of the image). Neither tool is
 /// forced: both refuse to overwrite a filesystem they find, a last guard against formatting
 /// data.
+///
+/// Blocks and sectors are 4 KiB whatever the image's size: a loop device with direct I/O takes
+/// the backing file's direct-I/O alignment as its logical block size, which XFS raises to its
+/// block size once a file shares extents (a snapshot's reflink), and a filesystem with smaller
+/// blocks (mkfs.ext4 picks 1 KiB below 512 MiB) would then no longer mount ("bad block size").
 pub fn format(image: &Path, fs: FsType) -> io::Result<()> {
     let args: &[&str] = match fs {
         // -m 0: the claim's size is the pod's, with no blocks kept for root; no journal
         // zeroing and no inode tables to initialise on a prezeroed file.
         FsType::Ext4 => &[
             "-q",
+            "-b",
+            "4096",
             "-m",
             "0",
             "-E",
             "nodiscard,lazy_itable_init=1,lazy_journal_init=1,assume_storage_prezeroed=1",
         ],
         // -K: no discard.
-        FsType::Xfs => &["-q", "-K"],
+        FsType::Xfs => &["-q", "-K", "-s", "size=4096"],
     };
     let program = match fs {
         FsType::Ext4 => "mkfs.ext4",
