@@ -142,17 +142,20 @@ async fn rpc_and_volume_figures_match_the_calls_made() {
     assert_eq!(volumes(&metrics, "filesystem", "unpublished"), 1.0);
     assert_eq!(volumes(&metrics, "block", "published"), 0.0);
     assert_eq!(volumes(&metrics, "block", "unpublished"), 1.0);
+    assert_eq!(volumes(&metrics, "image-ext4", "unpublished"), 0.0);
+    assert_eq!(volumes(&metrics, "image-xfs", "published"), 0.0);
     assert_eq!(
         metrics.named(VOLUMES).count(),
-        4,
-        "one series per mode and state"
+        8,
+        "one series per kind (filesystem, block, image-ext4, image-xfs) and state"
     );
     assert_eq!(
         provisioned(&metrics, "filesystem"),
         (published.capacity_bytes + unpublished.capacity_bytes) as f64
     );
     assert_eq!(provisioned(&metrics, "block"), block.capacity_bytes as f64);
-    assert_eq!(metrics.named(PROVISIONED).count(), 2);
+    assert_eq!(provisioned(&metrics, "image-ext4"), 0.0);
+    assert_eq!(metrics.named(PROVISIONED).count(), 4, "one series per kind");
 
     let capacity = metrics.value("stickyvol_data_dir_capacity_bytes", &[]);
     let free = metrics.value("stickyvol_data_dir_free_bytes", &[]);
