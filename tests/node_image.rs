@@ -656,3 +656,124 @@ async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_v
     tear_down(&driver, &volume, &staging, &[&target]).await;
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_driver_killed_while_a_snapshot_froze_the_filesystem_thaws_it_at_start() {
+    let mut driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    // What a kill -9 between FIFREEZE and FITHAW leaves.
+    let root = File::open(&staging).unwrap();
+    stickyvol::host::fsimage::freeze(std::os::fd::AsFd::as_fd(&root)).unwrap();
+    drop(root);
+    driver.kill9();
+    let writer = {
+        let file = target.join("waits-for-the-thaw");
+        std::thread::spawn(move || fs::write(file, b"written"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !writer.is_finished(),
+        "a frozen filesystem holds its writers"
+    );
+    driver.start_again().await;
+    eventually(
+        "the writer goes on once the start thaws the filesystem",
+        || writer.is_finished(),
+    )
+    .await;
+    writer.join().unwrap().unwrap();
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}
+
+#[tokio::test]
+async fn a_stage_interrupted_after_its_mount_is_adopted_on_retry_never_mounted_twice() {
+    let driver = TestDriver::start().await;
+    let volume = driver
+        .create(create_request(&new_name(), ext4(), 32 * MIB))
+        .await;
+    let image = host_path(&volume);
+    let staging = staging_path(&driver);
+    // A stage killed between its mount and its record: a device over the image, mounted.
+    let device = loopdev::attach(&image, false).unwrap();
+    nix::mount::mount(
+        Some(&device.path()),
+        &staging,
+        Some("ext4"),
+        nix::mount::MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .unwrap();
+    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    assert_eq!(
+        loop_devices_of(&image),
+        vec![device],
+        "adopted, not attached again"
+    );
+    let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+    assert_eq!(loop_devices_of(&image), vec![]);
+}
+
+#[tokio::test]
+async fn an_expansion_interrupted_after_the_file_grew_is_finished_by_the_retry() {
+    let driver = TestDriver::start().await;
+    let cap = image_cap("xfs", Mode::SingleNodeWriter);
+    let (volume, staging, target) = published_image(&driver, cap.clone(), 300 * MIB).await;
+    let before = stickyvol::host::fsstat::space(&target).unwrap().total_bytes;
+    // The file grew and the record did not (a kill -9 in between): kubelet asks again.
+    let grown = 600 * MIB;
+    OpenOptions::new()
+        .write(true)
+        .open(host_path(&volume))
+        .unwrap()
+        .set_len(grown as u64)
+        .unwrap();
+    let capacity = driver
+        .expand(csi::NodeExpandVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            volume_path: path_str(&target),
+            staging_target_path: path_str(&staging),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: grown,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(capacity, grown);
+    let after = stickyvol::host::fsstat::space(&target).unwrap().total_bytes;
+    assert!(after > before + 250 * MIB as u64, "{before} -> {after}");
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}
+
+#[tokio::test]
+async fn a_power_loss_that_took_a_new_image_remakes_it_and_one_holding_data_is_never_reformatted() {
+    let mut driver = TestDriver::start().await;
+    let lost = driver
+        .create(create_request(&new_name(), ext4(), 32 * MIB))
+        .await;
+    let used = driver
+        .create(create_request(&new_name(), ext4(), 32 * MIB))
+        .await;
+    let staging = staging_path(&driver);
+    stage(&driver, &used, &staging, ext4()).await.unwrap();
+    let target = publish(&driver, &used, &staging, ext4()).await.unwrap();
+    fs::write(target.join("kept"), b"data").unwrap();
+    driver.unpublish_ok(&used, &target).await;
+    unstage(&driver, &used.volume_id, &staging).await.unwrap();
+    driver.kill9();
+    // The new image's formatting and size never reached the disk.
+    fs::write(host_path(&lost), b"").unwrap();
+    driver.start_again().await;
+    for volume in [&lost, &used] {
+        let (clean, said) = fsck_clean("ext4", &host_path(volume));
+        assert!(clean, "{said}");
+    }
+    stage(&driver, &used, &staging, ext4()).await.unwrap();
+    let target = publish(&driver, &used, &staging, ext4()).await.unwrap();
+    assert_eq!(fs::read(target.join("kept")).unwrap(), b"data");
+    tear_down(&driver, &used, &staging, &[&target]).await;
+    driver.delete(&lost.volume_id).await.unwrap();
+}

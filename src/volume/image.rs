@@ -225,6 +225,34 @@ impl Volumes {
         }
     }
 
+    /// At start: a driver killed while it copied a staged image left its filesystem frozen,
+    /// and every writer of the volume waiting; thaw each staged filesystem (one not frozen
+    /// answers EINVAL, which is fine).
+    pub(super) fn thaw_staged(&self) {
+        for record in self.store.all() {
+            let Some(staged) = record
+                .staging()
+                .filter(|_| record.kind.image_fs().is_some())
+            else {
+                continue;
+            };
+            if staged.readonly || !self.is_live(&record, staged).unwrap_or(false) {
+                continue;
+            }
+            let thawed =
+                std::fs::File::open(&staged.target).and_then(|root| fsimage::thaw(root.as_fd()));
+            match thawed {
+                Ok(()) => {
+                    warn!(volume = %record.id, staging = %staged.target.display(), "thawed the filesystem of an image volume a stopped copy had left frozen")
+                }
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(err) => {
+                    warn!(volume = %record.id, staging = %staged.target.display(), error = %err, "could not thaw the filesystem of an image volume")
+                }
+            }
+        }
+    }
+
     /// NodeUnstageVolume: unmounts an image volume's staging mount and detaches its device;
     /// succeeds when there is nothing (left) to undo, and for volumes that stage nothing.
     pub fn unstage(&self, id: Option<&VolumeId>, staging: &Path) -> Result<()> {

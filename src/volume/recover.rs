@@ -63,6 +63,7 @@ impl Volumes {
         }
         // Before anything judges publications: a staging mount pods still rely on comes back.
         self.restage_for_running_pods();
+        self.thaw_staged();
         // Devices first, while our files are where they were attached: a device over data moved
         // to lost+found or removed could no longer be proven ours, and would stay attached.
         self.detach_unused_devices()?;
