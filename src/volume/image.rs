@@ -38,13 +38,12 @@ pub struct StageRequest {
 }
 
 impl Volumes {
-    /// NodeStageVolume: mounts an image volume's filesystem at `req.staging`; for other
-    /// volumes, checks the request and does nothing.
-    pub fn stage(&self, id: &VolumeId, req: StageRequest) -> Result<()> {
-        let _guard = self.claim(id)?;
+    /// Whether staging volume `id` with `cap` has nothing to do (a directory or block volume),
+    /// from the records alone: kubelet stages every volume of a driver that stages, and these
+    /// must cost no more than the call. Errors as NodeStageVolume answers them.
+    pub fn stages_nothing(&self, id: &VolumeId, cap: &Capability) -> Result<bool> {
         let record = self.get(id)?;
         usable(&record)?;
-        let cap = &req.capability;
         if !record.kind.serves(cap.kind) {
             return Err(Error::InvalidArgument(format!(
                 "volume {id} is a {} volume and cannot be staged as {}",
@@ -55,6 +54,25 @@ impl Volumes {
         if let Some(reason) = cap.unsupported_reason(record.is_shared()) {
             return Err(Error::InvalidArgument(reason));
         }
+        Ok(record.kind.image_fs().is_none())
+    }
+
+    /// Whether unstaging volume `id` has nothing to do: a known volume that stages nothing.
+    pub fn unstages_nothing(&self, id: &VolumeId) -> bool {
+        self.store
+            .get(id)
+            .is_some_and(|record| record.kind.image_fs().is_none())
+    }
+
+    /// NodeStageVolume: mounts an image volume's filesystem at `req.staging`; for other
+    /// volumes, checks the request and does nothing.
+    pub fn stage(&self, id: &VolumeId, req: StageRequest) -> Result<()> {
+        let _guard = self.claim(id)?;
+        if self.stages_nothing(id, &req.capability)? {
+            return Ok(());
+        }
+        let record = self.get(id)?;
+        let cap = &req.capability;
         let Some(fs) = record.kind.image_fs() else {
             return Ok(());
         };
