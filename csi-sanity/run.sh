@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs csi-sanity (from kubernetes-csi/csi-test) against a local `stickyvol serve`, in filesystem
-# mode, in block mode and with ext4 image volumes (the class key csi.storage.k8s.io/fstype among
-# the parameters). Needs root (real bind mounts, loop devices, mkfs.ext4).
+# mode, in block mode and with image volumes (the class key csi.storage.k8s.io/fstype among the
+# parameters: $SANITY_IMAGE_FS, default ext4). Needs root (real bind mounts, loop devices, mkfs;
+# growing a mounted ext4 also needs CAP_SYS_RESOURCE).
 #
 #   csi-sanity/run.sh [extra csi-sanity flags...]
 #
@@ -42,7 +43,7 @@ run_mode() {
     local status=0 access=$mode extra=()
     if [[ $mode == image ]]; then
         access=mount
-        printf 'csi.storage.k8s.io/fstype: ext4\n' >"$work/image-parameters.yaml"
+        printf 'csi.storage.k8s.io/fstype: %s\n' "${SANITY_IMAGE_FS:-ext4}" >"$work/image-parameters.yaml"
         extra=(--csi.testvolumeparameters "$work/image-parameters.yaml")
     fi
     "$sanity" --csi.endpoint "$work/$mode/csi.sock" \
