@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::capability::Capability;
 use super::devices;
-use super::publish::{Target, missing_data, target_name, usable};
+use super::publish::{Target, check_capability, missing_data, target_name, usable};
 use super::state::id::VolumeId;
 use super::state::record::{FsType, Publication, VolumeRecord};
 use super::stats::{Amounts, VolumeStats};
@@ -44,16 +44,7 @@ impl Volumes {
     pub fn stages_nothing(&self, id: &VolumeId, cap: &Capability) -> Result<bool> {
         let record = self.get(id)?;
         usable(&record)?;
-        if !record.kind.serves(cap.kind) {
-            return Err(Error::InvalidArgument(format!(
-                "volume {id} is a {} volume and cannot be staged as {}",
-                record.kind.as_str(),
-                cap.kind.as_str()
-            )));
-        }
-        if let Some(reason) = cap.unsupported_reason(record.is_shared()) {
-            return Err(Error::InvalidArgument(reason));
-        }
+        check_capability(&record, cap, "staged")?;
         Ok(record.kind.image_fs().is_none())
     }
 

@@ -47,16 +47,7 @@ impl Volumes {
         let record = self.get(id)?;
         usable(&record)?;
         let cap = &req.capability;
-        if !record.kind.serves(cap.kind) {
-            return Err(Error::InvalidArgument(format!(
-                "volume {id} is a {} volume and cannot be published with {} access",
-                record.kind.as_str(),
-                cap.kind.as_str()
-            )));
-        }
-        if let Some(reason) = cap.unsupported_reason(record.is_shared()) {
-            return Err(Error::InvalidArgument(reason));
-        }
+        check_capability(&record, cap, "published")?;
         let readonly = req.readonly || cap.access_mode.is_read_only();
         let wanted = Publication {
             target: req.target.clone(),
@@ -659,6 +650,22 @@ pub(super) fn usable(record: &VolumeRecord) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Why `record` cannot be `used` (staged, published) as `cap` asks, if it cannot.
+pub(super) fn check_capability(record: &VolumeRecord, cap: &Capability, used: &str) -> Result<()> {
+    if !record.kind.serves(cap.kind) {
+        return Err(Error::InvalidArgument(format!(
+            "volume {} is a {} volume and cannot be {used} with {} access",
+            record.id,
+            record.kind.as_str(),
+            cap.kind.as_str()
+        )));
+    }
+    match cap.unsupported_reason(record.is_shared()) {
+        Some(reason) => Err(Error::InvalidArgument(reason)),
+        None => Ok(()),
+    }
 }
 
 /// Unpublishing a volume we do not know: succeed unless that would hide a live mount.
