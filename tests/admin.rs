@@ -461,6 +461,90 @@ async fn block_volume_moves_with_its_holes() {
     assert_eq!(read_at(&device, 5 << 20, 4096), pattern(4096, 8));
 }
 
+/// An ext4 image volume (a class with `csi.storage.k8s.io/fstype`): its image travels, and the
+/// file written through its filesystem is there on the other node. Its filesystem counts as
+/// content, so importing into a fresh image volume takes `--replace`.
+#[tokio::test]
+async fn an_image_volume_moves_with_its_filesystem() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let mut ext4 = mount_cap(Mode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut ext4.access_type {
+        m.fs_type = "ext4".into();
+    }
+    let source = node_a
+        .create(create_request(&new_name(), ext4.clone(), 32 * MIB))
+        .await;
+    let (staging, published) = stage_and_publish(&node_a, &source, &ext4).await;
+    fs::write(published.join("travels"), b"with its filesystem").unwrap();
+    unpublish_and_unstage(&node_a, &source, &staging, &published).await;
+    let target = node_b
+        .create(create_request(&new_name(), ext4.clone(), 32 * MIB))
+        .await;
+
+    let stream = stream_file(&node_a, "image.svx");
+    export_ok(&node_a, &source.volume_id, &stream);
+    let refused = import_failing(&node_b, &target.volume_id, &stream, &[]);
+    assert!(refused.contains("--replace"), "{refused}");
+    let out = import_from(&node_b, &target.volume_id, &stream, &["--replace"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (staging, published) = stage_and_publish(&node_b, &target, &ext4).await;
+    assert_eq!(
+        fs::read(published.join("travels")).unwrap(),
+        b"with its filesystem"
+    );
+    unpublish_and_unstage(&node_b, &target, &staging, &published).await;
+}
+
+/// NodeStageVolume at a fresh staging path, then NodePublishVolume at a fresh target.
+async fn stage_and_publish(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    cap: &csi::VolumeCapability,
+) -> (PathBuf, PathBuf) {
+    let staging = driver
+        .kubelet
+        .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
+        .join(new_name())
+        .join("globalmount");
+    fs::create_dir_all(&staging).unwrap();
+    driver
+        .node()
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            staging_target_path: path_str(&staging),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let target = driver.mount_target();
+    driver.publish_ok(volume, &target, cap.clone()).await;
+    (staging, target)
+}
+
+async fn unpublish_and_unstage(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    staging: &Path,
+    target: &Path,
+) {
+    driver.unpublish_ok(volume, target).await;
+    driver
+        .node()
+        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            staging_target_path: path_str(staging),
+        })
+        .await
+        .unwrap();
+}
+
 /// A fresh volume holding one file of `bytes` on `driver`, exported to a stream file; the
 /// volume and the stream.
 async fn exported_volume(driver: &TestDriver, bytes: usize) -> (csi::Volume, PathBuf) {
