@@ -728,4 +728,30 @@ snapshots:      none
             "\n{text}"
         );
     }
+
+    #[test]
+    fn an_image_volume_shows_its_staging_mount_apart_from_its_pods() {
+        let mut v = bare_block_volume("sv-i");
+        v.access_type = "image-ext4".into();
+        let staging = "/var/lib/kubelet/plugins/kubernetes.io/csi/stickyvol.csi.io/h/globalmount";
+        v.publications.push(api::Publication {
+            target_path: staging.into(),
+            pod_uid: String::new(),
+            readonly: false,
+            device: "/dev/loop3".into(),
+            staging: true,
+        });
+        let text = details(&v);
+        assert!(
+            text.contains(&format!(
+                "  - staged:   the node's mount, which pods' targets bind\n    target:   {staging}\n"
+            )),
+            "\n{text}"
+        );
+        let table = table(std::slice::from_ref(&v));
+        let row = table.lines().nth(1).unwrap();
+        assert!(row.contains("image-ext4"), "{table}");
+        let json = serde_json::to_value(VolumeJson::from(&v)).unwrap();
+        assert_eq!(json["publications"][0]["staging"], true);
+    }
 }
