@@ -777,3 +777,32 @@ async fn a_power_loss_that_took_a_new_image_remakes_it_and_one_holding_data_is_n
     tear_down(&driver, &used, &staging, &[&target]).await;
     driver.delete(&lost.volume_id).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_volume_and_its_clone_are_staged_side_by_side_though_their_filesystems_share_a_uuid() {
+    for fs in ["xfs", "ext4"] {
+        let driver = TestDriver::start().await;
+        let cap = image_cap(fs, Mode::SingleNodeWriter);
+        let (volume, staging, target) = published_image(&driver, cap.clone(), 300 * MIB).await;
+        fs::write(target.join("original"), b"1").unwrap();
+        let clone = driver
+            .create(csi::CreateVolumeRequest {
+                volume_content_source: Some(from_volume(&volume.volume_id)),
+                ..create_request(&new_name(), cap.clone(), 300 * MIB)
+            })
+            .await;
+        let clone_staging = staging_path(&driver);
+        stage(&driver, &clone, &clone_staging, cap.clone())
+            .await
+            .unwrap_or_else(|err| panic!("{fs}: staging the clone beside its source: {err:?}"));
+        let clone_target = publish(&driver, &clone, &clone_staging, cap).await.unwrap();
+        assert_eq!(fs::read(clone_target.join("original")).unwrap(), b"1");
+        fs::write(clone_target.join("only-in-the-clone"), b"2").unwrap();
+        assert!(
+            !target.join("only-in-the-clone").exists(),
+            "{fs}: two filesystems"
+        );
+        tear_down(&driver, &clone, &clone_staging, &[&clone_target]).await;
+        tear_down(&driver, &volume, &staging, &[&target]).await;
+    }
+}

@@ -175,6 +175,10 @@ fn run<'a>(program: &str, args: impl IntoIterator<Item = &'a OsStr>) -> io::Resu
 
 /// Mounts filesystem `fs` of `device` on the directory `target` (an open descriptor: the
 /// mount lands on that very directory, whatever its path has become).
+///
+/// XFS refuses a second filesystem with the UUID of one already mounted, and a snapshot's
+/// restore or a clone is a copy of the image, UUID and all: `nouuid` lets a volume and its
+/// copies be used side by side (ext4 does not check).
 pub fn mount(
     device: &Path,
     fs: FsType,
@@ -183,7 +187,11 @@ pub fn mount(
 ) -> io::Result<()> {
     let on = super::dirfd::fd_path(target);
     let flags = nix::mount::MsFlags::from_bits_truncate(flags.bits() as libc::c_ulong);
-    nix::mount::mount(Some(device), &on, Some(fs.name()), flags, None::<&str>)?;
+    let options = match fs {
+        FsType::Ext4 => None,
+        FsType::Xfs => Some("nouuid"),
+    };
+    nix::mount::mount(Some(device), &on, Some(fs.name()), flags, options)?;
     Ok(())
 }
 
