@@ -37,6 +37,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::Volumes;
+use super::copies::content::SourceData;
 use super::copies::cow;
 use super::devices;
 use super::space::accounting::Holder;
@@ -83,13 +84,7 @@ impl Volumes {
             format!("name:{}", req.name),
             &format!("volume name {:?}", req.name),
         )?;
-        let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
-        let capacity = match req.kind.image_fs() {
-            Some(fs) => {
-                capacity::at_least(capacity, fs.min_bytes() as i64, req.limit_bytes, fs.name())?
-            }
-            None => capacity,
-        };
+        let capacity = new_capacity(&req)?;
         if let Some(existing) = self.store.find_by_name(&req.name) {
             check_compatible(&existing, &req)?;
             // Not while a DeleteVolume of it runs: answering with a volume being torn down
@@ -101,22 +96,7 @@ impl Volumes {
             }
         }
         let pool = self.pool(&req.pool)?;
-        if let Some(tool) = req.kind.image_fs().and_then(|fs| fs.missing_tool()) {
-            return Err(Error::ResourceExhausted(format!(
-                "volume {:?} is an image volume of {}, but this node has no {tool} (see `stickyvol doctor`)",
-                req.name,
-                req.kind.as_str()
-            )));
-        }
-        if req.kind == VolumeKind::Filesystem
-            && req.require_enforcement
-            && !pool.enforcement.enforces()
-        {
-            return Err(Error::ResourceExhausted(format!(
-                "volume {:?} requires an enforced size, but pool {:?} on this node cannot enforce one (its filesystem offers none; see `stickyvol doctor`)",
-                req.name, pool.name
-            )));
-        }
+        check_node_can_make(pool, &req)?;
 
         // Held until the data is copied, so the source cannot be deleted meanwhile.
         let source = req
@@ -137,22 +117,7 @@ impl Volumes {
         let staging = pool.staging_path(&id, req.kind);
         let made = match &source {
             None => make_data(pool, &staging, req.kind, req.allocation, capacity),
-            Some(data) => {
-                let fill = || {
-                    cow::fill_volume(
-                        pool,
-                        req.kind,
-                        req.allocation,
-                        &data.path,
-                        &staging,
-                        capacity as u64,
-                    )
-                };
-                match &data.volume {
-                    Some(volume) => self.with_frozen(volume, fill),
-                    None => fill(),
-                }
-            }
+            Some(data) => self.fill_from(pool, data, &req, &staging, capacity as u64),
         };
         drop(source);
         // No flush of the staging entry: the commit below is the only one (see the module
@@ -210,6 +175,32 @@ impl Volumes {
         self.finish_create(&record)?;
         info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, pool = %pool.name, limit = ?record.size_limit, "created volume");
         Ok(record)
+    }
+
+    /// A new volume's data at `staging`, copied from `data` (a staged image source frozen
+    /// meanwhile, so the copy is crash-consistent).
+    fn fill_from(
+        &self,
+        pool: &Pool,
+        data: &SourceData,
+        req: &CreateRequest,
+        staging: &Path,
+        capacity: u64,
+    ) -> Result<Option<NewDirectory>> {
+        let fill = || {
+            cow::fill_volume(
+                pool,
+                req.kind,
+                req.allocation,
+                &data.path,
+                staging,
+                capacity,
+            )
+        };
+        match &data.volume {
+            Some(volume) => self.with_frozen(volume, fill),
+            None => fill(),
+        }
     }
 
     /// Moves a committed volume's data from its staging name to its final name, if not done yet.
@@ -376,6 +367,37 @@ fn remove_trees(paths: &[PathBuf], id: &VolumeId, limit: SizeLimit) -> Result<()
     for path in paths {
         limits::remove_directory(limit, path)
             .map_err(|err| Error::volume_walk(id, "deleting", err))?;
+    }
+    Ok(())
+}
+
+/// The capacity a request gets: as CSI's range says, raised to what an image's filesystem
+/// needs at least.
+fn new_capacity(req: &CreateRequest) -> Result<i64> {
+    let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
+    match req.kind.image_fs() {
+        Some(fs) => capacity::at_least(capacity, fs.min_bytes() as i64, req.limit_bytes, fs.name()),
+        None => Ok(capacity),
+    }
+}
+
+/// RESOURCE_EXHAUSTED (the provisioner then tries another node) when this node cannot make the
+/// volume as asked: no tools for an image's filesystem, or no size enforcement where the class
+/// requires one.
+fn check_node_can_make(pool: &Pool, req: &CreateRequest) -> Result<()> {
+    if let Some(tool) = req.kind.image_fs().and_then(|fs| fs.missing_tool()) {
+        return Err(Error::ResourceExhausted(format!(
+            "volume {:?} is an image volume of {}, but this node has no {tool} (see `stickyvol doctor`)",
+            req.name,
+            req.kind.as_str()
+        )));
+    }
+    if req.kind == VolumeKind::Filesystem && req.require_enforcement && !pool.enforcement.enforces()
+    {
+        return Err(Error::ResourceExhausted(format!(
+            "volume {:?} requires an enforced size, but pool {:?} on this node cannot enforce one (its filesystem offers none; see `stickyvol doctor`)",
+            req.name, pool.name
+        )));
     }
     Ok(())
 }
