@@ -305,7 +305,8 @@ impl Metrics {
         let volumes = Family::<VolumeLabels, Gauge>::default();
         registry.register(
             "volumes",
-            "Volumes on this node, by mode (filesystem, block) and state (published, unpublished)",
+            "Volumes on this node, by mode (filesystem, block, image-ext4, image-xfs) and state \
+             (published, unpublished)",
             volumes.clone(),
         );
         let provisioned_bytes = Family::<ModeLabels, Gauge>::default();
