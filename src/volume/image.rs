@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use super::capability::Capability;
 use super::devices;
-use super::publish::{Target, check_capability, missing_data, target_name, usable};
+use super::publish::{MountPoint, Target, check_capability, missing_data, target_name, usable};
 use super::state::id::VolumeId;
 use super::state::record::{FsType, Publication, VolumeRecord};
 use super::stats::{Amounts, VolumeStats};
@@ -135,28 +135,16 @@ impl Volumes {
     ) -> Result<LoopDevice> {
         let id = &record.id;
         let target = at.path;
-        let parent = at.parent()?;
-        let mut created = false;
-        let directory = match at.open()? {
-            None => {
-                created = true;
-                dirfd::make_dir_at(parent, at.name)
-                    .context(|| format!("creating {}", target.display()))?
-            }
-            Some((_, stat)) if stat.is_dir() && stat.is_mount_root => {
+        let (directory, created) = match at.mount_point("staging path")? {
+            MountPoint::Made(fd) => (fd, true),
+            MountPoint::Empty(fd) => (fd, false),
+            MountPoint::Mounted(_, stat) => {
                 return image_device(record, data, &stat).ok_or_else(|| {
                     Error::AlreadyExists(format!(
                         "staging path {} already has something else mounted",
                         target.display()
                     ))
                 });
-            }
-            Some((fd, stat)) if stat.is_dir() => fd,
-            Some(_) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "staging path {} exists and is not a directory",
-                    target.display()
-                )));
             }
         };
         // The device of an earlier staging that pods' bind mounts still hold: mounting the
@@ -185,7 +173,7 @@ impl Volumes {
                 let _ = loopdev::detach(&device);
             }
             if created {
-                let _ = dirfd::remove_dir_at(parent, at.name);
+                let _ = dirfd::remove_dir_at(at.parent()?, at.name);
             }
             return Err(Error::FailedPrecondition(format!(
                 "the {} filesystem of volume {id} cannot be mounted ({err}); it may be damaged: check it with fsck from the node, the image is {}",

@@ -306,15 +306,10 @@ impl Volumes {
                 data.display()
             )));
         }
-        let parent = at.parent()?;
-        let mut created = false;
-        let directory = match at.open()? {
-            None => {
-                created = true;
-                dirfd::make_dir_at(parent, at.name)
-                    .context(|| format!("creating {}", target.display()))?
-            }
-            Some((fd, stat)) if stat.is_dir() && stat.is_mount_root => {
+        let (directory, created) = match at.mount_point("target")? {
+            MountPoint::Made(fd) => (fd, true),
+            MountPoint::Empty(fd) => (fd, false),
+            MountPoint::Mounted(fd, stat) => {
                 if !stat.same_file(&source) {
                     return Err(Error::AlreadyExists(format!(
                         "target {} already has something else mounted",
@@ -330,19 +325,12 @@ impl Volumes {
                 }
                 return Ok(());
             }
-            Some((fd, stat)) if stat.is_dir() => fd,
-            Some(_) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "target {} exists and is not a directory",
-                    target.display()
-                )));
-            }
         };
         let mounted = mount::bind_onto(data, directory.as_fd(), flags)
             .context(|| format!("bind-mounting volume {id} at {}", target.display()));
         if mounted.is_err() && created {
             // A failed publish leaves nothing behind for kubelet to trip over.
-            let _ = dirfd::remove_dir_at(parent, at.name);
+            let _ = dirfd::remove_dir_at(at.parent()?, at.name);
         }
         mounted
     }
@@ -584,6 +572,24 @@ impl Target<'_> {
         Ok(Some((opened, stat)))
     }
 
+    /// The directory to mount on (`what`: "target", "staging path"): made if missing, or
+    /// found with what is mounted there already; FAILED_PRECONDITION if it is not a directory.
+    pub(super) fn mount_point(&self, what: &str) -> Result<MountPoint> {
+        match self.open()? {
+            None => dirfd::make_dir_at(self.parent()?, self.name)
+                .map(MountPoint::Made)
+                .context(|| format!("creating {}", self.path.display())),
+            Some((fd, stat)) if stat.is_dir() && stat.is_mount_root => {
+                Ok(MountPoint::Mounted(fd, stat))
+            }
+            Some((fd, stat)) if stat.is_dir() => Ok(MountPoint::Empty(fd)),
+            Some(_) => Err(Error::FailedPrecondition(format!(
+                "{what} {} exists and is not a directory",
+                self.path.display()
+            ))),
+        }
+    }
+
     pub(super) fn stat(&self) -> Result<Option<Stat>> {
         Ok(self.open()?.map(|(_, stat)| stat))
     }
@@ -613,6 +619,16 @@ impl Target<'_> {
             )),
         }
     }
+}
+
+/// A directory to mount on, as [`Target::mount_point`] found it.
+pub(super) enum MountPoint {
+    /// Made just now: a failed mount removes it again.
+    Made(OwnedFd),
+    /// There already, nothing mounted on it.
+    Empty(OwnedFd),
+    /// Something is mounted there (an earlier attempt's mount, or not ours).
+    Mounted(OwnedFd, Stat),
 }
 
 pub(super) fn target_name(target: &Path) -> Result<&OsStr> {
