@@ -93,7 +93,13 @@ YAML
 }
 
 # The StatefulSet's first pod on the second node, with its data written; sets PV and HANDLE.
+# A preference is all the scheduler weighs, so the second node must be able to take the claim
+# first: its driver serving and its capacity for the class published (after the previous
+# scenario brought the node back, neither is there at once; seen once in CI, db-0 on the first).
 start_on_lost_node() {
+    ready_driver_pod "$LOST" 300 >/dev/null
+    until_ok 120 "$LOST's capacity for $CLASS published" \
+        '[[ -n $(capacity_of "$CLASS" "$LOST") && $(capacity_of "$CLASS" "$LOST") != 0 ]]'
     statefulset
     until_ok 60 "db-0 made" 'kn get pod db-0'
     wait_pod_running db-0 180
