@@ -99,6 +99,12 @@ pub struct ServeArgs {
     #[arg(long, env = "NODE_LOSS", value_enum, default_value_t = NodeLossMode::Off)]
     pub node_loss: NodeLossMode,
 
+    /// Controller mode only: restore placement, which sends every claim restored from one of
+    /// our snapshots or cloned from one of our claims to the node holding its source (see
+    /// docs/operations.md, "Placement"): on or off.
+    #[arg(long, env = "RESTORE_PLACEMENT", value_enum, default_value_t = Switch::Off)]
+    pub restore_placement: Switch,
+
     /// Seconds between the reconciler's rounds; its Lease lasts three.
     #[arg(
         long,
@@ -155,6 +161,13 @@ pub struct ServeArgs {
     /// This replica's name in the Lease (its pod name, from the downward API).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+}
+
+/// A capability that is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    Off,
+    On,
 }
 
 /// Whether the node-loss reconciler runs, and whether it acts.
@@ -294,6 +307,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// The node-loss reconciler, when it runs (controller mode only).
     pub node_loss: Option<NodeLossConfig>,
+    /// Whether restore placement runs (controller mode only).
+    pub restore_placement: bool,
     /// The looks for orphaned volumes, when they run (modes with volumes only).
     pub orphan_check: Option<OrphanCheckConfig>,
     /// Time between project-id audits, when they run (modes with volumes only).
@@ -322,6 +337,8 @@ pub enum ConfigError {
     MaxVolumes,
     #[error("--node-loss: {0}")]
     NodeLoss(String),
+    #[error("--restore-placement runs only with --mode=controller")]
+    RestorePlacement,
     #[error("{flag} {value:?}: {why}")]
     Pool {
         flag: &'static str,
@@ -364,6 +381,10 @@ impl Config {
                 ));
             }
         };
+        let restore_placement = args.restore_placement == Switch::On;
+        if restore_placement && args.mode != Mode::Controller {
+            return Err(ConfigError::RestorePlacement);
+        }
         if !is_label_value(&args.node_id) {
             return Err(ConfigError::NodeId(args.node_id));
         }
@@ -393,6 +414,7 @@ impl Config {
             .then(|| Duration::from_secs(args.project_audit_interval));
         Ok(Config {
             node_loss,
+            restore_placement,
             orphan_check,
             project_audit_interval,
             overflow_check,
@@ -834,6 +856,7 @@ mod tests {
             enforcement: Vec::new(),
             overcommit: Vec::new(),
             node_loss: NodeLossMode::Off,
+            restore_placement: Switch::Off,
             node_loss_interval: 5,
             orphan_check_interval: 0,
             project_audit_interval: 600,

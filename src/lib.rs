@@ -13,6 +13,7 @@ pub mod controller;
 pub mod doctor;
 pub mod driver;
 pub mod error;
+pub mod events;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
@@ -21,8 +22,10 @@ pub mod metrics;
 pub mod node;
 pub mod nodeloss;
 pub mod overflow;
+pub mod placement;
 pub mod request;
 pub mod server;
+pub mod slim;
 pub mod unix_channel;
 pub mod volume;
 

@@ -271,6 +271,7 @@ pub struct Metrics {
     orphaned_volumes: Gauge,
     overflowing_volumes: Family<OnOverflowLabels, Gauge>,
     overflow_evictions: Family<ResultLabels, Counter>,
+    restore_placements: Family<ResultLabels, Counter>,
     /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
     scrape: Mutex<()>,
 }
@@ -410,7 +411,16 @@ impl Metrics {
              failed (asked again next round)",
             overflow_evictions.clone(),
         );
+        let restore_placements = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "restore_placements",
+            "Restore and clone claims the controller looked at, by result: placed (sent to their \
+             source's node), refused (the node is gone, cordoned or NotReady, or a pod of the \
+             claim excludes it; looked at again), failed (the API call failed; retried)",
+            restore_placements.clone(),
+        );
         Metrics {
+            restore_placements,
             overflowing_volumes,
             overflow_evictions,
             orphaned_volumes,
@@ -480,6 +490,15 @@ impl Metrics {
     /// Counts one eviction the overflow check asked for (`result`: a fixed set of words).
     pub fn observe_overflow_eviction(&self, result: &'static str) {
         self.overflow_evictions
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one restore-placement outcome: placed, refused or failed.
+    pub fn observe_restore_placement(&self, result: &'static str) {
+        self.restore_placements
             .get_or_create(&ResultLabels {
                 result: result.into(),
             })

@@ -31,6 +31,7 @@ use crate::metrics::{self, Metrics};
 use crate::node::NodeService;
 use crate::nodeloss::{reconcile, report, returned};
 use crate::overflow;
+use crate::placement;
 use crate::volume::audit;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
@@ -128,6 +129,33 @@ async fn start_reconciler(
         let _ = stopped.await;
     };
     Ok(Some(tokio::spawn(reconcile::run(
+        client,
+        settings,
+        metrics.clone(),
+        shutdown,
+    ))))
+}
+
+/// Restore placement, where the configuration asks for it; it runs until `stopped`.
+async fn start_restore_placement(
+    driver: &Driver,
+    metrics: &Arc<Metrics>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
+    if !driver.config.restore_placement {
+        return Ok(None);
+    }
+    let client = kube::Client::try_default().await?;
+    let settings = placement::run::Settings {
+        driver: driver.config.driver_name.clone(),
+        topology_key: driver.config.topology_key(),
+        identity: driver.config.node_id.clone(),
+    };
+    info!("restore placement starting");
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    Ok(Some(tokio::spawn(placement::run::run(
         client,
         settings,
         metrics.clone(),
@@ -277,6 +305,9 @@ async fn serve_on(
     // The node-loss reconciler stops with the server; it then hands its Lease over.
     let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
     let reconciler = start_reconciler(&driver, &metrics, stopped).await?;
+    // Restores and clones go to their source's node.
+    let (stop_placement, placement_stopped) = tokio::sync::oneshot::channel::<()>();
+    let placement = start_restore_placement(&driver, &metrics, placement_stopped).await?;
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
     let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
@@ -311,6 +342,11 @@ async fn serve_on(
     let served = serving.await;
     let _ = stop_reconciler.send(());
     let _ = stop_orphans.send(());
+    let _ = stop_placement.send(());
+    if let Some(placement) = placement {
+        // Stateless: a look cut short is done again by the next replica's watch.
+        placement.abort();
+    }
     if let Some(stop) = stop_audit {
         // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
         stop.store(true, Ordering::Relaxed);

@@ -856,9 +856,11 @@ async fn restore_or_clone_of_a_missing_source_of_this_node_is_not_found() {
 }
 
 /// A source issued by another node (a real second driver, and made-up ids with its tag) is
-/// RESOURCE_EXHAUSTED, so the provisioner reschedules the claim.
+/// FAILED_PRECONDITION naming the node's tag: csi-provisioner keeps the claim (no rescheduling
+/// round) while restore placement moves it; an untagged volume id of an earlier version, which
+/// may be on any node, is RESOURCE_EXHAUSTED so the scheduler tries another.
 #[tokio::test]
-async fn restore_or_clone_of_another_nodes_source_is_resource_exhausted() {
+async fn restore_or_clone_of_another_nodes_source_is_failed_precondition() {
     let other = TestDriver::start_with(Options {
         node_id: Some(OTHER_NODE),
         ..Default::default()
@@ -876,14 +878,23 @@ async fn restore_or_clone_of_another_nodes_source_is_resource_exhausted() {
         from_snapshot(&snapshot_id_of(OTHER_NODE)),
         from_volume(&volume_id_of(OTHER_NODE)),
     ] {
-        expect_code(
-            driver
-                .controller()
-                .create_volume(restore_request(snw_mount(), source, Some(SIZE)))
-                .await,
-            Code::ResourceExhausted,
-        );
+        let status = driver
+            .controller()
+            .create_volume(restore_request(snw_mount(), source, Some(SIZE)))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        let tag = &elsewhere.volume_id[elsewhere.volume_id.len() - 8..];
+        assert!(status.message().contains(tag), "{status:?}");
     }
+    let untagged = from_volume(&format!("sv-{}", "0".repeat(32)));
+    expect_code(
+        driver
+            .controller()
+            .create_volume(restore_request(snw_mount(), untagged, Some(SIZE)))
+            .await,
+        Code::ResourceExhausted,
+    );
     assert!(driver.list_all().await.is_empty());
 }
 

@@ -1,7 +1,7 @@
 //! Node loss: what happens to claims pinned to a node that is gone (issue 23). `policy` is the
 //! StorageClass parameter, `decide` the pure rules (`decide::provenance`: whether a
 //! StatefulSet's controller made a claim); `observe` turns API objects (pods and
-//! StatefulSets as `slim` reads them) into their views, `lease` elects one acting replica,
+//! StatefulSets as `crate::slim` reads them) into their views, `lease` elects one acting replica,
 //! `reconcile` is the loop that reads, decides, acts and reports; `orphans` is `stickyvol
 //! cluster orphans`; `returned` runs in the node driver: a node that comes back moves the data of
 //! volumes whose PV is gone to lost+found, and lists them in the node's `report`.
@@ -14,4 +14,3 @@ pub mod policy;
 pub mod reconcile;
 pub mod report;
 pub mod returned;
-pub mod slim;

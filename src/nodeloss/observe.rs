@@ -10,7 +10,7 @@ use super::decide::{
     ClaimView, ClassView, NodeView, ObjectRef, PROVISIONER_FINALIZER, PodView, PvView,
     StatefulSetView,
 };
-use super::slim::{Pod, StatefulSet};
+use crate::slim::{Pod, StatefulSet};
 
 fn created(meta: &ObjectMeta) -> Option<i64> {
     meta.creation_timestamp.as_ref().map(|t| t.0.as_second())
@@ -44,7 +44,7 @@ pub fn node(node: &Node) -> NodeView {
 
 /// The one node a PV's required affinity names on `topology_key` (`In` with a single value, as
 /// our provisioner writes it); None for any other shape, which `decide` then leaves alone.
-fn pinned_node(pv: &PersistentVolume, topology_key: &str) -> Option<String> {
+pub fn pinned_node(pv: &PersistentVolume, topology_key: &str) -> Option<String> {
     let terms = &pv
         .spec
         .as_ref()?

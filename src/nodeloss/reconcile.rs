@@ -21,8 +21,9 @@ use tracing::{info, warn};
 use super::decide::{self, Action, Decision, ObjectRef, Options, PROVISIONER_FINALIZER, Snapshot};
 use super::lease::Election;
 use super::observe;
-use super::slim::{Pod, StatefulSet};
+use crate::events;
 use crate::metrics::Metrics;
+use crate::slim::{Pod, StatefulSet};
 
 /// The Lease the replicas compete for (in their own namespace).
 pub const LEASE_NAME: &str = "stickyvol-node-loss";
@@ -196,14 +197,7 @@ async fn drop_provisioner_finalizer(
 fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
     let (regarding, note_subject) = match &decision.action {
         Action::ReleaseClaim { claim, .. } => (
-            ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("PersistentVolumeClaim".into()),
-                namespace: Some(claim.namespace.clone()),
-                name: Some(claim.name.clone()),
-                uid: Some(claim.uid.clone()),
-                ..ObjectReference::default()
-            },
+            events::claim(&claim.namespace, &claim.name, &claim.uid),
             format!("claim {claim}"),
         ),
         _ => (
@@ -228,7 +222,7 @@ fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
         (Action::DeletePods { .. }, false) => "NodeLossPodsDeleted",
         (Action::DeletePv { .. } | Action::DropPvFinalizer { .. }, false) => "NodeLossPvDeleted",
     };
-    let mut note = format!(
+    let note = format!(
         "node {} is {} (onNodeLoss: {}): {}: {}{}",
         decision.node,
         decision.loss.as_str(),
@@ -241,15 +235,6 @@ fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
             ""
         }
     );
-    // The API server refuses notes over 1 kB.
-    if note.len() > 1024 {
-        let mut cut = 1021;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-        note.push_str("...");
-    }
     Event {
         metadata: ObjectMeta {
             generate_name: Some("stickyvol-node-loss-".into()),
@@ -267,7 +252,7 @@ fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
         ),
         reason: Some(reason.into()),
         action: Some(decision.action.kind().into()),
-        note: Some(note),
+        note: Some(events::note(note)),
         regarding: Some(regarding),
         reporting_controller: Some(REPORTING_CONTROLLER.into()),
         reporting_instance: Some(settings.identity.clone()),

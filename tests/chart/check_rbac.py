@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
 """Checks the RBAC and admission objects of a `helm template` rendering: what the controller's
-ServiceAccount may do is exactly what nodeLoss.mode needs, and the node plugin's ConfigMap rights
-are held to its own report by the ValidatingAdmissionPolicy.
+ServiceAccount may do is exactly what nodeLoss.mode and restorePlacement need, and the node
+plugin's ConfigMap rights are held to its own report by the ValidatingAdmissionPolicy.
 
-    check_rbac.py RENDERED.yaml MODE DRIVER
+    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT]
 
-MODE is off, dry-run or on; DRIVER the driverName rendered.
+MODE is off, dry-run or on; DRIVER the driverName rendered; PLACEMENT on (default) or off.
 """
 import sys
 
 import yaml
 
-rendered, mode, driver = sys.argv[1:]
+rendered, mode, driver = sys.argv[1:4]
+placement = sys.argv[4] if len(sys.argv) > 4 else "on"
 failures = []
 
 
@@ -69,9 +70,17 @@ reads = (rules("*", "", ["nodes"], ["get", "list"])
          | rules(ns, "", ["configmaps"], ["list"]))
 writes = (rules("*", "", ["persistentvolumes"], ["delete", "patch"])
           | rules("*", "", ["persistentvolumeclaims", "pods"], ["delete"]))
+placing = (rules("*", "", ["persistentvolumeclaims"], ["get", "list", "watch", "patch"])
+           | rules("*", "", ["persistentvolumes", "nodes"], ["get"])
+           | rules("*", "", ["nodes", "pods"], ["list"])
+           | rules("*", "storage.k8s.io", ["storageclasses"], ["get"])
+           | rules("*", "snapshot.storage.k8s.io", ["volumesnapshots", "volumesnapshotcontents"], ["get"])
+           | rules("*", "events.k8s.io", ["events"], ["create"]))
 wanted = {"off": resizer, "dry-run": resizer | reads, "on": resizer | reads | writes}[mode]
+if placement == "on":
+    wanted = wanted | placing
 got = grants("stickyvol-controller")
-check(got == wanted, f"nodeLoss.mode {mode}: the controller may do exactly what the mode needs"
+check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}: the controller may do exactly what they need"
       + ("" if got == wanted else f" (extra: {sorted(got - wanted)}, missing: {sorted(wanted - got)})"))
 deletes = {g for g in got if g[3] == "delete"}
 check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with on: {sorted(deletes)}")

@@ -225,16 +225,23 @@ impl Volumes {
     }
 
     /// How a source that is not here should be answered: a node that issued the id knows it
-    /// is gone (NOT_FOUND); an id from another node (or from a version that did not say) means
-    /// the claim landed on the wrong node, and RESOURCE_EXHAUSTED makes the provisioner
-    /// reschedule it (design.md §8).
+    /// is gone (NOT_FOUND). An id from another node means the claim is on the wrong node:
+    /// FAILED_PRECONDITION, which csi-provisioner retries with backoff without giving the
+    /// claim back, while the controller's restore placement moves the claim to the source's
+    /// node (rescheduling would only send it round the nodes). An id that names no node (an
+    /// earlier version's) may be anywhere: RESOURCE_EXHAUSTED, and the scheduler tries another
+    /// node (design.md §8).
     pub(in crate::volume) fn missing_source(&self, what: &str, issuer: Issuer) -> Error {
         match issuer {
             Issuer::Node(tag) if tag == self.node => {
                 Error::NotFound(format!("{what} does not exist"))
             }
-            _ => Error::ResourceExhausted(format!(
-                "{what} is not on this node; a restore or clone is made on the node holding its source (pin the claim's pod to that node)"
+            Issuer::Node(tag) => Error::FailedPrecondition(format!(
+                "{what} is on another node (node tag {}), not this one; a restore or clone is made only on the node holding its source, where the controller's restore placement sends the claim",
+                tag.as_str()
+            )),
+            Issuer::Unknown => Error::ResourceExhausted(format!(
+                "{what} is not on this node; a restore or clone is made on the node holding its source"
             )),
         }
     }

@@ -1,10 +1,11 @@
-//! Pods and StatefulSets as the reconciler reads them: only the fields `observe` uses. k8s-openapi's
-//! full types carry every field of a pod template, and their deserializers alone grew the
-//! binary by megabytes; unknown fields are skipped here.
+//! Pods and StatefulSets as the controllers read them: only the fields the node-loss reconciler
+//! and restore placement use. k8s-openapi's full types carry every field of a pod template, and
+//! their deserializers alone grew the binary by megabytes; unknown fields are skipped here.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{NodeAffinity, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
@@ -49,12 +50,28 @@ pub struct PodSpec {
     pub node_name: Option<String>,
     #[serde(default)]
     pub volumes: Vec<PodVolume>,
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    pub affinity: Option<Affinity>,
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+}
+
+/// Only node affinity: what a pod says about nodes, not about other pods.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Affinity {
+    pub node_affinity: Option<NodeAffinity>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodVolume {
+    #[serde(default)]
+    pub name: String,
     pub persistent_volume_claim: Option<ClaimSource>,
+    /// A generic ephemeral volume: its claim is named `<pod>-<volume>`.
+    pub ephemeral: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,0 +1,299 @@
+//! The loop: watches claims (no store: each event is looked at and dropped), and looks again at
+//! those waiting (a refusal, a source not resolved yet, an API error) once a second for those
+//! due. A placement writes the selected node at the resourceVersion the rules read, so a claim
+//! that changed meanwhile (the scheduler or the provisioner wrote it) is never overwritten: its
+//! new version comes through the watch and is looked at afresh. That also makes a second
+//! replica harmless. Memory holds only restore claims not yet bound.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tracing::{info, warn};
+
+use super::rules::{self, Facts, Location, Refusal, SELECTED_NODE, Verdict};
+use super::source::{Candidate, Locator};
+use crate::events;
+use crate::metrics::Metrics;
+
+/// Who writes our Events.
+pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/restore-placement";
+
+/// How soon a waiting claim is looked at again.
+const LOOK_AGAIN: Duration = Duration::from_secs(5);
+/// A claim placed before and found elsewhere (its node's provisioner gave it back: a full
+/// pool) is placed again after 5 s, doubling each time up to this.
+const MOST_BETWEEN_PLACEMENTS: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver: String,
+    pub topology_key: String,
+    /// This replica's name, in its Events.
+    pub identity: String,
+}
+
+/// A claim placed before: how often, and when it may be placed again.
+struct Placed {
+    times: u32,
+    not_before: Instant,
+}
+
+type ClaimKey = (String, String);
+
+struct Placer {
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    locator: Locator,
+    /// Claims to look at again, and when.
+    later: BTreeMap<ClaimKey, Instant>,
+    /// By claim uid: the refusal last announced (announced once while it stays the same).
+    announced: HashMap<String, Refusal>,
+    placed: HashMap<String, Placed>,
+}
+
+/// Runs until `shutdown`.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let claims = Api::<PersistentVolumeClaim>::all(client.clone());
+    let mut events = watcher(claims, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .boxed();
+    let mut placer = Placer {
+        locator: Locator::new(
+            client.clone(),
+            settings.driver.clone(),
+            settings.topology_key.clone(),
+        ),
+        client,
+        settings,
+        metrics,
+        later: BTreeMap::new(),
+        announced: HashMap::new(),
+        placed: HashMap::new(),
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(claim) | watcher::Event::InitApply(claim))) => {
+                    placer.look(&claim).await;
+                }
+                Some(Ok(watcher::Event::Delete(claim))) => placer.forget(&claim),
+                Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
+                Some(Err(err)) => warn!(error = %err, "restore placement: watching claims failed; retrying"),
+                None => break,
+            },
+            _ = tick.tick() => placer.look_again().await,
+        }
+    }
+}
+
+fn key(claim: &PersistentVolumeClaim) -> ClaimKey {
+    (
+        claim.metadata.namespace.clone().unwrap_or_default(),
+        claim.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+impl Placer {
+    fn forget(&mut self, claim: &PersistentVolumeClaim) {
+        self.later.remove(&key(claim));
+        if let Some(uid) = &claim.metadata.uid {
+            self.announced.remove(uid);
+            self.placed.remove(uid);
+        }
+    }
+
+    async fn look_again(&mut self) {
+        let now = Instant::now();
+        let due: Vec<ClaimKey> = self
+            .later
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (namespace, name) in due {
+            self.later.remove(&(namespace.clone(), name.clone()));
+            let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &namespace);
+            match api.get_opt(&name).await {
+                Ok(Some(claim)) => self.look(&claim).await,
+                Ok(None) => {}
+                Err(err) => {
+                    warn!(claim = %format!("{namespace}/{name}"), error = %err, "restore placement: cannot read the claim; looking again");
+                    self.later.insert((namespace, name), now + LOOK_AGAIN);
+                }
+            }
+        }
+    }
+
+    async fn look(&mut self, claim: &PersistentVolumeClaim) {
+        let Some(candidate) = Candidate::of(claim) else {
+            self.forget(claim);
+            return;
+        };
+        match self.verdict(&candidate).await {
+            Ok(Verdict::Leave) => {
+                self.later.remove(&key(claim));
+                self.announced.remove(&candidate.uid);
+            }
+            Ok(Verdict::Wait(why)) => {
+                info!(claim = %format!("{}/{}", candidate.namespace, candidate.name), why = %why, "restore placement: waiting");
+                self.look_later(&candidate, LOOK_AGAIN);
+            }
+            Ok(Verdict::Refuse { reason, message }) => {
+                self.refuse(&candidate, reason, message).await
+            }
+            Ok(Verdict::Place { node }) => self.place(&candidate, &node).await,
+            Err(err) => {
+                self.metrics.observe_restore_placement("failed");
+                warn!(claim = %format!("{}/{}", candidate.namespace, candidate.name), error = %err, "restore placement: reading the claim's source failed; looking again");
+                self.look_later(&candidate, LOOK_AGAIN);
+            }
+        }
+    }
+
+    fn look_later(&mut self, claim: &Candidate, after: Duration) {
+        self.later.insert(
+            (claim.namespace.clone(), claim.name.clone()),
+            Instant::now() + after,
+        );
+    }
+
+    /// Reads what the rules need, the pods only when all else says "place".
+    async fn verdict(&mut self, claim: &Candidate) -> Result<Verdict, kube::Error> {
+        if !self.locator.class_is_ours(&claim.class).await? {
+            return Ok(Verdict::Leave);
+        }
+        let location = self.locator.locate(claim).await?;
+        let node = match &location {
+            Location::Node(name) => self.locator.node(name).await?,
+            _ => None,
+        };
+        let source = claim.source.describe();
+        let mut facts = Facts {
+            source: &source,
+            selected_node: claim.selected_node.as_deref(),
+            location: &location,
+            node: node.as_ref(),
+            excluding_pods: &[],
+        };
+        let verdict = rules::decide(&facts);
+        let (Verdict::Place { .. }, Some(node)) = (&verdict, &node) else {
+            return Ok(verdict);
+        };
+        let excluding = self.locator.excluding_pods(claim, node).await?;
+        facts.excluding_pods = &excluding;
+        Ok(rules::decide(&facts))
+    }
+
+    async fn refuse(&mut self, claim: &Candidate, reason: Refusal, message: String) {
+        self.look_later(claim, LOOK_AGAIN);
+        if self.announced.get(&claim.uid) == Some(&reason) {
+            return;
+        }
+        self.metrics.observe_restore_placement("refused");
+        warn!(claim = %format!("{}/{}", claim.namespace, claim.name), reason = reason.as_str(), message = %message, "restore placement: not placed");
+        self.event(claim, "Warning", reason.as_str(), message).await;
+        self.announced.insert(claim.uid.clone(), reason);
+    }
+
+    async fn place(&mut self, claim: &Candidate, node: &str) {
+        let before = self.placed.get(&claim.uid).map(|p| (p.times, p.not_before));
+        if let Some((_, not_before)) = before
+            && Instant::now() < not_before
+        {
+            self.look_later(claim, not_before - Instant::now());
+            return;
+        }
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": claim.resource_version,
+            "annotations": {SELECTED_NODE: node},
+        }});
+        let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), &claim.namespace);
+        match api
+            .patch(&claim.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // Changed meanwhile: its new version comes through the watch. Gone: nothing to do.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => return,
+            Err(err) => {
+                self.metrics.observe_restore_placement("failed");
+                warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %err, "restore placement: could not set the claim's node; looking again");
+                self.look_later(claim, LOOK_AGAIN);
+                return;
+            }
+        }
+        self.metrics.observe_restore_placement("placed");
+        self.announced.remove(&claim.uid);
+        let times = before.map_or(0, |(t, _)| t);
+        let wait = (LOOK_AGAIN * 2u32.saturating_pow(times)).min(MOST_BETWEEN_PLACEMENTS);
+        self.placed.insert(
+            claim.uid.clone(),
+            Placed {
+                times: times + 1,
+                not_before: Instant::now() + wait,
+            },
+        );
+        let chosen = match &claim.selected_node {
+            Some(other) => format!("the scheduler had chosen {other}"),
+            None => "before the scheduler chose a node".into(),
+        };
+        let source = claim.source.describe();
+        info!(claim = %format!("{}/{}", claim.namespace, claim.name), node, source = %source, times = times + 1, "restore placement: placed on the source's node");
+        let (kind, reason, note) = if times == 0 {
+            let note = format!(
+                "{source}'s data is on node {node}: the claim is provisioned there ({chosen})"
+            );
+            ("Normal", "PlacedOnSourceNode", note)
+        } else {
+            let note = format!(
+                "{source}'s data is on node {node}, whose provisioner gave the claim back (see its ProvisioningFailed events): placed there again, attempt {}",
+                times + 1
+            );
+            ("Warning", "PlacedOnSourceNodeAgain", note)
+        };
+        self.event(claim, kind, reason, note).await;
+    }
+
+    async fn event(&self, claim: &Candidate, kind: &str, reason: &str, note: String) {
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some("stickyvol-placement-".into()),
+                namespace: Some(claim.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            type_: Some(kind.into()),
+            reason: Some(reason.into()),
+            action: Some("Place".into()),
+            note: Some(events::note(note)),
+            regarding: Some(events::claim(&claim.namespace, &claim.name, &claim.uid)),
+            reporting_controller: Some(REPORTING_CONTROLLER.into()),
+            reporting_instance: Some(self.settings.identity.clone()),
+            ..Event::default()
+        };
+        if let Err(err) = Api::<Event>::namespaced(self.client.clone(), &claim.namespace)
+            .create(&PostParams::default(), &event)
+            .await
+        {
+            warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %err, "restore placement: could not record the event");
+        }
+    }
+}
