@@ -297,3 +297,316 @@ impl Placer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `look` against a fake API server: objects by path, a merge PATCH that honours the
+    //! resourceVersion it carries (409 on a stale one), and every write logged.
+    use super::*;
+    use std::convert::Infallible;
+    use std::sync::Mutex;
+
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper::{Request, Response};
+    use serde_json::{Value, json};
+
+    use crate::volume::state::id::{NodeTag, SnapshotId};
+
+    const DRIVER: &str = "stickyvol.csi.io";
+    const KEY: &str = "topology.stickyvol.csi.io/node";
+    const CLAIMS: &str = "/api/v1/namespaces/ns/persistentvolumeclaims";
+
+    #[derive(Default)]
+    struct Store {
+        /// Object path (or collection path, for lists) → the object (or its items).
+        objects: HashMap<String, Value>,
+        patches: Vec<Value>,
+        events: Vec<Value>,
+    }
+    type Shared = Arc<Mutex<Store>>;
+
+    fn respond(code: u16, body: &Value) -> Response<Full<Bytes>> {
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap()
+    }
+
+    fn missing() -> Response<Full<Bytes>> {
+        respond(
+            404,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        )
+    }
+
+    fn handle(store: &Shared, method: &str, path: &str, body: &[u8]) -> Response<Full<Bytes>> {
+        let mut store = store.lock().unwrap();
+        let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        match method {
+            "GET" => match store.objects.get(path) {
+                Some(obj) if obj.is_array() => respond(
+                    200,
+                    &json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": obj}),
+                ),
+                Some(obj) => respond(200, obj),
+                None => missing(),
+            },
+            "PATCH" => {
+                store.patches.push(body.clone());
+                let Some(current) = store.objects.get_mut(path) else {
+                    return missing();
+                };
+                if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                    return respond(
+                        409,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409}),
+                    );
+                }
+                for (k, v) in body["metadata"]["annotations"].as_object().unwrap() {
+                    current["metadata"]["annotations"][k] = v.clone();
+                }
+                respond(200, current)
+            }
+            "POST" if path.ends_with("/events") => {
+                store.events.push(body.clone());
+                respond(201, &body)
+            }
+            _ => respond(405, &json!({})),
+        }
+    }
+
+    fn placer_on(store: &Shared) -> Placer {
+        let shared = store.clone();
+        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let store = shared.clone();
+            async move {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                Ok::<_, Infallible>(handle(&store, &method, &path, &body))
+            }
+        });
+        let client = Client::new(service, "default");
+        Placer {
+            locator: Locator::new(client.clone(), DRIVER.into(), KEY.into()),
+            client,
+            settings: Settings {
+                driver: DRIVER.into(),
+                topology_key: KEY.into(),
+                identity: "controller-0".into(),
+            },
+            metrics: Arc::new(Metrics::new()),
+            later: BTreeMap::new(),
+            announced: HashMap::new(),
+            placed: HashMap::new(),
+        }
+    }
+
+    fn put(store: &Shared, path: &str, obj: Value) {
+        store.lock().unwrap().objects.insert(path.into(), obj);
+    }
+
+    /// Class `sv` of ours; snapshot `snap` (content `c1`, labelled with node `n1`); node `n1`
+    /// Ready; claim `restore` from `snap`, with `selected` as its selected node; no pods.
+    fn cluster(selected: Option<&str>) -> Shared {
+        let store = Shared::default();
+        put(
+            &store,
+            "/apis/storage.k8s.io/v1/storageclasses/sv",
+            json!({"metadata": {"name": "sv"}, "provisioner": DRIVER}),
+        );
+        put(
+            &store,
+            "/apis/snapshot.storage.k8s.io/v1/namespaces/ns/volumesnapshots/snap",
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                   "metadata": {"name": "snap", "namespace": "ns"},
+                   "status": {"boundVolumeSnapshotContentName": "c1"}}),
+        );
+        put(
+            &store,
+            "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+                   "metadata": {"name": "c1", "labels": {"snapshot.storage.kubernetes.io/managed-by": "n1"}},
+                   "spec": {"driver": DRIVER}}),
+        );
+        put(&store, "/api/v1/nodes/n1", node("n1", json!({})));
+        put(&store, "/api/v1/namespaces/ns/pods", json!([]));
+        let mut annotations = json!({});
+        if let Some(n) = selected {
+            annotations[rules::SELECTED_NODE] = json!(n);
+        }
+        put(
+            &store,
+            &format!("{CLAIMS}/restore"),
+            json!({"metadata": {"name": "restore", "namespace": "ns", "uid": "u-restore",
+                                "resourceVersion": "5", "annotations": annotations},
+                   "spec": {"storageClassName": "sv", "dataSource": {
+                       "apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}}}),
+        );
+        store
+    }
+
+    fn node(name: &str, spec: Value) -> Value {
+        json!({"metadata": {"name": name}, "spec": spec,
+               "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    }
+
+    fn claim(store: &Shared, name: &str) -> PersistentVolumeClaim {
+        let s = store.lock().unwrap();
+        serde_json::from_value(s.objects[&format!("{CLAIMS}/{name}")].clone()).unwrap()
+    }
+
+    fn selected(store: &Shared, name: &str) -> Option<String> {
+        claim(store, name)
+            .metadata
+            .annotations
+            .and_then(|a| a.get(rules::SELECTED_NODE).cloned())
+    }
+
+    fn reasons(store: &Shared) -> Vec<String> {
+        let s = store.lock().unwrap();
+        s.events
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_restore_is_sent_to_its_snapshots_node_with_an_event() {
+        for chosen in [None, Some("n2")] {
+            let store = cluster(chosen);
+            let mut placer = placer_on(&store);
+            placer.look(&claim(&store, "restore")).await;
+            assert_eq!(selected(&store, "restore").as_deref(), Some("n1"));
+            assert_eq!(reasons(&store), ["PlacedOnSourceNode"]);
+            let patch = store.lock().unwrap().patches[0].clone();
+            assert_eq!(patch["metadata"]["resourceVersion"], "5", "{patch}");
+            // Seen again on its node: nothing more.
+            placer.look(&claim(&store, "restore")).await;
+            assert_eq!(store.lock().unwrap().patches.len(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claim_changed_since_it_was_read_is_not_overwritten() {
+        let store = cluster(None);
+        let mut placer = placer_on(&store);
+        let stale = claim(&store, "restore");
+        store
+            .lock()
+            .unwrap()
+            .objects
+            .get_mut(&format!("{CLAIMS}/restore"))
+            .unwrap()["metadata"]["resourceVersion"] = json!("6");
+        placer.look(&stale).await;
+        assert_eq!(selected(&store, "restore"), None);
+        assert!(reasons(&store).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cordoned_node_is_refused_once_and_looked_at_again() {
+        let store = cluster(Some("n2"));
+        put(
+            &store,
+            "/api/v1/nodes/n1",
+            node("n1", json!({"unschedulable": true})),
+        );
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "restore")).await;
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(selected(&store, "restore").as_deref(), Some("n2"));
+        assert_eq!(reasons(&store), ["SourceNodeCordoned"]);
+        assert!(placer.later.contains_key(&("ns".into(), "restore".into())));
+        // Uncordoned: placed at the next look.
+        put(&store, "/api/v1/nodes/n1", node("n1", json!({})));
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(selected(&store, "restore").as_deref(), Some("n1"));
+    }
+
+    #[tokio::test]
+    async fn a_gone_node_and_an_excluding_pod_are_refused_with_nothing_placed() {
+        let store = cluster(None);
+        store.lock().unwrap().objects.remove("/api/v1/nodes/n1");
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(reasons(&store), ["SourceNodeGone"]);
+
+        let store = cluster(None);
+        put(
+            &store,
+            "/api/v1/namespaces/ns/pods",
+            json!([{"metadata": {"name": "web"},
+                    "spec": {"nodeSelector": {"disk": "ssd"},
+                             "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "restore"}}]},
+                    "status": {"phase": "Pending"}}]),
+        );
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(selected(&store, "restore"), None);
+        assert_eq!(reasons(&store), ["PodExcludesSourceNode"]);
+        let note = store.lock().unwrap().events[0]["note"].to_string();
+        assert!(note.contains("web") && note.contains("disk=ssd"), "{note}");
+    }
+
+    #[tokio::test]
+    async fn an_unlabelled_content_is_found_by_the_node_tag_of_its_handle() {
+        let store = cluster(None);
+        let handle = SnapshotId::generate(&NodeTag::of("n1")).to_string();
+        put(
+            &store,
+            "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+                   "metadata": {"name": "c1"}, "spec": {"driver": DRIVER},
+                   "status": {"snapshotHandle": handle}}),
+        );
+        put(
+            &store,
+            "/api/v1/nodes",
+            json!([{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n0"}},
+                   {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n1"}}]),
+        );
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(selected(&store, "restore").as_deref(), Some("n1"));
+    }
+
+    #[tokio::test]
+    async fn a_clone_goes_to_its_source_pvs_node_and_other_classes_are_left_alone() {
+        let store = cluster(None);
+        put(
+            &store,
+            &format!("{CLAIMS}/db"),
+            json!({"metadata": {"name": "db", "namespace": "ns"}, "spec": {"volumeName": "pv-db"}}),
+        );
+        put(
+            &store,
+            "/api/v1/persistentvolumes/pv-db",
+            json!({"metadata": {"name": "pv-db"}, "spec": {
+                "csi": {"driver": DRIVER, "volumeHandle": "sv-1"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": KEY, "operator": "In", "values": ["n1"]}]}]}}}}),
+        );
+        put(
+            &store,
+            &format!("{CLAIMS}/copy"),
+            json!({"metadata": {"name": "copy", "namespace": "ns", "uid": "u-copy", "resourceVersion": "9"},
+                   "spec": {"storageClassName": "sv",
+                            "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "db"}}}),
+        );
+        put(
+            &store,
+            &format!("{CLAIMS}/foreign"),
+            json!({"metadata": {"name": "foreign", "namespace": "ns", "uid": "u-f", "resourceVersion": "3"},
+                   "spec": {"storageClassName": "other",
+                            "dataSourceRef": {"kind": "PersistentVolumeClaim", "name": "db"}}}),
+        );
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "copy")).await;
+        placer.look(&claim(&store, "foreign")).await;
+        assert_eq!(selected(&store, "copy").as_deref(), Some("n1"));
+        assert_eq!(selected(&store, "foreign"), None);
+        assert_eq!(store.lock().unwrap().patches.len(), 1);
+    }
+}
