@@ -1,12 +1,26 @@
 # onNodeLoss: keep (the default). The second node is switched off and its Node deleted: the
 # StatefulSet's pod is made again and waits, its claim and PV stay (the reconciler only reports,
-# NodeLossKept); when the node comes back, the pod runs there again with its data.
+# NodeLossKept); when the node comes back, the pod runs there again with its data. A claim restored
+# from a snapshot on that node meanwhile is not placed (SourceNodeGone, nothing made) until the
+# node is back, and then runs there.
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/nodeloss.sh"
 
 class keep
 step "db-0 and its claim on $LOST"
 start_on_lost_node
+
+step "a snapshot of db-0's claim, on $LOST"
+apply <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: db-snap}
+spec:
+  volumeSnapshotClassName: stickyvol
+  source: {persistentVolumeClaimName: data-db-0}
+YAML
+kn wait --for=jsonpath='{.status.readyToUse}'=true volumesnapshot/db-snap --timeout=120s >/dev/null ||
+    fail "snapshot not ready: $(kn get volumesnapshot db-snap -o jsonpath='{.status}')"
 
 step "$LOST switched off, its Node deleted: nothing is released"
 stop_lost_node
@@ -24,8 +38,27 @@ waiting || fail "db-0 is no longer waiting: $(kn get pod db-0 -o wide)"
 expect_eq "$(pv_of data-db-0)" "$PV" "the claim's PV"
 k get pv "$PV" >/dev/null 2>&1 || fail "the PV of a kept claim went"
 
-step "$LOST comes back: db-0 runs there with its data"
+step "a restore of the snapshot while $LOST is gone: not placed, nothing made"
+apply <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: restored}
+spec:
+  storageClassName: $CLASS
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 64Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: db-snap}
+YAML
+pod restored restored
+until_ok 60 "a SourceNodeGone event on the restore" \
+    '[[ -n $(kn get events --field-selector involvedObject.name=restored,reason=SourceNodeGone -o name) ]]'
+expect_eq "$(kn get pvc restored -o jsonpath='{.spec.volumeName}')" "" "the restore's volume while $LOST is gone"
+
+step "$LOST comes back: db-0 runs there with its data, and the restore with the snapshot's"
 bring_back || fail "$LOST not Ready again"
 wait_running_on "$LOST" 300
+wait_pod_running restored 300
+expect_eq "$(pod_node restored)" "$LOST" "the restore's node"
+expect_eq "$(pexec restored cat /data/written)" db-0 "the restore's data"
 until_ok 30 "db-0 looked at its volume" 'pexec db-0 test -e /tmp/found-at-start'
 expect_eq "$(pexec db-0 cat /tmp/found-at-start)" written "what the volume held when db-0 started again"

@@ -41,8 +41,8 @@ spec:
   resources: {requests: {storage: 1Gi}}
   dataSource: {kind: PersistentVolumeClaim, name: source}
 YAML
-# The provisioner only sees the claim's selected node: the pods are pinned to the source's node,
-# as README tells users to.
+# Pinned to the source's node, as users do with restore placement off (restore_placement.sh
+# shows the unpinned way).
 pod restore-reader restored "$node"
 pod clone-reader cloned "$node"
 wait_pod_running restore-reader 180
