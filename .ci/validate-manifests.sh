@@ -179,6 +179,7 @@ NAMESPACE = "stickyvol"
 STORAGE_CLASS = "stickyvol"
 SNAPSHOT_CLASS = "stickyvol"
 TOPOLOGY_KEY = "topology.stickyvol.csi.io/node"
+RESTORE_PLACEMENT = False  # set by check_base: the controller runs --restore-placement=on
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CSIDriver", "StorageClass",
@@ -324,6 +325,11 @@ def check_base(path):
                     s["name"] not in service_accounts or s.get("namespace") != NAMESPACE
                 ):
                     problems.append(f"base {ref(b)}: subject {s.get('namespace')}/{s['name']} is not deployed")
+    global RESTORE_PLACEMENT
+    RESTORE_PLACEMENT = any(
+        "--restore-placement=on" in c.get("args", [])
+        for o in by_kind.get("StatefulSet", {}).values()
+        for c in o["spec"]["template"]["spec"]["containers"])
     drivers = by_kind.get("CSIDriver", {})
     if len(drivers) != 1:
         problems.append(f"base: expected one CSIDriver, found {sorted(drivers)}")
@@ -473,9 +479,12 @@ def check_examples(paths, storage_classes, snapshot_classes):
                     claim = v.get("persistentVolumeClaim", {}).get("claimName")
                     if claim and claim not in claims:
                         problems.append(f"{path} {ref(o)}: claim {claim!r} is not defined in this file")
-                    if claim in restored and not pinned(spec):
+                    # Restore placement sends such claims to their source's node; without it
+                    # the pod must be pinned there.
+                    if claim in restored and not RESTORE_PLACEMENT and not pinned(spec):
                         problems.append(f"{path} {ref(o)}: uses restored/cloned claim {claim!r} but is not pinned "
-                                        f"with a nodeSelector (or required node affinity) on {TOPOLOGY_KEY}")
+                                        f"with a nodeSelector (or required node affinity) on {TOPOLOGY_KEY}, "
+                                        f"and the controller runs without --restore-placement=on")
     if STORAGE_CLASS not in storage_classes:
         problems.append(f"examples: StorageClass {STORAGE_CLASS!r} is not in the base")
 

@@ -105,6 +105,11 @@ pub struct ServeArgs {
     #[arg(long, env = "RESTORE_PLACEMENT", value_enum, default_value_t = Switch::Off)]
     pub restore_placement: Switch,
 
+    /// Controller mode only: the class check, which gives every StorageClass of ours with a
+    /// mistake (a misspelt key, a value not allowed) a Warning Event naming it: on or off.
+    #[arg(long, env = "CHECK_CLASSES", value_enum, default_value_t = Switch::Off)]
+    pub check_classes: Switch,
+
     /// Seconds between the reconciler's rounds; its Lease lasts three.
     #[arg(
         long,
@@ -309,6 +314,8 @@ pub struct Config {
     pub node_loss: Option<NodeLossConfig>,
     /// Whether restore placement runs (controller mode only).
     pub restore_placement: bool,
+    /// Whether the class check runs (controller mode only).
+    pub check_classes: bool,
     /// The looks for orphaned volumes, when they run (modes with volumes only).
     pub orphan_check: Option<OrphanCheckConfig>,
     /// Time between project-id audits, when they run (modes with volumes only).
@@ -337,8 +344,8 @@ pub enum ConfigError {
     MaxVolumes,
     #[error("--node-loss: {0}")]
     NodeLoss(String),
-    #[error("--restore-placement runs only with --mode=controller")]
-    RestorePlacement,
+    #[error("--restore-placement and --check-classes run only with --mode=controller")]
+    ControllerOnly,
     #[error("{flag} {value:?}: {why}")]
     Pool {
         flag: &'static str,
@@ -382,8 +389,9 @@ impl Config {
             }
         };
         let restore_placement = args.restore_placement == Switch::On;
-        if restore_placement && args.mode != Mode::Controller {
-            return Err(ConfigError::RestorePlacement);
+        let check_classes = args.check_classes == Switch::On;
+        if (restore_placement || check_classes) && args.mode != Mode::Controller {
+            return Err(ConfigError::ControllerOnly);
         }
         if !is_label_value(&args.node_id) {
             return Err(ConfigError::NodeId(args.node_id));
@@ -415,6 +423,7 @@ impl Config {
         Ok(Config {
             node_loss,
             restore_placement,
+            check_classes,
             orphan_check,
             project_audit_interval,
             overflow_check,
@@ -857,6 +866,7 @@ mod tests {
             overcommit: Vec::new(),
             node_loss: NodeLossMode::Off,
             restore_placement: Switch::Off,
+            check_classes: Switch::Off,
             node_loss_interval: 5,
             orphan_check_interval: 0,
             project_audit_interval: 600,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
+use tracing::debug;
 
 use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{Rpc, rpc};
@@ -314,7 +315,12 @@ impl Controller for ControllerService {
         request: Request<csi::GetCapacityRequest>,
     ) -> Result<Response<csi::GetCapacityResponse>, Status> {
         let req = request.into_inner();
-        let parameters = request::parameters(&req.parameters)?;
+        let parameters = request::parameters(&req.parameters).unwrap_or_else(|err| {
+            // Refusing would leave the class without capacity objects, and the scheduler would
+            // blame space: CreateVolume names the mistake instead (see `lenient_parameters`).
+            debug!(error = %err, "GetCapacity of a class with a mistake: answered without it");
+            request::lenient_parameters(&req.parameters)
+        });
         let caps = req
             .volume_capabilities
             .iter()

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod audit_events;
+pub mod class_check;
 pub mod cli;
 pub mod config;
 pub mod controller;

@@ -284,6 +284,22 @@ pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
 }
 
 /// Validates StorageClass parameters: provisioner-added keys pass, ours are checked, others refused.
+/// The parameters of a class with mistakes, without them: each key kept only if it is valid on
+/// its own. GetCapacity answers with these, so that a class with a misspelt key still gets
+/// capacity where its pool is (the scheduler then picks a node, and CreateVolume's
+/// INVALID_ARGUMENT, which names the key, reaches the claim), while a class whose pool a node
+/// lacks still gets none there.
+pub fn lenient_parameters(params: &HashMap<String, String>) -> ClassParameters {
+    let valid: HashMap<String, String> = params
+        .iter()
+        .filter(|(k, v)| parameters(&HashMap::from([((*k).clone(), (*v).clone())])).is_ok())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    parameters(&valid)
+        .or_else(|_| parameters(&HashMap::new()))
+        .expect("no parameters are valid parameters")
+}
+
 pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
     bounded("StorageClass", params)?;
     let mut keys: Vec<_> = params.keys().collect();

@@ -22,6 +22,7 @@ use tower::{Layer, Service};
 use tracing::{debug, error, info, warn};
 
 use crate::audit_events;
+use crate::class_check;
 use crate::config::{Config, Mode};
 use crate::controller::ControllerService;
 use crate::csi;
@@ -159,6 +160,27 @@ async fn start_restore_placement(
         client,
         settings,
         metrics.clone(),
+        shutdown,
+    ))))
+}
+
+/// The class check, where the configuration asks for it; it runs until `stopped`.
+async fn start_class_check(
+    driver: &Driver,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
+    if !driver.config.check_classes {
+        return Ok(None);
+    }
+    let client = kube::Client::try_default().await?;
+    info!("class check starting");
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    Ok(Some(tokio::spawn(class_check::run(
+        client,
+        driver.config.driver_name.clone(),
+        driver.config.node_id.clone(),
         shutdown,
     ))))
 }
@@ -308,6 +330,9 @@ async fn serve_on(
     // Restores and clones go to their source's node.
     let (stop_placement, placement_stopped) = tokio::sync::oneshot::channel::<()>();
     let placement = start_restore_placement(&driver, &metrics, placement_stopped).await?;
+    // StorageClasses of ours with a mistake get an Event naming it.
+    let (stop_class_check, class_check_stopped) = tokio::sync::oneshot::channel::<()>();
+    let class_check = start_class_check(&driver, class_check_stopped).await?;
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
     let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
@@ -343,6 +368,10 @@ async fn serve_on(
     let _ = stop_reconciler.send(());
     let _ = stop_orphans.send(());
     let _ = stop_placement.send(());
+    let _ = stop_class_check.send(());
+    if let Some(class_check) = class_check {
+        class_check.abort();
+    }
     if let Some(placement) = placement {
         // Stateless: a look cut short is done again by the next replica's watch.
         placement.abort();

@@ -960,15 +960,46 @@ async fn get_capacity() {
         })
         .await;
     assert_eq!(elsewhere.available_capacity, 0);
+}
 
-    expect_code(
-        driver
-            .controller()
-            .get_capacity(csi::GetCapacityRequest {
-                parameters: params(&[("bogus", "1")]),
-                ..Default::default()
-            })
-            .await,
+/// A class with a misspelt key still gets capacity (so the scheduler picks a node and
+/// CreateVolume's error, which names the key and what is allowed, reaches the claim); one with a
+/// mistake that also names a pool this node lacks still gets none here.
+#[tokio::test]
+async fn a_class_with_a_mistake_gets_capacity_and_its_create_names_the_mistake() {
+    let driver = TestDriver::start().await;
+    let capacity = |pairs: &'static [(&'static str, &'static str)]| {
+        driver.get_capacity(csi::GetCapacityRequest {
+            parameters: params(pairs),
+            ..Default::default()
+        })
+    };
+    assert!(
+        capacity(&[("bogusParameter", "x")])
+            .await
+            .available_capacity
+            > 0
+    );
+    assert!(
+        capacity(&[("onNodeLoss", "maybe")])
+            .await
+            .available_capacity
+            > 0
+    );
+    let missing_pool = capacity(&[("bogusParameter", "x"), ("pool", "nvme")]).await;
+    assert_eq!(missing_pool.available_capacity, 0);
+
+    let request = csi::CreateVolumeRequest {
+        parameters: params(&[("bogusParameter", "x")]),
+        ..create_request("misspelt", mount_cap(Mode::SingleNodeWriter), SIZE)
+    };
+    let status = expect_code(
+        driver.controller().create_volume(request).await,
         Code::InvalidArgument,
+    );
+    assert!(
+        status.message().contains("\"bogusParameter\"") && status.message().contains("onNodeLoss"),
+        "{}",
+        status.message()
     );
 }

@@ -3,9 +3,10 @@
 ServiceAccount may do is exactly what nodeLoss.mode and restorePlacement need, and the node
 plugin's ConfigMap rights are held to its own report by the ValidatingAdmissionPolicy.
 
-    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT]
+    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES]]
 
-MODE is off, dry-run or on; DRIVER the driverName rendered; PLACEMENT on (default) or off.
+MODE is off, dry-run or on; DRIVER the driverName rendered; PLACEMENT (restorePlacement) and
+CLASSES (checkClasses) on (default) or off.
 """
 import sys
 
@@ -13,6 +14,7 @@ import yaml
 
 rendered, mode, driver = sys.argv[1:4]
 placement = sys.argv[4] if len(sys.argv) > 4 else "on"
+class_check = sys.argv[5] if len(sys.argv) > 5 else "on"
 failures = []
 
 
@@ -77,10 +79,14 @@ placing = (rules("*", "", ["persistentvolumeclaims"], ["get", "list", "watch", "
            | rules("*", "snapshot.storage.k8s.io", ["volumesnapshots", "volumesnapshotcontents"], ["get"])
            | rules("*", "events.k8s.io", ["events"], ["create"]))
 wanted = {"off": resizer, "dry-run": resizer | reads, "on": resizer | reads | writes}[mode]
+checking = (rules("*", "storage.k8s.io", ["storageclasses"], ["list", "watch"])
+            | rules("*", "events.k8s.io", ["events"], ["create"]))
 if placement == "on":
     wanted = wanted | placing
+if class_check == "on":
+    wanted = wanted | checking
 got = grants("stickyvol-controller")
-check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}: the controller may do exactly what they need"
+check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}, checkClasses {class_check}: the controller may do exactly what they need"
       + ("" if got == wanted else f" (extra: {sorted(got - wanted)}, missing: {sorted(wanted - got)})"))
 deletes = {g for g in got if g[3] == "delete"}
 check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with on: {sorted(deletes)}")
