@@ -27,8 +27,12 @@ use crate::metrics::Metrics;
 /// Who writes our Events.
 pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/restore-placement";
 
-/// How soon a waiting claim is looked at again.
+/// How soon a waiting claim is looked at again: 5 s, doubling with each look that finds it
+/// still waiting, up to a minute. Each look costs a few API calls, and a tenant can make many
+/// claims that wait (pods that exclude the source's node): the API server must not pay for
+/// them every 5 s.
 const LOOK_AGAIN: Duration = Duration::from_secs(5);
+const MOST_BETWEEN_LOOKS: Duration = Duration::from_secs(60);
 /// A claim placed before and found elsewhere (its node's provisioner gave it back: a full
 /// pool) is placed again after 5 s, doubling each time up to this.
 const MOST_BETWEEN_PLACEMENTS: Duration = Duration::from_secs(300);
@@ -58,6 +62,8 @@ struct Placer {
     later: BTreeMap<ClaimKey, Instant>,
     /// By claim uid: the refusal last announced (announced once while it stays the same).
     announced: HashMap<String, Refusal>,
+    /// By claim uid: how many looks in a row found it waiting.
+    waited: HashMap<String, u32>,
     placed: HashMap<String, Placed>,
 }
 
@@ -83,6 +89,7 @@ pub async fn run(
         metrics,
         later: BTreeMap::new(),
         announced: HashMap::new(),
+        waited: HashMap::new(),
         placed: HashMap::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -116,6 +123,7 @@ impl Placer {
         self.later.remove(&key(claim));
         if let Some(uid) = &claim.metadata.uid {
             self.announced.remove(uid);
+            self.waited.remove(uid);
             self.placed.remove(uid);
         }
     }
@@ -151,10 +159,11 @@ impl Placer {
             Ok(Verdict::Leave) => {
                 self.later.remove(&key(claim));
                 self.announced.remove(&candidate.uid);
+                self.waited.remove(&candidate.uid);
             }
             Ok(Verdict::Wait(why)) => {
                 info!(claim = %format!("{}/{}", candidate.namespace, candidate.name), why = %why, "restore placement: waiting");
-                self.look_later(&candidate, LOOK_AGAIN);
+                self.wait(&candidate);
             }
             Ok(Verdict::Refuse { reason, message }) => {
                 self.refuse(&candidate, reason, message).await
@@ -163,9 +172,17 @@ impl Placer {
             Err(err) => {
                 self.metrics.observe_restore_placement("failed");
                 warn!(claim = %format!("{}/{}", candidate.namespace, candidate.name), error = %err, "restore placement: reading the claim's source failed; looking again");
-                self.look_later(&candidate, LOOK_AGAIN);
+                self.wait(&candidate);
             }
         }
+    }
+
+    /// Looks at a waiting claim again, later each time it is still waiting.
+    fn wait(&mut self, claim: &Candidate) {
+        let looks = self.waited.entry(claim.uid.clone()).or_insert(0);
+        let after = (LOOK_AGAIN * 2u32.saturating_pow(*looks)).min(MOST_BETWEEN_LOOKS);
+        *looks = looks.saturating_add(1);
+        self.look_later(claim, after);
     }
 
     fn look_later(&mut self, claim: &Candidate, after: Duration) {
@@ -203,7 +220,7 @@ impl Placer {
     }
 
     async fn refuse(&mut self, claim: &Candidate, reason: Refusal, message: String) {
-        self.look_later(claim, LOOK_AGAIN);
+        self.wait(claim);
         if self.announced.get(&claim.uid) == Some(&reason) {
             return;
         }
@@ -236,12 +253,13 @@ impl Placer {
             Err(err) => {
                 self.metrics.observe_restore_placement("failed");
                 warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %err, "restore placement: could not set the claim's node; looking again");
-                self.look_later(claim, LOOK_AGAIN);
+                self.wait(claim);
                 return;
             }
         }
         self.metrics.observe_restore_placement("placed");
         self.announced.remove(&claim.uid);
+        self.waited.remove(&claim.uid);
         let times = before.map_or(0, |(t, _)| t);
         let wait = (LOOK_AGAIN * 2u32.saturating_pow(times)).min(MOST_BETWEEN_PLACEMENTS);
         self.placed.insert(
@@ -400,6 +418,7 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
             later: BTreeMap::new(),
             announced: HashMap::new(),
+            waited: HashMap::new(),
             placed: HashMap::new(),
         }
     }
@@ -518,7 +537,13 @@ mod tests {
         placer.look(&claim(&store, "restore")).await;
         assert_eq!(selected(&store, "restore").as_deref(), Some("n2"));
         assert_eq!(reasons(&store), ["SourceNodeCordoned"]);
-        assert!(placer.later.contains_key(&("ns".into(), "restore".into())));
+        // Looked at again, later each time: 5 s, then 10 s.
+        let due = placer.later[&("ns".to_string(), "restore".to_string())];
+        assert!(
+            due > Instant::now() + Duration::from_secs(8),
+            "the second wait doubles"
+        );
+        assert_eq!(placer.waited["u-restore"], 2);
         // Uncordoned: placed at the next look.
         put(&store, "/api/v1/nodes/n1", node("n1", json!({})));
         placer.look(&claim(&store, "restore")).await;
