@@ -199,6 +199,20 @@ spec:
 YAML
 }
 
+# snapshot NAME CLAIM: a VolumeSnapshot of CLAIM (class stickyvol), waited for until ready.
+snapshot() {
+    apply <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: $1}
+spec:
+  volumeSnapshotClassName: stickyvol
+  source: {persistentVolumeClaimName: $2}
+YAML
+    kn wait --for=jsonpath='{.status.readyToUse}'=true "volumesnapshot/$1" --timeout=180s >/dev/null ||
+        fail "snapshot $1 not ready: $(kn get volumesnapshot "$1" -o jsonpath='{.status}')"
+}
+
 # pod NAME CLAIM [NODE] [COMMAND]: a pod with CLAIM mounted at /data (or, for a block claim, at
 # /dev/xvda when BLOCK=1), on NODE if given.
 pod() {

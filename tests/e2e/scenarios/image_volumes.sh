@@ -56,16 +56,7 @@ said=$(write_mib xfs-user 400)
 [[ -z $said ]] || fail "writing 400 MiB after growing to 600 MiB: '$said'"
 
 step "a snapshot taken while the pod runs restores with its data"
-apply <<YAML
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: image-snap}
-spec:
-  volumeSnapshotClassName: stickyvol
-  source: {persistentVolumeClaimName: small-ext4}
-YAML
-kn wait --for=jsonpath='{.status.readyToUse}'=true volumesnapshot/image-snap --timeout=180s >/dev/null ||
-    fail "snapshot not ready: $(kn get volumesnapshot image-snap -o jsonpath='{.status}')"
+snapshot image-snap small-ext4
 apply <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim

@@ -11,16 +11,7 @@ step "db-0 and its claim on $LOST"
 start_on_lost_node
 
 step "a snapshot of db-0's claim, on $LOST"
-apply <<YAML
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: db-snap}
-spec:
-  volumeSnapshotClassName: stickyvol
-  source: {persistentVolumeClaimName: data-db-0}
-YAML
-kn wait --for=jsonpath='{.status.readyToUse}'=true volumesnapshot/db-snap --timeout=120s >/dev/null ||
-    fail "snapshot not ready: $(kn get volumesnapshot db-snap -o jsonpath='{.status}')"
+snapshot db-snap data-db-0
 
 step "$LOST switched off, its Node deleted: nothing is released"
 stop_lost_node

@@ -40,16 +40,7 @@ claim source 64Mi
 pod writer source "$SOURCE_NODE" "echo restore-me > /data/file && sync && sleep 100000"
 wait_pod_running writer 180
 until_true 30 "the writer wrote" pexec writer test -s /data/file
-apply <<YAML
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: snap}
-spec:
-  volumeSnapshotClassName: stickyvol
-  source: {persistentVolumeClaimName: source}
-YAML
-kn wait --for=jsonpath='{.status.readyToUse}'=true volumesnapshot/snap --timeout=180s >/dev/null ||
-    fail "snapshot not ready: $(kn get volumesnapshot snap -o jsonpath='{.status}')"
+snapshot snap source
 
 # timed NAME [NODE]: apply of a restore claim and its pod (pinned to NODE if given) to Ready, in
 # seconds; the pod must be on the source's node with the snapshot's data.

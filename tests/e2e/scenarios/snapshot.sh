@@ -9,16 +9,7 @@ node=$(pod_node writer)
 until_true 30 "the writer wrote" pexec writer test -s /data/file
 
 step "snapshot"
-apply <<YAML
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: snap}
-spec:
-  volumeSnapshotClassName: stickyvol
-  source: {persistentVolumeClaimName: source}
-YAML
-kn wait --for=jsonpath='{.status.readyToUse}'=true volumesnapshot/snap --timeout=180s >/dev/null ||
-    fail "snapshot not ready: $(kn get volumesnapshot snap -o jsonpath='{.status}')"
+snapshot snap source
 pexec writer sh -c 'echo changed-after > /data/file'
 
 step "a restore and a clone"
