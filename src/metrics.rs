@@ -285,6 +285,7 @@ pub struct Metrics {
     connections_timed_out: Counter,
     node_loss_actions: Family<NodeLossLabels, Counter>,
     node_loss_leader: Gauge,
+    ready: Gauge,
     orphaned_volumes: Gauge,
     overflowing_volumes: Family<OnOverflowLabels, Gauge>,
     overflow_evictions: Family<ResultLabels, Counter>,
@@ -316,6 +317,14 @@ impl Metrics {
                 version: crate::VERSION.into(),
                 revision: crate::REVISION.into(),
             }),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 when the driver is ready, as CSI Probe would answer now (its data and state \
+             directories writable, its journals taking commits); 0 otherwise (see the log's \
+             \"not ready\")",
+            ready.clone(),
         );
         let start_time: Gauge = Gauge::default();
         registry.register(
@@ -484,6 +493,7 @@ impl Metrics {
             orphaned_volumes,
             node_loss_actions,
             node_loss_leader,
+            ready,
             connections_refused,
             connections_timed_out,
             registry,
@@ -603,6 +613,11 @@ impl Metrics {
     /// The Prometheus text exposition, with volume figures refreshed from `driver`.
     pub fn render(&self, driver: &Driver) -> String {
         let _one_scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        // Controller mode has no data directory: ready while it serves, as Probe says.
+        let ready = driver
+            .volumes()
+            .map_or(true, |volumes| volumes.check_ready().is_ok());
+        self.ready.set(i64::from(ready));
         if let Ok(volumes) = driver.volumes() {
             self.volumes.clear();
             self.provisioned_bytes.clear();

@@ -175,6 +175,12 @@ async fn rpc_and_volume_figures_match_the_calls_made() {
     );
     assert_eq!(metrics.value("stickyvol_pool_filesystem_full", &pool), 0.0);
 
+    assert_eq!(
+        metrics.value("stickyvol_ready", &[]),
+        1.0,
+        "as Probe answers"
+    );
+
     // The release and the commit (build.rs: git's, or "unknown" without it), and the start.
     let info: Vec<_> = metrics.named("stickyvol_build_info").collect();
     assert_eq!(info.len(), 1, "{info:?}");
