@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Validates the Kubernetes manifests, offline:
-#  1. `kubectl kustomize` renders deploy/kubernetes (the base) and deploy/kubernetes/snapshots
-#     (the VolumeSnapshotClass, kept apart so the base installs without the snapshot CRDs);
+#  1. `kubectl kustomize` renders deploy/kubernetes (the base), deploy/kubernetes/snapshots
+#     (the VolumeSnapshotClass, kept apart so the base installs without the snapshot CRDs) and
+#     deploy/monitoring (PodMonitor, PrometheusRule, the dashboard's ConfigMap; apart so the base
+#     installs without the Prometheus operator's CRDs);
 #  2. both renderings and every file in deploy/examples validate STRICTLY (unknown fields are
 #     errors, and so is a kind without a schema) against the Kubernetes $K8S_VERSION OpenAPI
 #     schemas, with kubernetes-validate. The snapshot.storage.k8s.io/v1 kinds VolumeSnapshotClass
 #     and VolumeSnapshot are CRDs without a built-in schema: they are checked against strict
-#     schemas of our own below (SNAPSHOT_SCHEMAS; metadata against the built-in ObjectMeta). Any
+#     schemas of our own below (CRD_SCHEMAS; metadata against the built-in ObjectMeta), and so are
+#     the monitoring.coreos.com/v1 kinds PodMonitor and PrometheusRule (the fields we use). Any
 #     other kind without a schema fails;
 #  3. consistency checks no schema can make: names that must refer to each other do, every
 #     container has resource requests and limits and a pinned image, namespaced objects are in
@@ -14,7 +17,9 @@
 #     sidecars use the driver's socket and distinct ports, node-deployment sidecars get NODE_NAME,
 #     the examples use the stickyvol StorageClass and VolumeSnapshotClass, restores and clones
 #     name sources defined in the examples (same volume mode, not smaller), and pods using a
-#     restore or clone are pinned to a node with topology.stickyvol.csi.io/node.
+#     restore or clone are pinned to a node with topology.stickyvol.csi.io/node; the PodMonitor
+#     selects the pods of both workloads and names a port they have, the base holds no
+#     monitoring.coreos.com object, and the dashboard's ConfigMap holds JSON.
 # Exit status is non-zero on any problem. Needs kubectl and python3 with pip; installs
 # kubernetes-validate (pinned) into a cache directory on first use.
 #
@@ -46,9 +51,10 @@ export PYTHONPATH="$tools"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-echo "rendering deploy/kubernetes and deploy/kubernetes/snapshots"
+echo "rendering deploy/kubernetes, deploy/kubernetes/snapshots and deploy/monitoring"
 kubectl kustomize deploy/kubernetes >"$work/stickyvol.yaml"
 kubectl kustomize deploy/kubernetes/snapshots >"$work/snapshots.yaml"
+kubectl kustomize deploy/monitoring >"$work/monitoring.yaml"
 
 shopt -s nullglob
 examples=(deploy/examples/*.yaml deploy/examples/*.yml)
@@ -64,6 +70,7 @@ status=0
 targets=(
     "kubectl kustomize deploy/kubernetes" "$work/stickyvol.yaml"
     "kubectl kustomize deploy/kubernetes/snapshots" "$work/snapshots.yaml"
+    "kubectl kustomize deploy/monitoring" "$work/monitoring.yaml"
 )
 for file in "${examples[@]}"; do
     targets+=("$file" "$file")
@@ -99,7 +106,7 @@ METADATA = {"allOf": [{"$ref": OBJECT_META}, {"required": ["name"]}]}
 # Written from the snapshot.storage.k8s.io/v1 API (external-snapshotter's CRDs), as strict as
 # kubernetes-validate's built-in schemas: unknown fields are errors. VolumeSnapshot also requires
 # volumeSnapshotClassName: our manifests name their class rather than rely on a default.
-SNAPSHOT_SCHEMAS = {
+CRD_SCHEMAS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): strict({
         "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
         "kind": {"const": "VolumeSnapshotClass"},
@@ -124,12 +131,73 @@ SNAPSHOT_SCHEMAS = {
     }, required=["apiVersion", "kind", "metadata", "spec"]),
 }
 
+# The monitoring.coreos.com/v1 kinds of deploy/monitoring, written from the Prometheus operator's
+# API reference: the fields we use (and a few close to them), strictly, so a misspelt or
+# misplaced field fails here rather than being dropped by the API server.
+LABEL_SELECTOR = {"$ref": "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"}
+STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+DURATION = {"type": "string", "pattern": "^(0|([0-9]+(ms|s|m|h|d|w|y))+)$"}
+RELABELING = strict({
+    "sourceLabels": {"type": "array", "items": NON_EMPTY},
+    "separator": {"type": "string"},
+    "targetLabel": NON_EMPTY,
+    "regex": {"type": "string"},
+    "modulus": {"type": "integer"},
+    "replacement": {"type": "string"},
+    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
+                        "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep"]},
+})
+CRD_SCHEMAS.update({
+    ("monitoring.coreos.com/v1", "PodMonitor"): strict({
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PodMonitor"},
+        "metadata": METADATA,
+        "spec": strict({
+            "jobLabel": {"type": "string"},
+            "podTargetLabels": {"type": "array", "items": NON_EMPTY},
+            "selector": LABEL_SELECTOR,
+            "namespaceSelector": strict({"any": {"type": "boolean"},
+                                         "matchNames": {"type": "array", "items": NON_EMPTY}}),
+            "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": strict({
+                "port": NON_EMPTY,
+                "path": {"type": "string", "pattern": "^/"},
+                "scheme": {"enum": ["http", "https"]},
+                "interval": DURATION,
+                "scrapeTimeout": DURATION,
+                "honorLabels": {"type": "boolean"},
+                "relabelings": {"type": "array", "items": RELABELING},
+                "metricRelabelings": {"type": "array", "items": RELABELING},
+            })},
+        }, required=["selector", "podMetricsEndpoints"]),
+    }, required=["apiVersion", "kind", "metadata", "spec"]),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): strict({
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": METADATA,
+        "spec": strict({
+            "groups": {"type": "array", "minItems": 1, "items": strict({
+                "name": NON_EMPTY,
+                "interval": DURATION,
+                "rules": {"type": "array", "minItems": 1, "items": dict(strict({
+                    "alert": NON_EMPTY,
+                    "record": NON_EMPTY,
+                    "expr": NON_EMPTY,
+                    "for": DURATION,
+                    "keep_firing_for": DURATION,
+                    "labels": STRING_MAP,
+                    "annotations": STRING_MAP,
+                }, required=["expr"]), oneOf=[{"required": ["alert"]}, {"required": ["record"]}])},
+            }, required=["name", "rules"])},
+        }, required=["groups"]),
+    }, required=["apiVersion", "kind", "metadata", "spec"]),
+})
+
 
 def errors_of(doc):
     if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
         return ["a document without apiVersion and kind"]
     name = f"{doc['kind']}/{(doc.get('metadata') or {}).get('name', '?')}"
-    schema = SNAPSHOT_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+    schema = CRD_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
     if schema is not None:
         validator = jsonschema.Draft202012Validator(schema, registry=registry)
         return [f"{name}: {'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
@@ -140,7 +208,7 @@ def errors_of(doc):
         return [f"{name}: {'.'.join(map(str, e.path)) or '(top)'}: {e.message}"]
     except kubernetes_validate.SchemaNotFoundError:
         return [f"{name}: no schema for kind {doc['kind']} ({doc['apiVersion']}) in Kubernetes "
-                f"{version}, and none of ours (SNAPSHOT_SCHEMAS in .ci/validate-manifests.sh)"]
+                f"{version}, and none of ours (CRD_SCHEMAS in .ci/validate-manifests.sh)"]
     except Exception as e:  # an unusable schema or version
         return [f"{name}: could not be validated: {e}"]
     return []
@@ -497,6 +565,63 @@ for p in problems:
 if problems:
     sys.exit(1)
 print(f"ok   base, snapshot class and {len(sys.argv) - 3} example file(s) are consistent")
+PY
+
+# deploy/monitoring against the base: the PodMonitor scrapes what the base runs.
+python3 - "$work/stickyvol.yaml" "$work/monitoring.yaml" <<'PY' || status=1
+import json
+import sys
+
+import yaml
+
+base = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+monitoring = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
+problems = []
+for o in base:
+    if o["apiVersion"].startswith("monitoring.coreos.com/"):
+        problems.append(f"base: {o['kind']} {o['metadata']['name']}: the operator's kinds belong in "
+                        "deploy/monitoring (the base must apply without their CRDs)")
+workloads = [o for o in base if o["kind"] in ("DaemonSet", "StatefulSet")]
+monitors = [o for o in monitoring if o["kind"] == "PodMonitor"]
+if not monitors:
+    problems.append("monitoring: no PodMonitor")
+for m in monitors:
+    ns = m["metadata"].get("namespace")
+    wanted = m["spec"]["selector"].get("matchLabels", {})
+    ports = {e["port"] for e in m["spec"]["podMetricsEndpoints"]}
+    for w in workloads:
+        template = w["spec"]["template"]
+        name = f"{w['kind']} {w['metadata']['name']}"
+        labels = template["metadata"].get("labels", {})
+        if w["metadata"].get("namespace") != ns or any(labels.get(k) != v for k, v in wanted.items()):
+            problems.append(f"PodMonitor {m['metadata']['name']}: does not select the pods of {name}")
+            continue
+        named = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        for port in sorted(ports - named):
+            problems.append(f"PodMonitor {m['metadata']['name']}: {name}'s pods have no port {port!r}")
+        job = labels.get(m["spec"].get("jobLabel", ""))
+        if job != "stickyvol":
+            problems.append(f"PodMonitor {m['metadata']['name']}: {name}'s job would be {job!r}, "
+                            "not stickyvol (the alerts select up{job=\"stickyvol\"})")
+dashboards = [o for o in monitoring if o["kind"] == "ConfigMap"]
+if not dashboards:
+    problems.append("monitoring: no dashboard ConfigMap")
+for c in dashboards:
+    if c["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+        problems.append(f"ConfigMap {c['metadata']['name']}: no label grafana_dashboard: \"1\" (Grafana's sidecar)")
+    for key, text in c.get("data", {}).items():
+        try:
+            json.loads(text)
+        except ValueError as e:
+            problems.append(f"ConfigMap {c['metadata']['name']}: {key} is not JSON: {e}")
+for o in monitoring:
+    if o["metadata"].get("namespace") != "stickyvol":
+        problems.append(f"monitoring: {o['kind']} {o['metadata']['name']} is not in the namespace stickyvol")
+for p in problems:
+    print(f"FAIL {p}")
+if problems:
+    sys.exit(1)
+print(f"ok   deploy/monitoring: the PodMonitor scrapes the metrics port of {len(workloads)} workload(s)")
 PY
 
 if ((status != 0)); then

@@ -13,7 +13,7 @@ use crate::nodeloss::orphans::ClusterCommand;
 /// A claim gets a directory (or a raw block device) on the node where its first pod runs; the
 /// volume stays on that node, survives pod and node restarts, and is removed with its PV.
 #[derive(Debug, Parser)]
-#[command(name = "stickyvol", version, about)]
+#[command(name = "stickyvol", version = crate::LONG_VERSION, about)]
 pub struct Cli {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]

@@ -42,5 +42,19 @@ pub mod admin_api {
     tonic::include_proto!("stickyvol.admin.v1");
 }
 
+/// The release (Cargo.toml's version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The commit built (build.rs): git's commit id, or "unknown" when built without git's history.
+pub const REVISION: &str = env!("STICKYVOL_REVISION");
+
+/// What `stickyvol --version` says after the name: the release and the commit.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("STICKYVOL_REVISION"),
+    ")"
+);
+
 /// Encoded descriptors of both schemas (CSI and admin), served through gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("descriptors");

@@ -17,11 +17,13 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use tracing::warn;
 
 use crate::driver::Driver;
 use crate::volume::space::audit::AuditTotals;
+use crate::volume::space::full::FULL_BELOW_BYTES;
 use crate::volume::state::journal;
 
 pub use http::serve;
@@ -46,6 +48,18 @@ struct VolumeLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CopyLabels {
+    pool: String,
+    state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    revision: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -258,9 +272,12 @@ pub struct Metrics {
     data_dir_capacity: Gauge,
     data_dir_free: Gauge,
     pool_available: Family<PoolLabels, Gauge>,
+    pool_capacity: Family<PoolLabels, Gauge>,
+    pool_free: Family<PoolLabels, Gauge>,
     pool_unwritten: Family<PoolLabels, Gauge>,
     pool_full: Family<PoolLabels, Gauge>,
     snapshots: Family<PoolLabels, Gauge>,
+    snapshot_copies: Family<CopyLabels, Gauge>,
     pool_snapshot_bytes: Family<PoolLabels, Gauge>,
     journals: Arc<JournalCollector>,
     audits: Arc<AuditCollector>,
@@ -268,6 +285,7 @@ pub struct Metrics {
     connections_timed_out: Counter,
     node_loss_actions: Family<NodeLossLabels, Counter>,
     node_loss_leader: Gauge,
+    ready: Gauge,
     orphaned_volumes: Gauge,
     overflowing_volumes: Family<OnOverflowLabels, Gauge>,
     overflow_evictions: Family<ResultLabels, Counter>,
@@ -291,6 +309,36 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("stickyvol");
+        // An OpenMetrics info family: the sample is stickyvol_build_info{...} 1.
+        registry.register(
+            "build",
+            "The release (version) and the commit (revision) running",
+            Info::new(BuildLabels {
+                version: crate::VERSION.into(),
+                revision: crate::REVISION.into(),
+            }),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 when the driver is ready, as CSI Probe would answer now (its data and state \
+             directories writable, its journals taking commits); 0 otherwise (see the log's \
+             \"not ready\")",
+            ready.clone(),
+        );
+        let start_time: Gauge = Gauge::default();
+        registry.register(
+            "start_time_seconds",
+            "When this process started, in seconds since the Unix epoch (a restart changes it)",
+            start_time.clone(),
+        );
+        start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| {
+                    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+                }),
+        );
         let rpc_requests = Family::<RpcLabels, Counter>::default();
         registry.register(
             "rpc_requests",
@@ -334,6 +382,18 @@ impl Metrics {
             "Bytes a pool can still promise to new volumes (what GetCapacity reports)",
             pool_available.clone(),
         );
+        let pool_capacity = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_capacity_bytes",
+            "Size of a pool's filesystem (pools on one filesystem each show all of it)",
+            pool_capacity.clone(),
+        );
+        let pool_free = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_free_bytes",
+            "Bytes free on a pool's filesystem (what an unprivileged writer can still use)",
+            pool_free.clone(),
+        );
         let pool_unwritten = Family::<PoolLabels, Gauge>::default();
         registry.register(
             "pool_unwritten_promised_bytes",
@@ -352,6 +412,13 @@ impl Metrics {
             "snapshots",
             "Snapshots on this node, by pool (ready or still being copied)",
             snapshots.clone(),
+        );
+        let snapshot_copies = Family::<CopyLabels, Gauge>::default();
+        registry.register(
+            "snapshot_copies",
+            "Snapshots not ready, by pool and state: copying (their data being copied, or \
+             waiting for the next attempt) or stopped (their attempts ran out; delete them)",
+            snapshot_copies.clone(),
         );
         let pool_snapshot_bytes = Family::<PoolLabels, Gauge>::default();
         registry.register(
@@ -426,15 +493,19 @@ impl Metrics {
             orphaned_volumes,
             node_loss_actions,
             node_loss_leader,
+            ready,
             connections_refused,
             connections_timed_out,
             registry,
             journals,
             audits,
             pool_available,
+            pool_capacity,
+            pool_free,
             pool_unwritten,
             pool_full,
             snapshots,
+            snapshot_copies,
             pool_snapshot_bytes,
             rpc_requests,
             rpc_duration,
@@ -542,6 +613,11 @@ impl Metrics {
     /// The Prometheus text exposition, with volume figures refreshed from `driver`.
     pub fn render(&self, driver: &Driver) -> String {
         let _one_scrape = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        // Controller mode has no data directory: ready while it serves, as Probe says.
+        let ready = driver
+            .volumes()
+            .map_or(true, |volumes| volumes.check_ready().is_ok());
+        self.ready.set(i64::from(ready));
         if let Ok(volumes) = driver.volumes() {
             self.volumes.clear();
             self.provisioned_bytes.clear();
@@ -580,12 +656,25 @@ impl Metrics {
                 .unwrap_or_else(|e| e.into_inner()) = volumes.journal_stats().to_vec();
             *self.audits.latest.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(volumes.audit_totals());
-            for (pool, count, bytes) in volumes.snapshot_census() {
-                let labels = PoolLabels { pool };
-                self.snapshots.get_or_create(&labels).set(count as i64);
+            for census in volumes.snapshot_census() {
+                for (state, count) in [
+                    ("copying", census.copying),
+                    ("stopped", census.copies_stopped),
+                ] {
+                    self.snapshot_copies
+                        .get_or_create(&CopyLabels {
+                            pool: census.pool.clone(),
+                            state: state.into(),
+                        })
+                        .set(count as i64);
+                }
+                let labels = PoolLabels { pool: census.pool };
+                self.snapshots
+                    .get_or_create(&labels)
+                    .set(census.count as i64);
                 self.pool_snapshot_bytes
                     .get_or_create(&labels)
-                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                    .set(i64::try_from(census.exclusive_bytes).unwrap_or(i64::MAX));
             }
             for pool in volumes.pools() {
                 let labels = PoolLabels {
@@ -594,8 +683,15 @@ impl Metrics {
                 self.pool_unwritten
                     .get_or_create(&labels)
                     .set(i64::try_from(pool.unwritten()).unwrap_or(i64::MAX));
-                match pool.is_full() {
-                    Ok(full) => {
+                match pool.space() {
+                    Ok(space) => {
+                        self.pool_capacity
+                            .get_or_create(&labels)
+                            .set(i64::try_from(space.total_bytes).unwrap_or(i64::MAX));
+                        self.pool_free
+                            .get_or_create(&labels)
+                            .set(i64::try_from(space.available_bytes).unwrap_or(i64::MAX));
+                        let full = space.available_bytes < FULL_BELOW_BYTES;
                         self.pool_full.get_or_create(&labels).set(full as i64);
                     }
                     Err(err) => {

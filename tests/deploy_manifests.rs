@@ -67,6 +67,34 @@ fn every_stickyvol_container_in_deploy_parses_and_validates() {
     eprintln!("checked:\n  {}", outcome.checked.join("\n  "));
 }
 
+/// The image's OCI labels: version defaults to Cargo.toml's (the release `stickyvol --version`
+/// names), and revision and source are set from build arguments; the build stage hands REVISION
+/// to build.rs, so the binary names the same commit as the label.
+#[test]
+fn the_dockerfile_labels_the_image_with_its_version_revision_and_source() {
+    let dockerfile =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).unwrap();
+    let version = format!("ARG VERSION={}", env!("CARGO_PKG_VERSION"));
+    assert!(
+        dockerfile.lines().any(|line| line == version),
+        "the Dockerfile has no `{version}`"
+    );
+    for label in [
+        r#"org.opencontainers.image.version="$VERSION""#,
+        r#"org.opencontainers.image.revision="$REVISION""#,
+        r#"org.opencontainers.image.source="$SOURCE""#,
+    ] {
+        assert!(
+            dockerfile.contains(label),
+            "the Dockerfile has no label {label}"
+        );
+    }
+    assert!(
+        dockerfile.contains(r#"STICKYVOL_REVISION="$REVISION" cargo build"#),
+        "the build stage does not pass REVISION to build.rs"
+    );
+}
+
 /// deploy/kubernetes/rbac-node.yaml's ValidatingAdmissionPolicy and `report::config_map` must
 /// agree, or every node's report is refused (or, worse, a wider name is let through).
 #[test]

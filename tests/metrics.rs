@@ -161,6 +161,41 @@ async fn rpc_and_volume_figures_match_the_calls_made() {
     let free = metrics.value("stickyvol_data_dir_free_bytes", &[]);
     assert!(free > 0.0, "free {free}");
     assert!(free <= capacity, "free {free} > capacity {capacity}");
+    // The default pool is the data directory: the same filesystem, give or take what was
+    // written between the two statvfs calls of the scrape.
+    let pool = [("pool", "default")];
+    assert_eq!(
+        metrics.value("stickyvol_pool_capacity_bytes", &pool),
+        capacity
+    );
+    let pool_free = metrics.value("stickyvol_pool_free_bytes", &pool);
+    assert!(
+        (pool_free - free).abs() < (64 << 20) as f64,
+        "pool free {pool_free}, data dir free {free}"
+    );
+    assert_eq!(metrics.value("stickyvol_pool_filesystem_full", &pool), 0.0);
+
+    assert_eq!(
+        metrics.value("stickyvol_ready", &[]),
+        1.0,
+        "as Probe answers"
+    );
+
+    // The release and the commit (build.rs: git's, or "unknown" without it), and the start.
+    let info: Vec<_> = metrics.named("stickyvol_build_info").collect();
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert_eq!(info[0].value, 1.0);
+    assert_eq!(info[0].labels["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(info[0].labels["revision"], stickyvol::REVISION);
+    let started = metrics.value("stickyvol_start_time_seconds", &[]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        started > now - 3600.0 && started <= now,
+        "started {started}, now {now}"
+    );
 }
 
 #[tokio::test]

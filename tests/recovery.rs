@@ -526,11 +526,14 @@ async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_res
     let volume = driver.create_fs_volume().await;
     assert_eq!(probe_ready(&driver).await, Some(true));
     assert_eq!(journal_healthy(&driver), 1.0);
+    assert_eq!(ready_metric(&driver), 1.0);
 
     fs.shut_down();
     // The journal's file can no longer be read...
     assert_eq!(probe_ready(&driver).await, Some(false));
     assert!(last_not_ready(&driver).contains("reading the journal"));
+    // (stickyvol_ready says what Probe says, before any commit failed.)
+    assert_eq!(ready_metric(&driver), 0.0);
     // ...and once a commit has failed, the journal refuses every later one.
     let status = driver.delete(&volume.volume_id).await.unwrap_err();
     assert!(
@@ -546,8 +549,14 @@ async fn io_errors_on_the_state_filesystem_make_the_driver_not_ready_until_a_res
     driver.start_again().await;
     assert_eq!(probe_ready(&driver).await, Some(true));
     assert_eq!(journal_healthy(&driver), 1.0);
+    assert_eq!(ready_metric(&driver), 1.0);
     assert_eq!(driver.list_all().await.len(), 1);
     driver.delete(&volume.volume_id).await.unwrap();
+}
+
+/// `stickyvol_ready`, scraped.
+fn ready_metric(driver: &TestDriver) -> f64 {
+    driver.scrape().value("stickyvol_ready", &[])
 }
 
 /// `stickyvol_journal_healthy` of the volumes' journal, scraped.

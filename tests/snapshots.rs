@@ -1651,10 +1651,11 @@ async fn a_snapshot_that_does_not_fit_its_pool_is_resource_exhausted() {
 }
 
 /// `stickyvol_snapshots{pool}` counts snapshots; `stickyvol_pool_snapshot_bytes{pool}` shows
-/// what copied snapshots hold.
+/// what copied snapshots hold; `stickyvol_snapshot_copies{pool,state}` those not ready, whose
+/// copy runs or stopped.
 #[tokio::test]
 async fn snapshot_metrics_count_snapshots_and_their_bytes() {
-    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let mut driver = TestDriver::start_with_metrics(Options::default()).await;
     let default = [("pool", "default")];
     let count = |driver: &TestDriver| driver.scrape().get("stickyvol_snapshots", &default);
     assert_eq!(count(&driver).unwrap_or(0.0), 0.0);
@@ -1666,8 +1667,27 @@ async fn snapshot_metrics_count_snapshots_and_their_bytes() {
     assert_eq!(metrics.value("stickyvol_snapshots", &default), 2.0);
     let bytes = metrics.value("stickyvol_pool_snapshot_bytes", &default);
     assert!(bytes > 0.0, "snapshot bytes {bytes}");
+    let copies = |driver: &TestDriver, state: &str| {
+        driver.scrape().value(
+            "stickyvol_snapshot_copies",
+            &[("pool", "default"), ("state", state)],
+        )
+    };
+    assert_eq!(copies(&driver, "copying"), 0.0);
+    assert_eq!(copies(&driver, "stopped"), 0.0);
     driver.delete_snapshot(&one.snapshot_id).await.unwrap();
     assert_eq!(count(&driver), Some(1.0));
+
+    // One whose copies ran out of attempts (as in a_copy_out_of_attempts_stops_...).
+    let id = driver.list_all_snapshots().await[0].snapshot_id.clone();
+    driver.stop().await;
+    edit_snapshot_record(&mut driver, &id, |record| {
+        record["ready"] = false.into();
+        record["copy_attempts"] = 3.into();
+    });
+    driver.start_again().await;
+    assert_eq!(copies(&driver, "stopped"), 1.0);
+    assert_eq!(copies(&driver, "copying"), 0.0);
 }
 
 // =============================================================================================

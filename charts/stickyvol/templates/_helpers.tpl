@@ -11,6 +11,15 @@ app.kubernetes.io/part-of: stickyvol
 {{- end }}
 {{- end }}
 
+{{/* Annotations for annotation-based scraping (metrics.scrapeAnnotations), or nothing. */}}
+{{- define "stickyvol.scrapeAnnotations" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.scrapeAnnotations -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
 {{/* The driver image. */}}
 {{- define "stickyvol.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}

@@ -25,6 +25,19 @@ use crate::volume::state::record::now_ms;
 use crate::volume::state::record::{SizeLimit, VolumeKind, VolumeRecord};
 use crate::volume::state::records::Record;
 
+/// One pool's snapshots, for metrics (`Volumes::snapshot_census`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotCensus {
+    pub pool: String,
+    pub count: usize,
+    /// Bytes they hold alone, as last measured.
+    pub exclusive_bytes: u64,
+    /// Not ready, their data still being copied (or waiting for its next attempt).
+    pub copying: usize,
+    /// Not ready, and copied no more: their attempts ran out (`copy_stopped`).
+    pub copies_stopped: usize,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRecord {
     pub id: SnapshotId,
@@ -212,14 +225,26 @@ impl Volumes {
         (page, next)
     }
 
-    /// Snapshots per pool: (count, bytes they hold alone as last measured).
-    pub fn snapshot_census(&self) -> Vec<(String, usize, u64)> {
+    /// Snapshots per pool, for metrics.
+    pub fn snapshot_census(&self) -> Vec<SnapshotCensus> {
         let all = self.snapshots.all();
         self.pools()
             .iter()
             .map(|pool| {
-                let count = all.iter().filter(|r| r.pool == pool.name).count();
-                (pool.name.clone(), count, pool.snapshot_bytes())
+                let mut census = SnapshotCensus {
+                    pool: pool.name.clone(),
+                    exclusive_bytes: pool.snapshot_bytes(),
+                    ..SnapshotCensus::default()
+                };
+                for record in all.iter().filter(|r| r.pool == pool.name) {
+                    census.count += 1;
+                    if record.copy_stopped().is_some() {
+                        census.copies_stopped += 1;
+                    } else if !record.ready {
+                        census.copying += 1;
+                    }
+                }
+                census
             })
             .collect()
     }

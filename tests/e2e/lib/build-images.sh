@@ -490,10 +490,19 @@ stickyvol_image() {
     local ctx="$E2E_CACHE/.work/stickyvol-context"
     rm -rf "$ctx" && mkdir -p "$ctx"
     git -C "$REPO_DIR" checkout-index -a --prefix="$ctx/"
+    # The commit, for `stickyvol --version`, stickyvol_build_info and the image's revision label
+    # (the context has no .git); "-dirty" when the index differs from it in what the build reads.
+    local revision
+    revision=$(git -C "$REPO_DIR" rev-parse HEAD 2>/dev/null) || revision=unknown
+    if [[ $revision != unknown ]] && ! git -C "$REPO_DIR" diff --cached --quiet HEAD -- \
+        Cargo.toml Cargo.lock build.rs src proto Dockerfile .dockerignore; then
+        revision+=-dirty
+    fi
     local ca=/etc/ssl/certs/ca-certificates.crt mounts=()
     [[ -f $ca ]] && mounts+=(-v "$ca:$ca:ro")
     bh bud --pull=never --isolation=chroot --network=host --format=oci "${mounts[@]}" \
         -v "$cache/registry:/usr/local/cargo/registry" -v "$cache/target:/src/target" \
+        --build-arg "REVISION=$revision" \
         -f "$ctx/Dockerfile" -t "$name" "$ctx" >"$out.partial/build.log" 2>&1 ||
         die "buildah bud failed: $(tail -n 20 "$out.partial/build.log")"
     rm -rf "$ctx"
