@@ -105,7 +105,9 @@ pub struct ServeArgs {
     #[arg(long, env = "RESTORE_PLACEMENT", value_enum, default_value_t = Switch::Off)]
     pub restore_placement: Switch,
 
-    /// Seconds between the reconciler's rounds; its Lease lasts three.
+    /// Seconds between the reconciler's Lease renewals (the Lease lasts three), and between
+    /// its rounds while a lost node's claims are being handled; otherwise it acts on watched
+    /// changes.
     #[arg(
         long,
         env = "NODE_LOSS_INTERVAL",

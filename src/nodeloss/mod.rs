@@ -14,3 +14,5 @@ pub mod policy;
 pub mod reconcile;
 pub mod report;
 pub mod returned;
+pub mod view;
+pub mod watch;
