@@ -106,6 +106,11 @@ if policy and binding:
     check(any(f"== '{driver}'" in v["expression"] for v in spec["validations"]),
           f"the report's label value is {driver}")
 
+# The orphan check watches its Node: Nodes are read, never written.
+node_nodes = {g for g in node if g[2] == "nodes"}
+check(node_nodes == rules("*", "", ["nodes"], ["get", "list", "watch"]),
+      f"the node plugin reads and watches Nodes, nothing more: {sorted(node_nodes)}")
+
 # The node plugin's evictions (the overflow check): pods/eviction create, no pod deletes, no pod
 # reads beyond its namespace, and the policy holding it to pods named by uid.
 pod_grants = {g for g in node if g[2].startswith("pods")}
