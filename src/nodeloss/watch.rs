@@ -3,7 +3,8 @@
 //!
 //! Each watch starts with a consistent list in pages of `view::PAGE_SIZE`, not one served
 //! from the API server's watch cache (`resourceVersion=0`, `any_semantic`): the watch cache
-//! ignores `limit`, and would send every Node of the cluster in one response (some 55 MB at
+//! answers such a list whole whatever its `limit` (kubernetes/kubernetes#70735 sends it there
+//! even with a limit), so every Node of the cluster would come in one response (some 55 MB at
 //! 5,000 Nodes), which the client holds whole before reading it. A list happens at start and
 //! when a watch falls too far behind (410 Gone); bookmarks keep its resourceVersion recent
 //! meanwhile, so a watch that times out (every few minutes) resumes without one.
