@@ -110,7 +110,9 @@ pub struct ServeArgs {
     #[arg(long, env = "CHECK_CLASSES", value_enum, default_value_t = Switch::Off)]
     pub check_classes: Switch,
 
-    /// Seconds between the reconciler's rounds; its Lease lasts three.
+    /// Seconds between the reconciler's Lease renewals (the Lease lasts three), and between
+    /// its rounds while a lost node's claims are being handled; otherwise it acts on watched
+    /// changes.
     #[arg(
         long,
         env = "NODE_LOSS_INTERVAL",
@@ -120,10 +122,11 @@ pub struct ServeArgs {
     )]
     pub node_loss_interval: u64,
 
-    /// Seconds between looks for volumes of this node whose PV is gone (a node that came back
-    /// after the cluster released its claims); such a volume's data moves to its pool's
-    /// lost+found once its PV stays absent for two intervals (0: off; needs Kubernetes
-    /// credentials: in-cluster, or $KUBECONFIG).
+    /// Looks for volumes of this node whose PV is gone (a node that came back after the
+    /// cluster released its claims): every volume's PV is read at start and when the node comes
+    /// back, a new one's once, and one seen absent again every this many seconds; its data
+    /// moves to its pool's lost+found once its PV stays absent for two intervals (0: off; needs
+    /// Kubernetes credentials: in-cluster, or $KUBECONFIG).
     #[arg(
         long,
         env = "ORPHAN_CHECK_INTERVAL",

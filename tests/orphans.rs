@@ -26,6 +26,8 @@ struct Api {
     events: Vec<Value>,
     /// ConfigMaps of namespace `stickyvol` by name, as last applied.
     config_maps: HashMap<String, Value>,
+    /// How many times each PV was read.
+    reads: HashMap<String, usize>,
 }
 
 type Shared = Arc<Mutex<Api>>;
@@ -38,6 +40,7 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     if method == "GET"
         && let Some(name) = path.strip_prefix("/api/v1/persistentvolumes/")
     {
+        *api.reads.entry(name.to_string()).or_default() += 1;
         if name.starts_with("pv-broken") {
             return (500, status(500, "InternalError"));
         }
@@ -198,8 +201,13 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         b"keep me"
     );
     assert!(!data_of(&gone).exists());
-    // A few more looks: nothing else moves.
+    // A few more looks: nothing else moves, and a PV seen present is not read again (the
+    // unreadable one is, every interval).
+    let reads = |pv: &str| api.lock().unwrap().reads.get(pv).copied().unwrap_or(0);
+    let (kept_reads, broken_reads) = (reads("pv-kept"), reads("pv-broken-1"));
     tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(reads("pv-kept"), kept_reads, "pv-kept read again");
+    assert!(reads("pv-broken-1") > broken_reads);
     for stays in [&kept, &unreadable, &published] {
         assert!(
             data_of(stays).is_dir(),
@@ -253,9 +261,13 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
     })
     .await;
 
-    // The mark is durable.
+    // The mark is durable; a start reads every candidate's PV again.
     driver.restart().await;
     assert_eq!(listed(&driver, &gone.volume_id)["orphaned"], true);
+    eventually("pv-kept read again at start", || {
+        reads("pv-kept") > kept_reads
+    })
+    .await;
 
     // Never published again; a DeleteVolume drops the record and leaves the data.
     let refused = driver

@@ -34,6 +34,57 @@ pub enum Workload {
     /// Direct I/O in a file on a volume with a filesystem of its own (--fs-type; stickyvol's
     /// image volumes), side by side with a file on a directory volume of the same pool.
     FsIo(FsIoArgs),
+    /// Not a CSI benchmark: a big cluster on one machine. A simulated API server holds --nodes
+    /// Nodes shaped like real ones and --pvs PVs of stickyvol; `stickyvol serve` runs against
+    /// it as the controller (node loss on) and as one node plugin (orphan check on). Prints
+    /// their peak RSS, their steady-state requests and bytes received, and the time from a
+    /// Node's deletion and from an out-of-service taint to the reconciler's release.
+    Cluster(ClusterArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// The stickyvol binary to run.
+    #[arg(long, default_value = "stickyvol")]
+    pub stickyvol: PathBuf,
+
+    /// Where the run's directory is made (removed at the end unless --keep).
+    #[arg(long, default_value = "/var/tmp")]
+    pub work_dir: PathBuf,
+
+    /// Keep the run's directory (the drivers' logs, the node plugin's volumes).
+    #[arg(long)]
+    pub keep: bool,
+
+    #[arg(long, default_value_t = 5000)]
+    pub nodes: usize,
+
+    #[arg(long, default_value_t = 50_000)]
+    pub pvs: usize,
+
+    /// Volumes of the node plugin, each with its PV.
+    #[arg(long, default_value_t = 10)]
+    pub node_volumes: usize,
+
+    /// The node plugin's --orphan-check-interval, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub orphan_check_interval: u64,
+
+    /// Every Node's status is written again once per this period (kubelet: 5 minutes).
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    pub node_update_period: Duration,
+
+    /// Time given to both to start and read the cluster before measuring.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub settle: Duration,
+
+    /// The steady state measured.
+    #[arg(long, default_value = "180s", value_parser = parse_duration)]
+    pub window: Duration,
+
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Which driver, and where kubelet's directories are: every workload's first flags.

@@ -5,11 +5,14 @@
 //! driver), `workload` (the lifecycle and startup runs), `blockio` (direct I/O through a
 //! published block volume against a plain file), `fsio` (the same in a file on an image
 //! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
-//! a volume of many files, with Probe timed), `report` (samples, percentiles, output).
+//! a volume of many files, with Probe timed), `report` (samples, percentiles, output);
+//! `cluster` is no CSI benchmark: stickyvol's controller and a node plugin against a simulated
+//! API server of a big cluster.
 
 mod blockio;
 mod cli;
 mod client;
+mod cluster;
 mod driver_process;
 mod fsio;
 mod paths;
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         }
         Workload::BlockIo(args) => finish(runtime.block_on(blockio::block_io(&args)), args.json),
         Workload::FsIo(args) => finish(runtime.block_on(fsio::fs_io(&args)), args.json),
+        Workload::Cluster(args) => finish(runtime.block_on(cluster::cluster(&args)), args.json),
         Workload::StatsFlood(args) => {
             finish(runtime.block_on(statsflood::stats_flood(&args)), args.json)
         }
@@ -80,6 +84,7 @@ outcome!(workload::StartupReport, startup_text);
 outcome!(blockio::BlockIoReport, blockio::text);
 outcome!(statsflood::StatsFloodReport, statsflood::text);
 outcome!(fsio::FsIoReport, fsio::text);
+outcome!(cluster::ClusterReport, cluster::text);
 
 /// Prints the report (JSON or text) and turns it into the exit status.
 fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCode {

@@ -1,7 +1,7 @@
 //! The API objects the reconciler reads, turned into `decide`'s views: only the fields the rules
 //! use, so the rules never depend on the client's types.
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, VolumeNodeAffinity};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -10,7 +10,7 @@ use super::decide::{
     ClaimView, ClassView, NodeView, ObjectRef, PROVISIONER_FINALIZER, PodView, PvView,
     StatefulSetView,
 };
-use crate::slim::{Pod, StatefulSet};
+use crate::slim::{self, Pod, StatefulSet};
 
 fn created(meta: &ObjectMeta) -> Option<i64> {
     meta.creation_timestamp.as_ref().map(|t| t.0.as_second())
@@ -24,18 +24,21 @@ fn object(meta: &ObjectMeta) -> ObjectRef {
     }
 }
 
-pub fn node(node: &Node) -> NodeView {
-    let spec = node.spec.as_ref();
-    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref());
+pub fn node(node: &slim::Node) -> NodeView {
     NodeView {
         name: node.metadata.name.clone().unwrap_or_default(),
-        taints: spec
-            .and_then(|s| s.taints.as_deref())
+        taints: node
+            .spec
+            .as_ref()
+            .map(|s| s.taints.as_slice())
             .unwrap_or_default()
             .iter()
             .map(|t| t.key.clone())
             .collect(),
-        ready: conditions
+        ready: node
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
             .unwrap_or_default()
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True"),
@@ -45,14 +48,12 @@ pub fn node(node: &Node) -> NodeView {
 /// The one node a PV's required affinity names on `topology_key` (`In` with a single value, as
 /// our provisioner writes it); None for any other shape, which `decide` then leaves alone.
 pub fn pinned_node(pv: &PersistentVolume, topology_key: &str) -> Option<String> {
-    let terms = &pv
-        .spec
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required
-        .as_ref()?
-        .node_selector_terms;
+    pinned_by(pv.spec.as_ref()?.node_affinity.as_ref(), topology_key)
+}
+
+/// `pinned_node` of a PV's node affinity.
+pub fn pinned_by(affinity: Option<&VolumeNodeAffinity>, topology_key: &str) -> Option<String> {
+    let terms = &affinity?.required.as_ref()?.node_selector_terms;
     let mut found: Option<String> = None;
     for term in terms {
         for req in term.match_expressions.as_deref().unwrap_or_default() {
@@ -70,7 +71,7 @@ pub fn pinned_node(pv: &PersistentVolume, topology_key: &str) -> Option<String> 
     found
 }
 
-pub fn pv(pv: &PersistentVolume, topology_key: &str) -> PvView {
+pub fn pv(pv: &slim::PersistentVolume, topology_key: &str) -> PvView {
     let spec = pv.spec.as_ref();
     let csi = spec.and_then(|s| s.csi.as_ref());
     PvView {
@@ -81,7 +82,7 @@ pub fn pv(pv: &PersistentVolume, topology_key: &str) -> PvView {
         storage_class: spec
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default(),
-        node: pinned_node(pv, topology_key),
+        node: pinned_by(spec.and_then(|s| s.node_affinity.as_ref()), topology_key),
         claim: spec.and_then(|s| s.claim_ref.as_ref()).map(|r| ObjectRef {
             namespace: r.namespace.clone().unwrap_or_default(),
             name: r.name.clone().unwrap_or_default(),
@@ -237,15 +238,17 @@ mod tests {
         }
         let bare: PersistentVolume = serde_json::from_value(json!({"metadata": {}})).unwrap();
         assert_eq!(pinned_node(&bare, KEY), None);
+        let bare: slim::PersistentVolume = serde_json::from_value(json!({"metadata": {}})).unwrap();
         assert_eq!(pv(&bare, KEY).driver, "");
+        assert_eq!(pv(&bare, KEY).node, None);
         assert!(!pv(&bare, KEY).deleting);
-        let held: PersistentVolume = serde_json::from_value(json!({"metadata": {
+        let held: slim::PersistentVolume = serde_json::from_value(json!({"metadata": {
             "deletionTimestamp": "2026-11-26T08:00:00Z", "finalizers": ["kubernetes.io/pv-protection"]
         }}))
         .unwrap();
         assert!(pv(&held, KEY).deleting);
         assert!(!pv(&held, KEY).provisioner_finalizer);
-        let ours: PersistentVolume = serde_json::from_value(json!({"metadata": {
+        let ours: slim::PersistentVolume = serde_json::from_value(json!({"metadata": {
             "finalizers": ["kubernetes.io/pv-protection", PROVISIONER_FINALIZER]
         }}))
         .unwrap();
@@ -335,7 +338,7 @@ mod tests {
 
     #[test]
     fn nodes_report_taint_keys_and_readiness() {
-        let n: Node = serde_json::from_value(json!({
+        let n: slim::Node = serde_json::from_value(json!({
             "metadata": {"name": "b"},
             "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]},
             "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}

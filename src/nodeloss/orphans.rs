@@ -14,6 +14,7 @@ use serde::Serialize;
 use super::decide::{self, Action, Decision, Options, Snapshot};
 use super::reconcile::{self, Settings};
 use super::report::{self, Entry, NodeReport, State};
+use super::view::ClusterView;
 
 /// Commands that ask the Kubernetes API rather than the driver on this node.
 #[derive(Debug, Subcommand)]
@@ -235,7 +236,8 @@ pub fn run(command: ClusterCommand) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = kube::Client::try_default().await?;
-        let snapshot = reconcile::snapshot(&client, &settings).await?;
+        let view = ClusterView::listed(&client, &settings.driver, &settings.topology_key).await?;
+        let snapshot = reconcile::snapshot(&client, &settings, &view).await?;
         let reports = report::read_all(&client, &args.namespace, &settings.driver).await?;
         Ok::<_, kube::Error>((snapshot, reports))
     });

@@ -1,29 +1,37 @@
-//! The node-loss reconciler: while it holds the Lease, every interval it reads Nodes and PVs,
-//! and only when one of our PVs sits on a lost node also the claims, pods, StatefulSets and
-//! StorageClasses of the namespaces concerned; `decide` says what to do and this carries it out
-//! with uid preconditions (an object replaced meanwhile is never deleted), records an Event the
-//! first time each decision is made, and counts every action.
+//! The node-loss reconciler: while it holds the Lease, it keeps a view of Nodes, our PVs and
+//! StorageClasses from watches (`view`, `watch`), and runs a round when a change may change a
+//! decision (a node lost or back, a PV of a lost node, a class), again every interval while a
+//! round has work left (an action, a pod not yet waiting), and otherwise every few minutes.
+//! A round reads again, consistently, each PV on a lost node and the claims, pods and
+//! StatefulSets of the namespaces concerned; `decide` says what to do and this carries it out
+//! with uid preconditions (an object replaced meanwhile is never deleted), after reading the
+//! Node once more, records an Event the first time each decision is made, and counts every
+//! action.
 
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::decide::{self, Action, Decision, ObjectRef, Options, PROVISIONER_FINALIZER, Snapshot};
+use super::decide::{
+    self, Action, Decision, ObjectRef, Options, PROVISIONER_FINALIZER, Reason, Snapshot,
+};
 use super::lease::Election;
-use super::observe;
+use super::view::ClusterView;
+use super::{observe, watch};
 use crate::events;
 use crate::metrics::Metrics;
-use crate::slim::{Pod, StatefulSet};
+use crate::slim::{self, Pod, StatefulSet};
 
 /// The Lease the replicas compete for (in their own namespace).
 pub const LEASE_NAME: &str = "stickyvol-node-loss";
@@ -31,11 +39,20 @@ pub const LEASE_NAME: &str = "stickyvol-node-loss";
 /// Who writes our Events.
 pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/node-loss";
 
+/// How long after a change that matters its round runs: a Node's deletion and the changes it
+/// brings (its PVs') are looked at in one round.
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// With no work left, a round still runs this often (from the view: no request unless a PV
+/// sits on a lost node).
+pub const RESYNC: Duration = Duration::from_secs(300);
+
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub driver: String,
     pub topology_key: String,
     pub dry_run: bool,
+    /// Between the Lease's renewals, and between rounds while work is left.
     pub interval: Duration,
     /// The Lease's namespace and name, and this replica's identity in it (its pod name).
     pub lease_namespace: String,
@@ -43,56 +60,35 @@ pub struct Settings {
     pub identity: String,
 }
 
-/// Reads everything `decide` needs. Nodes and PVs, read every round, come from the API server's
-/// watch cache (no etcd read): a stale view costs at most a needless look, since `round` reads
-/// the Node again, consistently, before acting. What decides the deletes (claims, pods,
-/// StatefulSets, classes; read only while a PV of ours is on a lost node) is read consistently.
-pub async fn snapshot(client: &Client, settings: &Settings) -> Result<Snapshot, kube::Error> {
-    let cached = ListParams::default().match_any();
-    let all = ListParams::default();
-    let nodes: Vec<_> = Api::<Node>::all(client.clone())
-        .list(&cached)
-        .await?
-        .iter()
-        .map(observe::node)
-        .collect();
-    let pvs: Vec<_> = Api::<PersistentVolume>::all(client.clone())
-        .list(&cached)
-        .await?
-        .iter()
-        .map(|pv| observe::pv(pv, &settings.topology_key))
-        .filter(|pv| pv.driver == settings.driver)
-        .collect();
+/// Reads what `decide` needs beyond `view`: each of our PVs on a lost node, read again
+/// consistently (the view keeps only their node), and, when there are any, the claims, pods
+/// and StatefulSets of their claims' namespaces, read consistently.
+pub async fn snapshot(
+    client: &Client,
+    settings: &Settings,
+    view: &ClusterView,
+) -> Result<Snapshot, kube::Error> {
     let mut snapshot = Snapshot {
-        nodes,
-        pvs,
+        nodes: view.nodes(),
+        classes: view.classes(),
         ..Snapshot::default()
     };
-    let live: HashSet<&str> = snapshot
-        .nodes
-        .iter()
-        .filter(|n| !n.taints.iter().any(|t| t == decide::OUT_OF_SERVICE_TAINT))
-        .map(|n| n.name.as_str())
-        .collect();
+    let pvs = Api::<slim::PersistentVolume>::all(client.clone());
+    for name in view.on_lost_nodes() {
+        let Some(pv) = pvs.get_opt(&name).await? else {
+            continue;
+        };
+        let pv = observe::pv(&pv, &settings.topology_key);
+        if pv.driver == settings.driver && pv.node.as_deref().is_some_and(|n| view.lost(n)) {
+            snapshot.pvs.push(pv);
+        }
+    }
     let namespaces: BTreeSet<String> = snapshot
         .pvs
         .iter()
-        .filter(|pv| pv.node.as_deref().is_some_and(|n| !live.contains(n)))
         .filter_map(|pv| pv.claim.as_ref().map(|c| c.namespace.clone()))
         .collect();
-    let lost_pvs = snapshot
-        .pvs
-        .iter()
-        .any(|pv| pv.node.as_deref().is_some_and(|n| !live.contains(n)));
-    if !lost_pvs {
-        return Ok(snapshot);
-    }
-    snapshot.classes = Api::<StorageClass>::all(client.clone())
-        .list(&all)
-        .await?
-        .iter()
-        .map(observe::class)
-        .collect();
+    let all = ListParams::default();
     for ns in &namespaces {
         let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns);
         let claims = claims.list(&all).await?;
@@ -150,12 +146,13 @@ pub async fn carry_out(client: &Client, action: &Action) -> Result<(), kube::Err
         }
         Action::DeletePods { pods } => delete_pods(client, pods).await,
         Action::DeletePv { pv } => {
-            let api = Api::<PersistentVolume>::all(client.clone());
+            let api = Api::<slim::PersistentVolume>::all(client.clone());
             settled(api.delete(&pv.name, &delete_params(&pv.uid)).await)?;
             drop_provisioner_finalizer(&api, pv).await
         }
         Action::DropPvFinalizer { pv } => {
-            drop_provisioner_finalizer(&Api::<PersistentVolume>::all(client.clone()), pv).await
+            drop_provisioner_finalizer(&Api::<slim::PersistentVolume>::all(client.clone()), pv)
+                .await
         }
     }
 }
@@ -164,7 +161,7 @@ pub async fn carry_out(client: &Client, action: &Action) -> Result<(), kube::Err
 /// the resourceVersion read: after a conflict the PV still holds it, and the next round decides
 /// `DropPvFinalizer`. pv-protection's finalizer is Kubernetes' own to remove.
 async fn drop_provisioner_finalizer(
-    api: &Api<PersistentVolume>,
+    api: &Api<slim::PersistentVolume>,
     pv: &ObjectRef,
 ) -> Result<(), kube::Error> {
     let Some(current) = api.get_opt(&pv.name).await? else {
@@ -265,10 +262,11 @@ fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
 pub async fn round(
     client: &Client,
     settings: &Settings,
+    view: &ClusterView,
     metrics: &Metrics,
     reported: &mut HashSet<(String, String, String)>,
 ) -> Result<Vec<Decision>, kube::Error> {
-    let snapshot = snapshot(client, settings).await?;
+    let snapshot = snapshot(client, settings, view).await?;
     let decisions = decide::decide(
         &snapshot,
         Options {
@@ -291,7 +289,7 @@ pub async fn round(
             .unwrap_or_default();
         if let Some(action) = decision.to_carry_out() {
             // Just before acting, the node must still be lost: it may have come back since
-            // the list.
+            // the view last heard of it.
             if still_lost(client, &decision.node).await? {
                 let result = carry_out(client, action).await;
                 metrics.observe_node_loss(action.kind(), result.is_ok());
@@ -306,19 +304,7 @@ pub async fn round(
             }
         }
         if !reported.contains(&key) {
-            // Counted once per decision, as announced, not every round it stays the same.
-            if decision.dry_run && decision.action != Action::Nothing {
-                metrics.observe_node_loss_dry_run(decision.action.kind());
-            }
-            let event = event(decision, settings, pv_uid);
-            let ns = event.metadata.namespace.clone().unwrap_or_default();
-            if let Err(err) = Api::<Event>::namespaced(client.clone(), &ns)
-                .create(&PostParams::default(), &event)
-                .await
-            {
-                warn!(pv = %decision.pv, error = %err, "node loss: could not record the event");
-            }
-            info!(pv = %decision.pv, node = %decision.node, loss = decision.loss.as_str(), action = decision.action.kind(), dry_run = decision.dry_run, reason = %decision.reason, "node loss decision");
+            announce(client, settings, metrics, decision, pv_uid).await;
         }
         now_reported.insert(key);
     }
@@ -327,9 +313,32 @@ pub async fn round(
     Ok(decisions)
 }
 
+/// A decision made for the first time: counted (a dry run's), recorded by an Event, logged.
+async fn announce(
+    client: &Client,
+    settings: &Settings,
+    metrics: &Metrics,
+    decision: &Decision,
+    pv_uid: &str,
+) {
+    // Counted once per decision, as announced, not every round it stays the same.
+    if decision.dry_run && decision.action != Action::Nothing {
+        metrics.observe_node_loss_dry_run(decision.action.kind());
+    }
+    let event = event(decision, settings, pv_uid);
+    let ns = event.metadata.namespace.clone().unwrap_or_default();
+    if let Err(err) = Api::<Event>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &event)
+        .await
+    {
+        warn!(pv = %decision.pv, error = %err, "node loss: could not record the event");
+    }
+    info!(pv = %decision.pv, node = %decision.node, loss = decision.loss.as_str(), action = decision.action.kind(), dry_run = decision.dry_run, reason = %decision.reason, "node loss decision");
+}
+
 async fn still_lost(client: &Client, node: &str) -> Result<bool, kube::Error> {
     Ok(
-        match Api::<Node>::all(client.clone()).get_opt(node).await? {
+        match Api::<slim::Node>::all(client.clone()).get_opt(node).await? {
             None => true,
             Some(n) => observe::node(&n)
                 .taints
@@ -339,7 +348,80 @@ async fn still_lost(client: &Client, node: &str) -> Result<bool, kube::Error> {
     )
 }
 
-/// Runs until `shutdown`: elects, and while leader runs a round every interval.
+/// Whether a round's decisions leave work that no watched change announces: an action (the
+/// next step follows it), or a claim waiting on pods, which are not watched.
+pub fn work_left(decisions: &[Decision]) -> bool {
+    decisions.iter().any(|d| {
+        d.action != Action::Nothing
+            || matches!(d.reason, Reason::NoPodWaiting | Reason::InUseOnLiveNode(_))
+    })
+}
+
+/// The loop's state: the view, who leads, what was announced, and when the next round is due.
+struct Reconciler {
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    view: ClusterView,
+    reported: HashSet<(String, String, String)>,
+    leading: bool,
+    next_round: Option<Instant>,
+}
+
+impl Reconciler {
+    /// A round due no later than `after` from now.
+    fn due_within(&mut self, after: Duration) {
+        let at = Instant::now() + after;
+        self.next_round = Some(self.next_round.map_or(at, |due| due.min(at)));
+    }
+
+    async fn elect(&mut self, election: &mut Election) {
+        let now_leading = match election.try_lead().await {
+            Ok(lead) => lead,
+            Err(err) => {
+                warn!(error = %err, "node loss: lease not reachable; not acting");
+                false
+            }
+        };
+        if now_leading != self.leading {
+            info!(identity = %self.settings.identity, leading = now_leading, "node loss: leadership changed");
+            self.leading = now_leading;
+            self.metrics.set_node_loss_leader(now_leading);
+            self.reported.clear();
+            if now_leading {
+                self.due_within(Duration::ZERO);
+            }
+        }
+    }
+
+    /// The round due now, if this replica leads and the view is whole; when the next is due.
+    async fn round_due(&mut self) {
+        self.next_round = None;
+        if !self.leading || !self.view.ready() {
+            // Leadership or the end of a list brings the next one.
+            return;
+        }
+        let result = round(
+            &self.client,
+            &self.settings,
+            &self.view,
+            &self.metrics,
+            &mut self.reported,
+        )
+        .await;
+        let again = match result {
+            Ok(decisions) if work_left(&decisions) => self.settings.interval,
+            Ok(_) => RESYNC,
+            Err(err) => {
+                warn!(error = %err, "node loss: round failed, retried next interval");
+                self.settings.interval
+            }
+        };
+        self.due_within(again);
+    }
+}
+
+/// Runs until `shutdown`: watches, elects, and while leader runs the rounds due.
 pub async fn run(
     client: Client,
     settings: Settings,
@@ -354,32 +436,40 @@ pub async fn run(
         &settings.identity,
         settings.interval * 3,
     );
-    let mut reported = HashSet::new();
-    let mut leading = false;
+    let mut changes = watch::changes(&client).boxed();
+    let mut renew = tokio::time::interval(settings.interval);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reconciler = Reconciler {
+        view: ClusterView::new(&settings.driver, &settings.topology_key),
+        client,
+        settings,
+        metrics,
+        reported: HashSet::new(),
+        leading: false,
+        next_round: None,
+    };
     tokio::pin!(shutdown);
     loop {
-        let now_leading = match election.try_lead().await {
-            Ok(lead) => lead,
-            Err(err) => {
-                warn!(error = %err, "node loss: lease not reachable; not acting");
-                false
-            }
-        };
-        if now_leading != leading {
-            info!(identity = %settings.identity, leading = now_leading, "node loss: leadership changed");
-            leading = now_leading;
-            metrics.set_node_loss_leader(leading);
-            reported.clear();
-        }
-        if leading && let Err(err) = round(&client, &settings, &metrics, &mut reported).await {
-            warn!(error = %err, "node loss: round failed, retried next interval");
-        }
+        let due = reconciler.next_round;
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = tokio::time::sleep(settings.interval) => {}
+            change = changes.next() => match change {
+                Some(change) => {
+                    if watch::apply(&mut reconciler.view, change) {
+                        reconciler.due_within(SETTLE);
+                    }
+                }
+                None => break,
+            },
+            _ = renew.tick() => reconciler.elect(&mut election).await,
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                reconciler.round_due().await;
+            }
         }
     }
-    if leading && let Err(err) = election.release().await {
+    if reconciler.leading
+        && let Err(err) = election.release().await
+    {
         warn!(error = %err, "node loss: could not release the lease");
     }
 }
@@ -721,7 +811,9 @@ mod tests {
         reported: &mut HashSet<(String, String, String)>,
         metrics: &Metrics,
     ) -> Vec<Decision> {
-        round(&client(store), &settings(dry_run), metrics, reported)
+        let client = client(store);
+        let view = ClusterView::listed(&client, DRIVER, KEY).await.unwrap();
+        round(&client, &settings(dry_run), &view, metrics, reported)
             .await
             .unwrap()
     }
@@ -875,6 +967,58 @@ mod tests {
                 && note.contains("the claim was created before the StatefulSet"),
             "{note}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_pv_is_read_again_before_it_is_decided_on() {
+        // The view (a watch) still has pv-b on lost node b, but the PV is gone from the API:
+        // nothing is decided on the view alone.
+        let store = cluster("release");
+        let client = client(&store);
+        let view = ClusterView::listed(&client, DRIVER, KEY).await.unwrap();
+        assert_eq!(view.on_lost_nodes(), ["pv-b"]);
+        store
+            .lock()
+            .unwrap()
+            .objects
+            .get_mut("/api/v1/persistentvolumes")
+            .unwrap()
+            .remove("pv-b");
+        let metrics = Metrics::new();
+        let decisions = round(
+            &client,
+            &settings(false),
+            &view,
+            &metrics,
+            &mut HashSet::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(decisions, vec![]);
+        assert_eq!(writes(&store), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn work_is_left_while_an_action_follows_or_a_pod_is_awaited() {
+        let store = cluster("release");
+        let decisions = one_round(&store, false, &mut HashSet::new()).await;
+        assert!(work_left(&decisions), "the claim released, its PV is next");
+        let keep = cluster("keep");
+        let decisions = one_round(&keep, false, &mut HashSet::new()).await;
+        assert!(
+            !work_left(&decisions),
+            "keep: only a class change changes it"
+        );
+        // No pod of the set waits yet (the old one not yet gone): pods are not watched.
+        let waiting = cluster("release");
+        waiting
+            .lock()
+            .unwrap()
+            .objects
+            .remove("/api/v1/namespaces/ns/pods");
+        let decisions = one_round(&waiting, true, &mut HashSet::new()).await;
+        assert_eq!(decisions[0].reason, decide::Reason::NoPodWaiting);
+        assert!(work_left(&decisions));
     }
 
     #[tokio::test]

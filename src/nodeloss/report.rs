@@ -1,9 +1,9 @@
 //! Each node's report of its volumes that no PV names, kept in a ConfigMap of the driver's
 //! namespace so `stickyvol cluster orphans` can list them from anywhere: those volumes exist
 //! only on their node, and Events expire after an hour. The ConfigMap is owned by the Node
-//! object, so it goes when the Node is deleted; the driver applies it again every round while
-//! there is something to report (a re-created Node gets its report back), and deletes it when
-//! nothing is left.
+//! object, so it goes when the Node is deleted; the driver applies it when what it reports
+//! changes, and again when its Node is made again (which gets its report back), and deletes it
+//! when nothing is left.
 
 use std::collections::BTreeMap;
 
@@ -159,9 +159,10 @@ pub struct Target {
     pub namespace: String,
 }
 
-/// Writes the node's report: applied while there are entries (every call: cheap, and a report
-/// the Node's deletion took is made again), deleted once when they are gone. `published` is
-/// whether a report may exist, carried between calls (true at start: one may be left over).
+/// Writes the node's report: applied while there are entries (the caller calls when they
+/// changed, or a report the Node's deletion took must be made again), deleted once when they
+/// are gone. `published` is whether a report may exist, carried between calls (true at start:
+/// one may be left over).
 pub async fn publish(
     client: &Client,
     target: &Target,

@@ -2,26 +2,36 @@
 //! PV is gone and moves their data to lost+found (`volume::orphan`), never deleting it, and
 //! reports each (log, Event, metric; `stickyvol volumes` shows them).
 //!
-//! Every interval each candidate's PV (the record's `csi.storage.k8s.io/pv/name`) is read with
-//! a consistent GET. A volume is orphaned only when its PV was absent (or named another volume)
-//! on two reads at least `confirm` apart on this process's monotonic clock. The volume has then
-//! been seen by this process for `confirm` too, which a volume whose PV is still being made
-//! (the provisioner creates it after CreateVolume returns) has not. The wall clock decides
-//! nothing: a node back from power loss may start with it far behind, and NTP steps it forward
-//! between two reads. An error, a PV present, or a published volume clears the suspicion:
-//! nothing is ever decided on a failed read.
+//! A candidate's PV (the record's `csi.storage.k8s.io/pv/name`) is read with a consistent GET
+//! when there is reason to: every candidate when the driver starts and when its node comes
+//! back while it runs (its Node re-created, or its out-of-service taint removed, seen through a
+//! watch of that one Node); a volume when it becomes a candidate (made, or unpublished); and a
+//! suspect every interval until it is settled. A PV seen present is not read again until one
+//! of those: volumes lose their PV while their node is away, and a node away either restarts
+//! its driver or comes back as above. In steady state the check costs the API server one watch
+//! of its Node (renewed every few minutes) and no reads.
+//!
+//! A volume is orphaned only when its PV was absent (or named another volume) on two reads at
+//! least `confirm` apart on this process's monotonic clock. The volume has then been seen by
+//! this process for `confirm` too, which a volume whose PV is still being made (the
+//! provisioner creates it after CreateVolume returns) has not. The wall clock decides nothing:
+//! a node back from power loss may start with it far behind, and NTP steps it forward between
+//! two reads. An error, a PV present, or a published volume clears the suspicion: nothing is
+//! ever decided on a failed read.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, PersistentVolume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use tracing::{debug, info, warn};
 
+use super::comeback;
 use super::report::{self, Entry, State};
 use crate::config::is_object_name;
 use crate::metrics::Metrics;
@@ -82,6 +92,21 @@ impl Now {
 /// When each suspect's PV was first seen absent.
 pub type Suspects = HashMap<VolumeId, Now>;
 
+/// What the check knows of the candidates between rounds.
+#[derive(Debug, Default)]
+pub struct Looks {
+    pub suspects: Suspects,
+    /// Candidates whose PV was seen present: not read again until the node comes back.
+    pub present: HashSet<VolumeId>,
+}
+
+impl Looks {
+    /// Every candidate is read again at the next round.
+    pub fn forget_present(&mut self) {
+        self.present.clear();
+    }
+}
+
 /// The rule, pure: see the module comment.
 pub fn judge(
     suspects: &mut Suspects,
@@ -124,14 +149,14 @@ pub fn seen(read: &Result<Option<PersistentVolume>, kube::Error>, driver: &str, 
     }
 }
 
-/// One round: reads each candidate's PV, judges, and moves the orphans. Returns the volumes
-/// whose PV is absent but not yet for long enough.
+/// One round: reads the PV of each candidate not seen present (`Looks`), judges, and moves
+/// the orphans. Returns the volumes whose PV is absent but not yet for long enough.
 pub async fn round(
     client: &Client,
     volumes: &Arc<Volumes>,
     settings: &Settings,
     metrics: &Metrics,
-    suspects: &mut Suspects,
+    looks: &mut Looks,
 ) -> Vec<Entry> {
     let listed = volumes.clone();
     let candidates = match tokio::task::spawn_blocking(move || listed.orphan_candidates()).await {
@@ -141,12 +166,17 @@ pub async fn round(
             return Vec::new();
         }
     };
-    // A volume published, deleted or orphaned meanwhile is no suspect any more.
+    // A volume published, deleted or orphaned meanwhile is no suspect any more, and is read
+    // again when it is a candidate again.
     let current: HashSet<&VolumeId> = candidates.iter().map(|c| &c.id).collect();
-    suspects.retain(|id, _| current.contains(id));
+    looks.suspects.retain(|id, _| current.contains(id));
+    looks.present.retain(|id| current.contains(id));
+    let unread: Vec<&Candidate> = (candidates.iter())
+        .filter(|c| !looks.present.contains(&c.id))
+        .collect();
     let pvs = Api::<PersistentVolume>::all(client.clone());
     let mut absent = Vec::new();
-    for candidate in &candidates {
+    for candidate in unread {
         if !is_object_name(&candidate.pv_name) {
             debug!(volume = %candidate.id, "orphan check: the record's PV name is not a valid name; not looked up");
             continue;
@@ -156,6 +186,10 @@ pub async fn round(
             warn!(volume = %candidate.id, pv = %candidate.pv_name, error = %err, "orphan check: cannot read the PV; nothing decided");
         }
         let seen = seen(&read, &settings.driver, candidate.id.as_str());
+        if seen == Seen::Present {
+            looks.present.insert(candidate.id.clone());
+        }
+        let suspects = &mut looks.suspects;
         match judge(suspects, candidate, seen, Now::read(), settings.confirm) {
             Verdict::Keep => {}
             Verdict::Suspect => {
@@ -251,7 +285,33 @@ async fn report(client: &Client, settings: &Settings, candidate: &Candidate, los
     }
 }
 
-/// Runs a round every interval until `shutdown`.
+/// Publishes the node's report when it changed since last published (`last`; None: not known
+/// to be published, as at start or after the Node was made again, which took the report with
+/// the old one).
+async fn publish_report(
+    client: &Client,
+    volumes: &Arc<Volumes>,
+    target: &report::Target,
+    absent: Vec<Entry>,
+    last: &mut Option<Vec<Entry>>,
+    published: &mut bool,
+) {
+    let Some(entries) = report_entries(volumes, absent).await else {
+        return;
+    };
+    if last.as_ref() == Some(&entries) {
+        return;
+    }
+    match report::publish(client, target, &entries, published).await {
+        Ok(()) => *last = Some(entries),
+        Err(err) => {
+            warn!(error = %err, "orphan check: could not write this node's report; written again next round")
+        }
+    }
+}
+
+/// Runs until `shutdown`: a round at start and every interval (reading only the PVs there is
+/// reason to read: see the module comment), and one at once when the node comes back.
 pub async fn run(
     client: Client,
     volumes: Arc<Volumes>,
@@ -259,21 +319,40 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut suspects = Suspects::new();
+    let mut looks = Looks::default();
+    let mut node = comeback::NodeState::default();
+    let mut node_events = comeback::watch(&client, &settings.node).boxed();
+    let mut tick = tokio::time::interval(settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A report may be left from before this start.
-    let mut published = true;
+    let (mut published, mut last) = (true, None);
     tokio::pin!(shutdown);
     loop {
-        let absent = round(&client, &volumes, &settings, &metrics, &mut suspects).await;
-        if let Some(target) = &settings.report
-            && let Some(entries) = report_entries(&volumes, absent).await
-            && let Err(err) = report::publish(&client, target, &entries, &mut published).await
-        {
-            warn!(error = %err, "orphan check: could not write this node's report; written again next round");
-        }
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = tokio::time::sleep(settings.interval) => {}
+            _ = tick.tick() => {}
+            event = node_events.next() => match event {
+                Some(Ok(event)) => {
+                    if !node.event(event) {
+                        continue;
+                    }
+                    info!(node = %settings.node, "orphan check: the node is back; every volume's PV is read again");
+                    looks.forget_present();
+                    last = None;
+                }
+                Some(Err(err)) => {
+                    debug!(error = %err, "orphan check: watching this node's Node failed; retrying");
+                    continue;
+                }
+                None => {
+                    node_events = futures::stream::pending().boxed();
+                    continue;
+                }
+            },
+        }
+        let absent = round(&client, &volumes, &settings, &metrics, &mut looks).await;
+        if let Some(target) = &settings.report {
+            publish_report(&client, &volumes, target, absent, &mut last, &mut published).await;
         }
     }
 }

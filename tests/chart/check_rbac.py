@@ -61,11 +61,11 @@ resizer = (rules("*", "", ["persistentvolumes"], ["get", "list", "watch", "patch
            | rules("*", "", ["persistentvolumeclaims"], ["get", "list", "watch"])
            | rules("*", "", ["persistentvolumeclaims/status"], ["patch"])
            | rules("*", "", ["events"], ["create", "update", "patch"]))
-reads = (rules("*", "", ["nodes"], ["get", "list"])
-         | rules("*", "", ["persistentvolumes"], ["get", "list"])
+reads = (rules("*", "", ["nodes"], ["get", "list", "watch"])
+         | rules("*", "", ["persistentvolumes"], ["get", "list", "watch"])
          | rules("*", "", ["persistentvolumeclaims", "pods"], ["list"])
          | rules("*", "apps", ["statefulsets"], ["list"])
-         | rules("*", "storage.k8s.io", ["storageclasses"], ["list"])
+         | rules("*", "storage.k8s.io", ["storageclasses"], ["list", "watch"])
          | rules("*", "events.k8s.io", ["events"], ["create"])
          | rules(ns, "coordination.k8s.io", ["leases"], ["create"])
          | rules(ns, "coordination.k8s.io", ["leases"], ["get", "update"], "stickyvol-node-loss")
@@ -111,6 +111,11 @@ if policy and binding:
     check(report == f"'{driver}-orphans-' + variables.node", f"the report's name is {driver}-orphans-<node>")
     check(any(f"== '{driver}'" in v["expression"] for v in spec["validations"]),
           f"the report's label value is {driver}")
+
+# The orphan check watches its Node: Nodes are read, never written.
+node_nodes = {g for g in node if g[2] == "nodes"}
+check(node_nodes == rules("*", "", ["nodes"], ["get", "list", "watch"]),
+      f"the node plugin reads and watches Nodes, nothing more: {sorted(node_nodes)}")
 
 # The node plugin's evictions (the overflow check): pods/eviction create, no pod deletes, no pod
 # reads beyond its namespace, and the policy holding it to pods named by uid.
