@@ -31,8 +31,8 @@ mkdir -p "$PREVIOUS_OVERLAY"
     done
 } >"$PREVIOUS_OVERLAY/kustomization.yaml"
 
-# install OVERLAY WHAT: applies OVERLAY and waits until both workloads have rolled out.
-install() {
+# apply_release OVERLAY WHAT: applies OVERLAY and waits until both workloads have rolled out.
+apply_release() {
     k apply -k "$1" >/dev/null || fail "applying $2"
     k -n "$DRIVER_NS" rollout status daemonset/stickyvol-node --timeout=300s >/dev/null ||
         fail "$2: the DaemonSet did not roll out"
@@ -40,11 +40,11 @@ install() {
         fail "$2: the StatefulSet did not roll out"
     for node in "${E2E_NODES[@]}"; do ready_driver_pod "$node" 300 >/dev/null; done
 }
-defer 'install "$TODAY_OVERLAY" "today'"'"'s release, again"'
+defer 'apply_release "$TODAY_OVERLAY" "today'"'"'s release, again"'
 running_image() { k -n "$DRIVER_NS" get daemonset stickyvol-node -o jsonpath='{.spec.template.spec.containers[0].image}'; }
 
 step "the previous release ($PREVIOUS) applied over today's"
-install "$PREVIOUS_OVERLAY" "the previous release"
+apply_release "$PREVIOUS_OVERLAY" "the previous release"
 [[ $(running_image) == *previous-$PREVIOUS ]] || fail "the DaemonSet runs $(running_image)"
 
 step "its volumes in use: a filesystem volume on ${E2E_NODES[0]}, a block volume on ${E2E_NODES[1]}"
@@ -63,7 +63,7 @@ errors() { pexec "$1" sh -c 'cat /tmp/errors 2>/dev/null | wc -l'; }
 
 step "today's release applied: the drivers roll node by node while the pods write"
 before=$(writes)
-install "$TODAY_OVERLAY" "today's release"
+apply_release "$TODAY_OVERLAY" "today's release"
 [[ $(running_image) != *previous-* ]] || fail "the DaemonSet still runs $(running_image)"
 until_ok 30 "the filesystem writer goes on writing" '(( $(writes) > before + 10 ))'
 expect_eq "$(errors fs-writer)" 0 "failed writes to the filesystem volume"
@@ -101,7 +101,7 @@ wait_pod_running fresh-user 120
 
 step "rolled back to the previous release: the pods go on writing, and it serves both releases' volumes"
 before=$(writes)
-install "$PREVIOUS_OVERLAY" "the rollback"
+apply_release "$PREVIOUS_OVERLAY" "the rollback"
 until_ok 30 "the filesystem writer goes on writing" '(( $(writes) > before + 10 ))'
 expect_eq "$(errors fs-writer)" 0 "failed writes during the rollback"
 # A volume today's release made, and an old one, published by the previous release.
