@@ -552,6 +552,7 @@ e2e_image_archives() {
     echo "$E2E_CACHE/images-busybox-$(busybox_deb_version)/image.tar"
     echo "$E2E_CACHE/images-stickyvol-$(stickyvol_src_hash)/image.tar"
     prometheus_archive
+    previous_archive
     suite_image_archives
 }
 

@@ -35,3 +35,7 @@ E2E_STANDIN_IMAGES=(
     registry.k8s.io/sig-storage/csi-node-driver-registrar=stickyvol-e2e/csi-node-driver-registrar:standin
     registry.k8s.io/sig-storage/livenessprobe=stickyvol-e2e/livenessprobe:standin
 )
+# The previous release the upgrade scenario installs first and rolls back to (lib/build-previous.sh):
+# main as it landed before the image volumes, staging and restore placement (the merge of
+# issue 31, 2026-11-27). Move it forward at each release.
+PREVIOUS_RELEASE=756e1d12958aaaadce49cca6bd145987ea047457
