@@ -542,6 +542,7 @@ e2e_image_archives() {
     echo "$E2E_CACHE/images-pause-${PAUSE_IMAGE##*:}/image.tar"
     echo "$E2E_CACHE/images-busybox-$(busybox_deb_version)/image.tar"
     echo "$E2E_CACHE/images-stickyvol-$(stickyvol_src_hash)/image.tar"
+    velero_image_archives
     suite_image_archives
 }
 
