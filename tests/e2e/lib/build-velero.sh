@@ -6,8 +6,9 @@
 #   velero-VERSION/{velero,velero-helper,velero-restore-helper}
 #   velero-plugin-for-aws-VERSION/{velero-plugin-for-aws,cp-plugin}
 #   versitygw-VERSION/versitygw
-#   images-velero-VERSION/image.tar, images-velero-plugin-for-aws-VERSION/image.tar,
-#   images-versitygw-VERSION/image.tar
+#   images-velero-VERSION-RECIPE/image.tar, images-velero-plugin-for-aws-VERSION-RECIPE/image.tar,
+#   images-versitygw-VERSION-RECIPE/image.tar    RECIPE: a hash of this file, so that a change in
+#                                                how an image is laid out makes it anew
 # shellcheck shell=bash
 
 # The version module $2's go.mod requires of module path $1 (our go.mod files pin what is built;
@@ -57,19 +58,35 @@ build_velero_binaries() {
 # pods run /velero, data movers and node-agent included, and restores add an init container
 # running /velero-restore-helper); the plugin at /plugins with /bin/cp-plugin as entrypoint,
 # which copies it into Velero's plugin directory; versitygw at /usr/local/bin.
+velero_recipe_hash() { worktree_hash tests/e2e/lib/build-velero.sh; }
+velero_image_keys() {
+    local h
+    h=$(velero_recipe_hash)
+    echo "images-velero-$VELERO_VERSION-$h images-velero-plugin-for-aws-$VELERO_AWS_PLUGIN_VERSION-$h images-versitygw-$VERSITYGW_VERSION-$h"
+}
 velero_images() {
-    local env='"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]'
-    scratch_image "images-velero-$VELERO_VERSION" fill_velero "$VELERO_IMAGE" \
-        "{\"User\":\"65532:65532\",\"Entrypoint\":[\"/velero\"],$env}"
-    scratch_image "images-velero-plugin-for-aws-$VELERO_AWS_PLUGIN_VERSION" fill_velero_plugin \
-        "$VELERO_AWS_PLUGIN_IMAGE" \
+    local env='"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]' keys key
+    read -r -a keys <<<"$(velero_image_keys)"
+    # Velero's server runs as the image's user, and kopia writes its configuration under that
+    # user's home: Velero's base image has the user cnb (1000) with a home of its own.
+    scratch_image "${keys[0]}" fill_velero "$VELERO_IMAGE" \
+        "{\"User\":\"1000:1000\",\"Entrypoint\":[\"/velero\"],$env}"
+    scratch_image "${keys[1]}" fill_velero_plugin "$VELERO_AWS_PLUGIN_IMAGE" \
         "{\"User\":\"65532:65532\",\"Entrypoint\":[\"cp-plugin\",\"/plugins/velero-plugin-for-aws\",\"/target/velero-plugin-for-aws\"],$env}"
-    scratch_image "images-versitygw-$VERSITYGW_VERSION" fill_versitygw "$VERSITYGW_IMAGE" \
+    scratch_image "${keys[2]}" fill_versitygw "$VERSITYGW_IMAGE" \
         "{\"Entrypoint\":[\"/usr/local/bin/versitygw\"],$env}"
+    for key in "${keys[@]}"; do
+        prune_except "$E2E_CACHE/$key" "$E2E_CACHE/${key%-*}"-*
+    done
 }
 fill_velero() {
     local b
     minimal_etc "$1"
+    echo 'cnb:x:1000:1000:cnb:/home/cnb:/sbin/nologin' >>"$1/etc/passwd"
+    echo 'cnb:x:1000:' >>"$1/etc/group"
+    # oci_archive makes every file root's: the home is writable by all, as /tmp is.
+    mkdir -p "$1/home/cnb"
+    chmod 1777 "$1/home/cnb"
     for b in velero velero-helper velero-restore-helper; do
         install -m 0755 "$(velero_bin_dir)/$b" "$1/"
     done
@@ -91,7 +108,8 @@ build_velero() {
 
 # The archives the cluster imports into each node (e2e_image_archives lists them).
 velero_image_archives() {
-    echo "$E2E_CACHE/images-velero-$VELERO_VERSION/image.tar"
-    echo "$E2E_CACHE/images-velero-plugin-for-aws-$VELERO_AWS_PLUGIN_VERSION/image.tar"
-    echo "$E2E_CACHE/images-versitygw-$VERSITYGW_VERSION/image.tar"
+    local key
+    for key in $(velero_image_keys); do
+        echo "$E2E_CACHE/$key/image.tar"
+    done
 }
