@@ -198,6 +198,17 @@ velero_restore() {
     velero_wait restore "$name" 600
     TOOK=$(elapsed "$start")
 }
+# data_path_seconds RESOURCE SELECTOR: how long Velero's data movements of that kind
+# (datauploads, datadownloads, podvolumebackups, podvolumerestores) took, from their start to
+# their completion (whole seconds, as Velero records them), space-separated.
+data_path_seconds() {
+    k -n "$VELERO_NS" get "$1" -l "$2" -o json | python3 -c '
+import json, sys
+from datetime import datetime
+t = lambda s: datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ")
+print(" ".join(str(int((t(i["status"]["completionTimestamp"]) - t(i["status"]["startTimestamp"])).total_seconds()))
+               for i in json.load(sys.stdin)["items"] if i.get("status", {}).get("completionTimestamp")))'
+}
 elapsed() { python3 -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$1"; }
 
 # delete_namespace [VOLUMES-STAY]: the scenario's namespace deleted (the disaster), and, unless

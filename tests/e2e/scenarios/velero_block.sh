@@ -13,7 +13,7 @@ sum=$(write_data Block)
 
 step "backup with the data mover"
 velero_backup "$NS" --snapshot-move-data
-log "measured: Velero data-mover backup of a $VELERO_MIB MiB block device: $TOOK s"
+log "measured: Velero data-mover backup of a $VELERO_MIB MiB block device: $TOOK s (data path $(data_path_seconds datauploads "velero.io/backup-name=$NS") s)"
 expect_eq "$(k -n "$VELERO_NS" get datauploads -l "velero.io/backup-name=$NS" -o jsonpath='{range .items[*]}{.status.phase}{end}')" \
     Completed "the DataUpload's phase"
 
@@ -24,6 +24,6 @@ step "restore"
 velero_restore "$NS" "$NS"
 restore_took=$TOOK
 wait_pod_running db-0 180
-log "measured: Velero data-mover restore of a $VELERO_MIB MiB block device: $restore_took s"
+log "measured: Velero data-mover restore of a $VELERO_MIB MiB block device: $restore_took s (data path $(data_path_seconds datadownloads "velero.io/restore-name=$NS") s)"
 expect_eq "$(kn get pvc data-db-0 -o jsonpath='{.spec.volumeMode}')" Block "the restored claim's mode"
 expect_eq "$(read_checksum Block)" "$sum" "the restored data"

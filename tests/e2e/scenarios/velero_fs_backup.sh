@@ -13,7 +13,7 @@ sum=$(write_data Filesystem)
 
 step "file-system backup"
 velero_backup "$NS" --default-volumes-to-fs-backup
-log "measured: Velero file-system backup of $VELERO_MIB MiB: $TOOK s"
+log "measured: Velero file-system backup of $VELERO_MIB MiB: $TOOK s (data path $(data_path_seconds podvolumebackups "velero.io/backup-name=$NS") s)"
 expect_eq "$(k -n "$VELERO_NS" get podvolumebackups -l "velero.io/backup-name=$NS" -o jsonpath='{range .items[*]}{.status.phase}{" "}{.spec.volume}{end}')" \
     "Completed data" "the PodVolumeBackup's phase and volume"
 expect_eq "$(k -n "$VELERO_NS" get datauploads -l "velero.io/backup-name=$NS" -o name)" "" "DataUploads"
@@ -25,7 +25,7 @@ step "restore"
 velero_restore "$NS" "$NS"
 restore_took=$TOOK
 wait_pod_running db-0 180
-log "measured: Velero file-system restore of $VELERO_MIB MiB: $restore_took s (db-0 on $(pod_node db-0))"
+log "measured: Velero file-system restore of $VELERO_MIB MiB: $restore_took s (data path $(data_path_seconds podvolumerestores "velero.io/restore-name=$NS") s) (db-0 on $(pod_node db-0))"
 expect_eq "$(k -n "$VELERO_NS" get podvolumerestores -l "velero.io/restore-name=$NS" -o jsonpath='{range .items[*]}{.status.phase}{end}')" \
     Completed "the PodVolumeRestore's phase"
 expect_eq "$(read_checksum Filesystem)" "$sum" "the restored data"

@@ -23,7 +23,7 @@ old_pv=$(pv_of data-db-0)
 
 step "backup with the data mover"
 velero_backup "$NS" --snapshot-move-data
-log "measured: Velero data-mover backup of $VELERO_MIB MiB: $TOOK s"
+log "measured: Velero data-mover backup of $VELERO_MIB MiB: $TOOK s (data path $(data_path_seconds datauploads "velero.io/backup-name=$NS") s)"
 expect_eq "$(k -n "$VELERO_NS" get datauploads -l "velero.io/backup-name=$NS" -o jsonpath='{range .items[*]}{.status.phase}{" "}{.status.node}{end}')" \
     "Completed $LOST" "the DataUpload's phase and node"
 
@@ -37,7 +37,7 @@ step "restore"
 velero_restore "$NS" "$NS"
 restore_took=$TOOK
 wait_pod_running db-0 180
-log "measured: Velero data-mover restore of $VELERO_MIB MiB, source node lost: $restore_took s"
+log "measured: Velero data-mover restore of $VELERO_MIB MiB, source node lost: $restore_took s (data path $(data_path_seconds datadownloads "velero.io/restore-name=$NS") s)"
 expect_eq "$(pod_node db-0)" "$LIVE" "the restored db-0's node"
 expect_eq "$(pv_node "$(pv_of data-db-0)")" "$LIVE" "the restored volume's node"
 expect_eq "$(read_checksum Filesystem)" "$sum" "the restored data"
