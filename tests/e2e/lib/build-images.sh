@@ -553,6 +553,7 @@ e2e_image_archives() {
     echo "$E2E_CACHE/images-stickyvol-$(stickyvol_src_hash)/image.tar"
     prometheus_archive
     previous_archive
+    velero_image_archives
     suite_image_archives
 }
 

@@ -5,6 +5,15 @@
 KUBE_VERSION=v1.37.2        # k8s.io/kubernetes; the staging modules at v0.37.2 (modules/kubernetes/go.mod)
 ETCD_VERSION=v3.6.16        # go.etcd.io/etcd/server/v3 (modules/etcd/go.mod)
 SNAPSHOT_CLIENT_VERSION=v8.6.0   # github.com/kubernetes-csi/external-snapshotter/client/v8: the CRDs
+# The backup scenarios (scenarios/velero_*.sh, lib/velero.sh): Velero, its AWS plugin, and the S3
+# object store they write to; each also pinned in its modules/NAME/go.mod (the build checks).
+VELERO_VERSION=v1.18.3           # github.com/vmware-tanzu/velero (modules/velero/go.mod)
+VELERO_AWS_PLUGIN_VERSION=v1.14.3   # github.com/vmware-tanzu/velero-plugin-for-aws, for Velero 1.18
+VERSITYGW_VERSION=v1.8.0         # github.com/versity/versitygw, an S3 gateway (Apache-2.0)
+# The images' names: Velero's and the plugin's as `velero install` names them by default.
+VELERO_IMAGE=velero/velero:$VELERO_VERSION
+VELERO_AWS_PLUGIN_IMAGE=velero/velero-plugin-for-aws:$VELERO_AWS_PLUGIN_VERSION
+VERSITYGW_IMAGE=stickyvol-e2e/versitygw:$VERSITYGW_VERSION
 
 # The cluster's addresses: a host bridge with the control plane on it, one veth per node.
 E2E_NODES=(stickyvol-e2e-1 stickyvol-e2e-2)
