@@ -137,11 +137,11 @@ async fn start_reconciler(
     ))))
 }
 
-/// Restore placement, where the configuration asks for it; it runs until `stopped`.
+/// Restore placement, where the configuration asks for it; it runs until aborted (stateless: a
+/// look cut short is done again by the next start's watch).
 async fn start_restore_placement(
     driver: &Driver,
     metrics: &Arc<Metrics>,
-    stopped: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
     if !driver.config.restore_placement {
         return Ok(None);
@@ -153,35 +153,28 @@ async fn start_restore_placement(
         identity: driver.config.node_id.clone(),
     };
     info!("restore placement starting");
-    let shutdown = async move {
-        let _ = stopped.await;
-    };
     Ok(Some(tokio::spawn(placement::run::run(
         client,
         settings,
         metrics.clone(),
-        shutdown,
+        std::future::pending(),
     ))))
 }
 
-/// The class check, where the configuration asks for it; it runs until `stopped`.
+/// The class check, where the configuration asks for it; it runs until aborted.
 async fn start_class_check(
     driver: &Driver,
-    stopped: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
     if !driver.config.check_classes {
         return Ok(None);
     }
     let client = kube::Client::try_default().await?;
     info!("class check starting");
-    let shutdown = async move {
-        let _ = stopped.await;
-    };
     Ok(Some(tokio::spawn(class_check::run(
         client,
         driver.config.driver_name.clone(),
         driver.config.node_id.clone(),
-        shutdown,
+        std::future::pending(),
     ))))
 }
 
@@ -327,12 +320,15 @@ async fn serve_on(
     // The node-loss reconciler stops with the server; it then hands its Lease over.
     let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
     let reconciler = start_reconciler(&driver, &metrics, stopped).await?;
-    // Restores and clones go to their source's node.
-    let (stop_placement, placement_stopped) = tokio::sync::oneshot::channel::<()>();
-    let placement = start_restore_placement(&driver, &metrics, placement_stopped).await?;
-    // StorageClasses of ours with a mistake get an Event naming it.
-    let (stop_class_check, class_check_stopped) = tokio::sync::oneshot::channel::<()>();
-    let class_check = start_class_check(&driver, class_check_stopped).await?;
+    // Restores and clones go to their source's node; classes of ours with a mistake get an
+    // Event naming it. Both are watches that hold nothing: aborted at the stop.
+    let watches: Vec<_> = [
+        start_restore_placement(&driver, &metrics).await?,
+        start_class_check(&driver).await?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     // A node that comes back: volumes whose PV is gone move to lost+found.
     let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
     let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
@@ -367,15 +363,7 @@ async fn serve_on(
     let served = serving.await;
     let _ = stop_reconciler.send(());
     let _ = stop_orphans.send(());
-    let _ = stop_placement.send(());
-    let _ = stop_class_check.send(());
-    if let Some(class_check) = class_check {
-        class_check.abort();
-    }
-    if let Some(placement) = placement {
-        // Stateless: a look cut short is done again by the next replica's watch.
-        placement.abort();
-    }
+    watches.iter().for_each(|w| w.abort());
     if let Some(stop) = stop_audit {
         // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
         stop.store(true, Ordering::Relaxed);
