@@ -2,6 +2,7 @@
 # the node's volumes with their claims' names, through the admin socket, while the CSI socket
 # (which every sidecar shares) does not serve the admin API; the metrics endpoint and the
 # livenessprobe's health check answer.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 claim listed 1Gi

@@ -1,5 +1,6 @@
 # A block claim (volumeMode: Block) is a raw device in the pod: written with dd and read back,
 # also by a second pod after the first is gone.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 export BLOCK=1
 

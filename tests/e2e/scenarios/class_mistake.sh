@@ -2,6 +2,7 @@
 # Event naming the key and what is allowed (the controller's class check), the claim's
 # provisioning fails with the same message (capacity is published for the class, so the
 # scheduler picks a node and CreateVolume is called), and nothing is made.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 CLASS=$NS

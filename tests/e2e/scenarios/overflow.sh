@@ -5,6 +5,7 @@
 # driver's metrics say so. The overflow check acts when kubelet's periodic NodeGetVolumeStats
 # (every minute) finds a volume above its size, or at its own round (--overflow-check-interval,
 # 60 s in deploy/), whichever comes first: the waits allow both and a margin. Takes 1.5-3 min.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 k apply -f - >/dev/null <<YAML

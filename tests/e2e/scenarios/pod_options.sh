@@ -1,5 +1,6 @@
 # What the pod spec and the class ask of a mount: the pod's fsGroup is applied to the volume,
 # a readOnly volume refuses writes, and the class's mountOptions reach the bind mount.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 k apply -f - >/dev/null <<YAML

@@ -1,5 +1,6 @@
 # Deleting a claim of a Delete class removes its data on its node; with Retain the data stays
 # (and the PV, Released) until an admin removes the PV.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 k apply -f - >/dev/null <<YAML

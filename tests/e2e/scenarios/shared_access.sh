@@ -1,4 +1,5 @@
 # A sharedAccess ReadWriteMany claim used by two pods at once, each seeing the other's writes.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 k apply -f "$REPO_DIR/deploy/examples/storageclass-shared.yaml" >/dev/null

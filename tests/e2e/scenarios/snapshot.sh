@@ -1,5 +1,6 @@
 # A VolumeSnapshot of a claim becomes ready; a claim restored from it and a clone of the claim
 # land on the source's node with its data.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 claim source 1Gi

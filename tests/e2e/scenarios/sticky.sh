@@ -1,5 +1,6 @@
 # A WaitForFirstConsumer claim is provisioned on its first pod's node, stays there, and its data
 # outlives the pod: a second pod lands on the same node although the other one is emptier.
+# e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
 step "claim and a first pod"

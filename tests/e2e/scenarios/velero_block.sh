@@ -1,6 +1,7 @@
 # A Block claim through Velero's data mover (block volume mode, which needs the node agent
 # privileged): a backup with --snapshot-move-data, the namespace deleted, a restore: the device
 # holds the same bytes.
+# e2e-lane: velero
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/velero.sh"
 

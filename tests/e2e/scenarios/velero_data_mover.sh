@@ -2,6 +2,7 @@
 # StatefulSet holds checksummed data on a stickyvol claim, the namespace deleted, a restore: the
 # pod runs again, on whichever node the scheduler picks, with the same data. Logs the backup's and
 # the restore's times ("measured:").
+# e2e-lane: velero
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/velero.sh"
 

@@ -1,6 +1,7 @@
 # Velero's file-system backup (kopia, through the node agent) of a stickyvol filesystem volume:
 # a backup with --default-volumes-to-fs-backup, the namespace deleted, a restore: Velero's
 # restore helper holds the pod until the node agent has written the data back into a new volume.
+# e2e-lane: velero
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/velero.sh"
 
