@@ -467,7 +467,8 @@ impl Metrics {
         registry.register(
             "overflowing_volumes",
             "Published directory volumes without an enforced size measured above their size, by \
-             their class's onOverflow (evict, report), as the overflow check's last round found",
+             their class's onOverflow (evict, report), as the overflow check knows them: one \
+             that stats find above its size at once, one back within it from the next full round",
             overflowing_volumes.clone(),
         );
         let overflow_evictions = Family::<ResultLabels, Counter>::default();

@@ -79,6 +79,11 @@ struct Setup {
 
 /// A driver whose overflow check runs every second, talking to a fresh stub; `args` adds flags.
 async fn start(args: &[String]) -> Setup {
+    start_every("1", args).await
+}
+
+/// The same with full rounds `interval` seconds apart.
+async fn start_every(interval: &str, args: &[String]) -> Setup {
     let api = Shared::default();
     let scratch = tempfile::tempdir().unwrap();
     let stub = api.clone();
@@ -93,7 +98,7 @@ async fn start(args: &[String]) -> Setup {
     };
     options.extra_args = [
         "--overflow-check-interval",
-        "1",
+        interval,
         "--enforcement",
         "default=none",
     ]
@@ -320,6 +325,33 @@ async fn report_evicts_nothing_but_says_so() {
         ),
         1.0
     );
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+/// Between full rounds (an hour apart here) the volumes stats find above their size are acted on
+/// at once, and the gauge counts them as soon as their Event is out (it once waited for the next
+/// full round: the e2e scenario read 0 beside the Event).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gauge_counts_what_stats_found_before_the_next_full_round() {
+    let setup = start_every("3600", &[]).await;
+    let driver = &setup.driver;
+    let volume = volume_of_claim(&setup, "logs", &[("onOverflow", "report")]).await;
+    let target = publish_for_pod(driver, &volume, "logger").await;
+    write(&target, "big", 2 * SIZE);
+    assert!(measure(driver, &volume, &target).await.abnormal);
+    until(&setup.api, "the event", |api| !api.events.is_empty()).await;
+    let gauge = |on: &str| {
+        driver
+            .scrape()
+            .value("stickyvol_overflowing_volumes", &[("on_overflow", on)])
+    };
+    // Set just after the round's Events: a few seconds at most, never the hour.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while gauge("report") != 1.0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(gauge("report"), 1.0, "the gauge before the next full round");
+    assert_eq!(gauge("evict"), 0.0);
     driver.unpublish_ok(&volume, &target).await;
 }
 

@@ -53,6 +53,8 @@ pub struct Tracker {
 
 #[derive(Debug, Default)]
 struct Seen {
+    /// The class's choice, for the gauge (None until `act` has seen the volume).
+    on_overflow: Option<OnOverflow>,
     /// Pods (by uid) whose eviction was accepted, or found gone: not asked again.
     evicted: HashSet<String>,
     /// Pods (by uid) a budget refuses, announced once per refusal streak.
@@ -127,6 +129,7 @@ async fn act(
 ) {
     let new = !tracker.volumes.contains_key(&volume.id);
     let seen = tracker.volumes.entry(volume.id.clone()).or_default();
+    seen.on_overflow = Some(volume.on_overflow);
     if new {
         warn!(volume = %volume.id, pv = %volume.pv_name, used = volume.used_bytes, size = volume.capacity_bytes, on_overflow = %volume.on_overflow, pods = volume.pods.len(), "overflow check: volume above its size");
         if let Some(claim) = &volume.claim {
@@ -234,11 +237,6 @@ pub async fn round(
         // overflows again.
         let current: HashSet<&VolumeId> = found.iter().map(|v| &v.id).collect();
         tracker.volumes.retain(|id, _| current.contains(id));
-        let evicting = found
-            .iter()
-            .filter(|v| v.on_overflow == OnOverflow::Evict)
-            .count();
-        metrics.set_overflowing_volumes(evicting, found.len() - evicting);
     }
     let reporter = Reporter {
         driver: settings.driver.clone(),
@@ -246,6 +244,23 @@ pub async fn round(
     };
     for volume in &found {
         act(client, &reporter, metrics, tracker, volume).await;
+    }
+    // From what the check knows, not only this round's find: a round for the volumes stats
+    // noticed announces them at once, and the gauge must say so as soon (the next full round
+    // drops those back within their size).
+    let (evicting, reporting) = tracker.overflowing();
+    metrics.set_overflowing_volumes(evicting, reporting);
+}
+
+impl Tracker {
+    /// The volumes known to overflow: (onOverflow evict, report).
+    fn overflowing(&self) -> (usize, usize) {
+        let evicting = self
+            .volumes
+            .values()
+            .filter(|seen| seen.on_overflow == Some(OnOverflow::Evict))
+            .count();
+        (evicting, self.volumes.len() - evicting)
     }
 }
 

@@ -58,10 +58,11 @@ step "onOverflow: report evicts nothing and says so"
 until_ok 120 "a VolumeOverflow event on claim kept" '[[ -n $(events kept VolumeOverflow) ]]'
 [[ $(events kept VolumeOverflow) == *"onOverflow: report: no pod is evicted"* ]] ||
     fail "the report event: $(events kept VolumeOverflow)"
-metrics=$(k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:8080/proxy/metrics") ||
-    fail "the metrics endpoint did not answer"
-grep -q '^stickyvol_overflowing_volumes{on_overflow="report"} [1-9]' <<<"$metrics" ||
-    fail "stickyvol_overflowing_volumes does not count the report volume: $(grep overflow <<<"$metrics")"
+driver_metrics() { k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:8080/proxy/metrics"; }
+# Set just after the round that sent the Event.
+until_ok 30 "stickyvol_overflowing_volumes counting the report volume" \
+    'grep -q "^stickyvol_overflowing_volumes{on_overflow=\"report\"} [1-9]" <<<"$(driver_metrics)"'
+metrics=$(driver_metrics) || fail "the metrics endpoint did not answer"
 grep -q '^stickyvol_overflow_evictions_total{result="evicted"} [1-9]' <<<"$metrics" ||
     fail "stickyvol_overflow_evictions_total does not count the eviction: $(grep overflow <<<"$metrics")"
 
