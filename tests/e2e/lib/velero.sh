@@ -48,7 +48,9 @@ store_install() {
         "$E2E_DIR/manifests/velero-object-store.yaml" | k apply -f - >/dev/null
     k -n "$STORE_NS" rollout status deployment/versitygw --timeout="$(wait_limit 180)s" >/dev/null ||
         fail "the object store did not start: $(k -n "$STORE_NS" get pods -o wide 2>&1)"
-    until_ok 60 "the object store answers at $STORE_URL" 'curl -sf --max-time 5 "$STORE_URL/health"'
+    # A cluster restarted over its old state reports the old pod rolled out while kubelet is
+    # still making its sandbox again (seen: 70 s).
+    until_ok 180 "the object store answers at $STORE_URL" 'curl -sf --max-time 5 "$STORE_URL/health"'
     if ! store_request -I "$STORE_URL/$STORE_BUCKET" >/dev/null; then
         store_request -X PUT "$STORE_URL/$STORE_BUCKET" >/dev/null ||
             fail "could not make the bucket $STORE_BUCKET at $STORE_URL"
