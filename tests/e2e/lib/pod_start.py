@@ -22,7 +22,9 @@ Where the time goes, per batch (p50 of each pod's phase, from the same watches):
 to the pod's creation (kubectl creates a list's objects one by one); "scheduled", t0 to the pod
 bound to a node (for a WaitForFirstConsumer claim this includes provisioning: the scheduler
 binds the pod only once its claims are bound); "kubelet", bound to Running; and for claims, t0
-to the scheduler's node choice (the selected-node annotation) and to Bound.
+to the scheduler's node choice (the selected-node annotation), to the PersistentVolume made (the
+node's csi-provisioner: CreateVolume and the PV's creation), to the claim naming it (the PV
+controller of kube-controller-manager binds) and to Bound.
 """
 import json
 import os
@@ -45,13 +47,15 @@ def percentile(values, p):
 class Watch:
     """kubectl get KIND --watch, each object's first sighting of each state stamped with the
     time the event arrived: pods Running, bound to a node and gone; claims with a selected
-    node and Bound."""
+    node, naming their volume and Bound; PersistentVolumes made for a claim of the namespace
+    (stamped under the claim's name)."""
 
     SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
     def __init__(self, kubectl, namespace, kind):
+        self.namespace, self.pvs = namespace, kind == "pv"
         self.seen = {state: {} for state in
-                     ("created", "scheduled", "running", "gone", "selected", "bound")}
+                     ("created", "scheduled", "running", "gone", "selected", "named", "bound")}
         self.proc = subprocess.Popen(
             [kubectl, "-n", namespace, "get", kind, "--watch", "--output-watch-events",
              "-o", "json"],
@@ -75,6 +79,12 @@ class Watch:
                 now = time.monotonic()
                 obj = event.get("object", {})
                 name = obj.get("metadata", {}).get("name")
+                if self.pvs:
+                    # Cluster-wide: only the volumes of this namespace's claims, by claim.
+                    ref = obj.get("spec", {}).get("claimRef") or {}
+                    if ref.get("namespace") != self.namespace:
+                        continue
+                    name = ref.get("name")
                 status = obj.get("status", {})
                 if event.get("type") == "DELETED":
                     self._mark("gone", name, now)
@@ -86,6 +96,8 @@ class Watch:
                     self._mark("running", name, now)
                 if self.SELECTED_NODE in obj.get("metadata", {}).get("annotations", {}):
                     self._mark("selected", name, now)
+                if not self.pvs and obj.get("spec", {}).get("volumeName"):
+                    self._mark("named", name, now)
                 if status.get("phase") == "Bound":
                     self._mark("bound", name, now)
 
@@ -150,6 +162,7 @@ def batch(kubectl, namespace, n, variant, pause_image):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0, 60)
         pods = Watch(kubectl, namespace, "pods")
         claims = Watch(kubectl, namespace, "pvc") if variant != "emptyDir" else None
+        volumes = Watch(kubectl, namespace, "pv") if variant != "emptyDir" else None
         time.sleep(1)  # the watches are established
         claim_list, pod_list = manifests(n, variant, pause_image)
         if claims:
@@ -172,8 +185,11 @@ def batch(kubectl, namespace, n, variant, pause_image):
                                          for p in running if p in scheduled], 50)}
         if claims:
             phases["claim node chosen"] = percentile(since(t0, claims.seen["selected"]), 50)
+            phases["PV made"] = percentile(since(t0, volumes.seen["created"]), 50)
+            phases["claim names PV"] = percentile(since(t0, claims.seen["named"]), 50)
             phases["claim bound"] = percentile(since(t0, claims.seen["bound"]), 50)
             claims.stop()
+            volumes.stop()
         t1 = time.monotonic()
         subprocess.run([kubectl, "-n", namespace, "delete", "pods,pvc", "--all", "--wait=false"],
                        check=True, stdout=subprocess.DEVNULL)
