@@ -1,6 +1,6 @@
 # Expansion while the pod runs: the claim is edited, csi-resizer and kubelet grow the volume, and
 # the pod sees the new size (a block device's size; a filesystem claim's capacity).
-# e2e-lane: volumes
+# e2e-lane: growth
 source "$(dirname "$0")/../lib/scenario.sh"
 
 claim fs 1Gi

@@ -3,7 +3,7 @@
 # grows while its pod runs, and a snapshot of an ext4 claim taken while its pod runs restores
 # with its data. (ext4 also grows online, but the kernel wants CAP_SYS_RESOURCE for it, which
 # these machines' root lacks: tests/node_image.rs checks it in the VM.)
-# e2e-lane: volumes
+# e2e-lane: growth
 source "$(dirname "$0")/../lib/scenario.sh"
 
 for fs in ext4 xfs; do

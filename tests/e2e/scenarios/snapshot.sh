@@ -1,9 +1,9 @@
 # A VolumeSnapshot of a claim becomes ready; a claim restored from it and a clone of the claim
 # land on the source's node with its data.
-# e2e-lane: volumes
+# e2e-lane: growth
 source "$(dirname "$0")/../lib/scenario.sh"
 
-claim source 1Gi
+claim source 128Mi
 pod writer source "" "echo snapshot-me > /data/file && sync && sleep 100000"
 wait_pod_running writer
 node=$(pod_node writer)
@@ -21,7 +21,7 @@ metadata: {name: restored}
 spec:
   storageClassName: stickyvol
   accessModes: [ReadWriteOnce]
-  resources: {requests: {storage: 1Gi}}
+  resources: {requests: {storage: 128Mi}}
   dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
 ---
 apiVersion: v1
@@ -30,7 +30,7 @@ metadata: {name: cloned}
 spec:
   storageClassName: stickyvol
   accessModes: [ReadWriteOnce]
-  resources: {requests: {storage: 1Gi}}
+  resources: {requests: {storage: 128Mi}}
   dataSource: {kind: PersistentVolumeClaim, name: source}
 YAML
 # Pinned to the source's node, as users do with restore placement off (restore_placement.sh
