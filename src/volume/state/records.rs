@@ -60,6 +60,14 @@ struct Index<R: Record> {
     unreadable: HashSet<R::Id>,
 }
 
+/// The record files as found, before anything was changed (see `Records::read_on_disk`).
+struct OnDisk<R: Record> {
+    /// Each record file's id, and its record or why it cannot be read.
+    records: Vec<(R::Id, Result<R, String>)>,
+    /// Left by writes a crash interrupted, to remove.
+    temp_files: Vec<PathBuf>,
+}
+
 /// What loading found besides good records.
 #[derive(Debug)]
 pub struct Loaded<Id> {
@@ -80,15 +88,15 @@ pub struct Loaded<Id> {
 
 impl<R: Record> Records<R> {
     /// Loads every record in `dir` (created if missing) and replays the journal `name` of
-    /// `journal_dir` over them; other files are left alone. Refuses, first, records this
-    /// release cannot read (`check_format`).
+    /// `journal_dir` over them; other files are left alone. Refuses records this release
+    /// cannot read before it changes anything (`read_on_disk`, which reads each file once).
     pub fn open(
         dir: &Path,
         journal_dir: &Path,
         name: &str,
         options: journal::Options,
     ) -> io::Result<(Records<R>, Loaded<R::Id>)> {
-        Self::check_format(dir, journal_dir, name)?;
+        let on_disk = Self::read_on_disk(dir, journal_dir, name)?;
         fs::create_dir_all(dir)?;
         let mut index = Index {
             by_id: BTreeMap::new(),
@@ -102,24 +110,12 @@ impl<R: Record> Records<R> {
             removed_recently: HashSet::new(),
             torn: Vec::new(),
         };
+        for temp in &on_disk.temp_files {
+            fs::remove_file(temp)?;
+            loaded.removed_temp_files += 1;
+        }
         // The files first: once the journal is open, its compaction may write them back.
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else {
-                continue;
-            };
-            if file_name.ends_with(TEMP_SUFFIX) {
-                fs::remove_file(entry.path())?;
-                loaded.removed_temp_files += 1;
-                continue;
-            }
-            let Some(id) = file_name.strip_suffix(RECORD_SUFFIX).and_then(R::parse_id) else {
-                continue;
-            };
-            let parsed = fs::read(entry.path())
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<R>(&b).map_err(|e| e.to_string()));
+        for (id, parsed) in on_disk.records {
             match parsed {
                 Ok(record) if *record.id() == id => index.insert(Arc::new(record)),
                 Ok(record) => loaded.unreadable.push((
@@ -185,13 +181,23 @@ impl<R: Record> Records<R> {
     /// check them all before opening any (opening changes files: temp files removed, the
     /// journal continued and compacted).
     pub fn check_format(dir: &Path, journal_dir: &Path, name: &str) -> io::Result<()> {
+        Self::read_on_disk(dir, journal_dir, name).map(drop)
+    }
+
+    /// The record files of `dir` and the temp files of interrupted writes, read without
+    /// changing anything, and refused if a record needs a newer format than this release
+    /// reads: the newest journal entry of a record (what the load keeps), else its file.
+    fn read_on_disk(dir: &Path, journal_dir: &Path, name: &str) -> io::Result<OnDisk<R>> {
         let replay = journal::peek(journal_dir, name)?;
-        // The newest entry of a record is what the load would keep, over its file.
         let mut newest: HashMap<&str, &Entry> = HashMap::new();
         for entry in &replay.entries {
             newest.insert(&entry.id, entry);
         }
         let mut refusals = Refusals::default();
+        let mut on_disk = OnDisk {
+            records: Vec::new(),
+            temp_files: Vec::new(),
+        };
         let files = match fs::read_dir(dir) {
             Err(err) if err.kind() == io::ErrorKind::NotFound => None,
             files => Some(files?),
@@ -199,16 +205,27 @@ impl<R: Record> Records<R> {
         for file in files.into_iter().flatten() {
             let file = file?;
             let file_name = file.file_name();
-            let Some(id) = file_name
-                .to_str()
-                .and_then(|n| n.strip_suffix(RECORD_SUFFIX))
-            else {
+            let Some(file_name) = file_name.to_str() else {
                 continue;
             };
-            if R::parse_id(id).is_some() && !newest.contains_key(id) {
-                let path = file.path();
-                refusals.check(|| path.display().to_string(), &fs::read(&path)?);
+            if file_name.ends_with(TEMP_SUFFIX) {
+                on_disk.temp_files.push(file.path());
+                continue;
             }
+            let Some(text) = file_name.strip_suffix(RECORD_SUFFIX) else {
+                continue;
+            };
+            let Some(id) = R::parse_id(text) else {
+                continue;
+            };
+            let path = file.path();
+            let parsed = fs::read(&path).map_err(|e| e.to_string()).and_then(|json| {
+                if !newest.contains_key(text) {
+                    refusals.check(|| path.display().to_string(), &json);
+                }
+                serde_json::from_slice::<R>(&json).map_err(|e| e.to_string())
+            });
+            on_disk.records.push((id, parsed));
         }
         for entry in newest.values().filter(|e| e.op != Op::Remove) {
             let place = || {
@@ -220,7 +237,8 @@ impl<R: Record> Records<R> {
             };
             refusals.check(place, &entry.json);
         }
-        refusals.into_result()
+        refusals.into_result()?;
+        Ok(on_disk)
     }
 
     /// Whether the journal can take commits (see `Journal::health`).
@@ -714,6 +732,30 @@ mod tests {
             open(dir.path())
         };
         assert_eq!(state(&records), vec![(*thing("a", 1)).clone()]);
+    }
+
+    #[test]
+    fn a_record_file_is_judged_by_the_journal_entry_that_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("t-new.json"), FROM_THE_FUTURE).unwrap();
+        let journal = dir.path().join("journal");
+        let (journal, _) = Journal::open(&journal, "things", dir.path(), manual()).unwrap();
+        // Written over by a release that reads it (the load keeps this entry, not the file).
+        let replacement = Thing {
+            id: "t-new".into(),
+            name: "n".into(),
+            version: 2,
+        };
+        journal
+            .commit(Entry {
+                op: Op::Update,
+                id: "t-new".into(),
+                json: serde_json::to_vec(&replacement).unwrap(),
+            })
+            .unwrap();
+        std::mem::forget(journal);
+        let (records, _) = open(dir.path());
+        assert_eq!(state(&records), vec![replacement]);
     }
 
     #[test]
