@@ -241,16 +241,18 @@ impl Volumes {
             })),
             ..state::journal::Options::default()
         };
+        let snapshot_state = state.join("snapshots");
+        let journal_dir = state.join(state::store::JOURNAL_DIR);
+        // State this release cannot read stops the start with nothing changed: opening changes
+        // files (and recovery acts on the host), so the snapshot records are checked before the
+        // volume records open, which check their own first (`Records::open`).
+        Records::<SnapshotRecord>::check_format(&snapshot_state, &journal_dir, "snapshots")
+            .context(|| format!("checking the records in {}", snapshot_state.display()))?;
         let (store, report) = Store::open(&state, run_dir, journal_options.clone())
             .context(|| format!("loading records from {}", state.display()))?;
-        let snapshot_state = state.join("snapshots");
-        let (snapshots, snapshot_report) = Records::open(
-            &snapshot_state,
-            &state.join(state::store::JOURNAL_DIR),
-            "snapshots",
-            journal_options,
-        )
-        .context(|| format!("loading records from {}", snapshot_state.display()))?;
+        let (snapshots, snapshot_report) =
+            Records::open(&snapshot_state, &journal_dir, "snapshots", journal_options)
+                .context(|| format!("loading records from {}", snapshot_state.display()))?;
         let all = store.all();
         let mut opened = Vec::with_capacity(pools.len());
         let project_ids = space::limits::Enforcement::project_ids(all.iter().map(|r| &**r));

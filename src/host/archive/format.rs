@@ -683,7 +683,18 @@ mod tests {
         assert!(matches!(start(b""), Err(ArchiveError::Truncated(0))));
         let mut newer = good.clone();
         newer[16] = 2;
-        assert!(matches!(start(&newer), Err(ArchiveError::Version(2))));
+        let err = start(&newer).unwrap_err();
+        assert!(matches!(err, ArchiveError::Version(2)), "{err}");
+        let message = err.to_string();
+        for part in [
+            "export stream format 2 is newer",
+            crate::LONG_VERSION,
+            "reads (format 1)",
+            "nothing was imported",
+            "the release that exported it or a later one",
+        ] {
+            assert!(message.contains(part), "{part:?} missing from: {message}");
+        }
         let mut zero = good.clone();
         zero[16] = 0;
         assert!(matches!(start(&zero), Err(ArchiveError::Corrupt(_))));

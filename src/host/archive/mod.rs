@@ -123,7 +123,12 @@ pub struct Summary {
 pub enum ArchiveError {
     #[error("not a stickyvol export stream")]
     NotAnExport,
-    #[error("export stream format {0} is newer than this stickyvol understands")]
+    /// Checked before anything is written: nothing was imported.
+    #[error(
+        "export stream format {0} is newer than this release (stickyvol {release}) reads (format {ours}); nothing was imported: import it with the release that exported it or a later one",
+        release = crate::LONG_VERSION,
+        ours = format::VERSION
+    )]
     Version(u32),
     #[error("stream is a {found:?} export but the volume needs a {wanted:?} one")]
     WrongKind { found: Kind, wanted: Kind },

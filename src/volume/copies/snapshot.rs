@@ -84,6 +84,9 @@ impl Record for SnapshotRecord {
     fn parse_id(text: &str) -> Option<SnapshotId> {
         SnapshotId::parse(text)
     }
+    fn needs(&self) -> u32 {
+        crate::volume::state::format::needs_for(self.kind)
+    }
 }
 
 /// A validated CreateSnapshot request.

@@ -813,6 +813,21 @@ fn out_of_space_at_start(dir: &Path, err: io::Error) -> io::Error {
     )
 }
 
+/// Every good entry of the journal `name` in `dir`, oldest first, read without changing
+/// anything (a torn tail stays for `Journal::open` to handle): what the format check reads.
+/// No journal (a first start) is no entry.
+pub fn peek(dir: &Path, name: &str) -> io::Result<Replay> {
+    let mut replay = Replay::default();
+    let generations = match generations(dir, name) {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(replay),
+        found => found?,
+    };
+    for generation in generations {
+        file::peek_generation(&generation_path(dir, name, generation), &mut replay)?;
+    }
+    Ok(replay)
+}
+
 fn newest_per_id(entries: &[Entry]) -> Changes {
     entries
         .iter()

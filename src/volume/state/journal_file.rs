@@ -23,6 +23,11 @@
 //!
 //! **Version 1** files (no magic, frames without `sequence`/`durable`, appended, nothing
 //! after the last frame) were written by the previous release and are still read.
+//!
+//! **Later versions** keep the magic's first six bytes and change what follows. A file that
+//! starts with them but not with [`MAGIC`] was written by a newer release: it is refused,
+//! unchanged (read as version 1 it would be taken for a torn tail and cut off). A version 1
+//! file cannot start with them: they would declare a frame of over 1 GiB.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -71,6 +76,8 @@ pub struct Entry {
 }
 
 pub const MAGIC: &[u8; 8] = b"SVJRNL2\n";
+/// What the magic of every version from 2 on starts with.
+const MAGIC_STEM: &[u8] = b"SVJRNL";
 const HEADER: usize = 8;
 /// `sequence` and `durable`.
 const ORDER: usize = 16;
@@ -290,24 +297,74 @@ fn v2_frame_at(bytes: &[u8], at: usize) -> Option<(Entry, Order, usize)> {
 }
 
 /// Appends the good entries of the generation at `path` to `replay`, ignoring (and logging) a
-/// torn tail; damage before good entries is an error. Where a version 2 file's entries end.
+/// torn tail, which is cut off a version 1 file; damage before good entries is an error, and
+/// so is a newer version's file. Where a version 2 file's entries end.
 pub fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<Option<End>> {
     let bytes = fs::read(path)?;
-    match bytes.strip_prefix(MAGIC.as_slice()) {
-        Some(_) => {
-            let mut end = End {
-                offset: MAGIC.len() as u64,
-                last_sequence: 0,
-                dirty_until: 0,
-                len: bytes.len() as u64,
-            };
-            read_v2(path, &bytes, replay, &mut end)?;
-            end.dirty_until = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
-            end.dirty_until = end.dirty_until.max(end.offset);
-            Ok(Some(end))
-        }
-        None => read_v1(path, &bytes, replay).map(|()| None),
+    let torn_before = replay.torn.len();
+    let read = parse_generation(path, &bytes, replay)?;
+    for torn in &replay.torn[torn_before..] {
+        warn!(journal = %path.display(), "the journal ends with a torn entry (a commit interrupted by a crash, never acknowledged); ignoring it and what follows: {torn}");
     }
+    if let Some(at) = read.cut_at {
+        let file = OpenOptions::new().write(true).open(path)?;
+        file.set_len(at)?;
+        file.sync_data()?;
+    }
+    Ok(read.end)
+}
+
+/// `read_generation` without changing anything (a version 1 torn tail stays) or logging: what
+/// the format check reads before the journal is opened.
+pub fn peek_generation(path: &Path, replay: &mut Replay) -> io::Result<()> {
+    let bytes = fs::read(path)?;
+    parse_generation(path, &bytes, replay).map(drop)
+}
+
+/// What reading a generation found, before anything is done about it.
+struct Read {
+    /// Where a version 2 file's entries end.
+    end: Option<End>,
+    /// Where a version 1 file's torn tail starts.
+    cut_at: Option<u64>,
+}
+
+fn parse_generation(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<Read> {
+    if bytes.starts_with(MAGIC_STEM) && !bytes.starts_with(MAGIC) {
+        return Err(newer_version(path, bytes));
+    }
+    if !bytes.starts_with(MAGIC) {
+        let cut_at = read_v1(path, bytes, replay)?;
+        return Ok(Read { end: None, cut_at });
+    }
+    let mut end = End {
+        offset: MAGIC.len() as u64,
+        last_sequence: 0,
+        dirty_until: 0,
+        len: bytes.len() as u64,
+    };
+    read_v2(path, bytes, replay, &mut end)?;
+    end.dirty_until = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
+    end.dirty_until = end.dirty_until.max(end.offset);
+    Ok(Read {
+        end: Some(end),
+        cut_at: None,
+    })
+}
+
+/// A generation written by a newer release (see the module comment).
+fn newer_version(path: &Path, bytes: &[u8]) -> io::Error {
+    let magic = &bytes[..bytes.len().min(MAGIC.len())];
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "{} is a journal file of a newer layout (it starts with {:?}) than this release (stickyvol {}) reads ({:?}, or none: version 1). Refusing to start rather than misread it; nothing was changed, and the volumes' data is untouched. Roll forward to the release that wrote it or a later one",
+            path.display(),
+            String::from_utf8_lossy(magic).trim_end(),
+            crate::LONG_VERSION,
+            String::from_utf8_lossy(MAGIC).trim_end(),
+        ),
+    )
 }
 
 fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay, end: &mut End) -> io::Result<()> {
@@ -344,8 +401,8 @@ fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay, end: &mut End) -> io:
 }
 
 /// Version 1: nothing follows the last frame, so a bad frame with more after it is damage.
-/// A torn tail is cut off the file.
-fn read_v1(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<()> {
+/// Where a torn tail starts, to cut it off the file.
+fn read_v1(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<Option<u64>> {
     let mut at = 0;
     while at < bytes.len() {
         if let Some((payload, end)) = payload_at(bytes, at)
@@ -363,12 +420,9 @@ fn read_v1(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<()> {
             return Err(damaged(path, at, bytes.len()));
         }
         torn(path, at, bytes.len(), replay);
-        let file = OpenOptions::new().write(true).open(path)?;
-        file.set_len(at as u64)?;
-        file.sync_data()?;
-        break;
+        return Ok(Some(at as u64));
     }
-    Ok(())
+    Ok(None)
 }
 
 fn damaged(path: &Path, at: usize, len: usize) -> io::Error {
@@ -381,8 +435,8 @@ fn damaged(path: &Path, at: usize, len: usize) -> io::Error {
     )
 }
 
+/// Notes a torn tail (logged by `read_generation`).
 fn torn(path: &Path, at: usize, len: usize, replay: &mut Replay) {
-    warn!(journal = %path.display(), offset = at, "the journal ends with a torn entry (a commit interrupted by a crash, never acknowledged); ignoring it and what follows");
     replay.torn.push(format!(
         "{}: ignored a torn last entry at byte {at} of {len} (a change whose commit never completed)",
         path.display()
@@ -580,6 +634,40 @@ mod tests {
         damaged[HEADER + 1] ^= 0xff;
         let err = read_after_writing(&path, &damaged).unwrap_err();
         assert!(err.to_string().contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_unchanged_and_names_what_it_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = generation_path(dir.path(), "j", 1);
+        let mut newer = b"SVJRNL3\n".to_vec();
+        newer.extend_from_slice(&frame(&put("a", "1"), order(1, 0)));
+        newer.resize(4096, 0);
+        fs::write(&path, &newer).unwrap();
+        let err = read(&path).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let message = err.to_string();
+        assert!(message.contains("SVJRNL3"), "{message}");
+        assert!(message.contains("Roll forward"), "{message}");
+        assert_eq!(fs::read(&path).unwrap(), newer, "not cut as a torn tail");
+        // Any version but this one's, even a short file.
+        fs::write(&path, b"SVJRNL").unwrap();
+        assert!(read(&path).is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"SVJRNL");
+    }
+
+    #[test]
+    fn peeking_reads_the_entries_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = generation_path(dir.path(), "j", 1);
+        let good = [v1_frame(&put("a", "1")), v1_frame(&put("b", "2"))].concat();
+        let torn = &good[..good.len() - 3];
+        fs::write(&path, torn).unwrap();
+        let mut replay = Replay::default();
+        peek_generation(&path, &mut replay).unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(replay.torn.len(), 1);
+        assert_eq!(fs::read(&path).unwrap(), torn, "the torn tail stays");
     }
 
     fn read_after_writing(path: &Path, bytes: &[u8]) -> io::Result<Replay> {

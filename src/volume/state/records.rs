@@ -11,7 +11,8 @@
 //! inode allocated in the state directory.
 //!
 //! Files of older versions (one durably written JSON per record, no journal) load unchanged:
-//! they are what a compacted state looks like.
+//! they are what a compacted state looks like. A record that needs a newer format than this
+//! release reads (see `format`) stops the load before anything is changed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
@@ -25,6 +26,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::files::remove_file_if_present;
+use super::format::{self, Refusals};
 use super::journal::{self, Appended, Entry, Journal, Op};
 
 pub const RECORD_SUFFIX: &str = ".json";
@@ -37,6 +39,10 @@ pub trait Record: Serialize + DeserializeOwned + std::fmt::Debug {
     /// The CO's idempotency key.
     fn name(&self) -> &str;
     fn parse_id(text: &str) -> Option<Self::Id>;
+    /// The lowest state format a reader needs to read this record correctly (see `format`).
+    fn needs(&self) -> u32 {
+        1
+    }
 }
 
 #[derive(Debug)]
@@ -52,6 +58,14 @@ struct Index<R: Record> {
     by_name: HashMap<String, R::Id>,
     /// Records found at load whose files cannot be read (until rewritten or removed).
     unreadable: HashSet<R::Id>,
+}
+
+/// The record files as found, before anything was changed (see `Records::read_on_disk`).
+struct OnDisk<R: Record> {
+    /// Each record file's id, and its record or why it cannot be read.
+    records: Vec<(R::Id, Result<R, String>)>,
+    /// Left by writes a crash interrupted, to remove.
+    temp_files: Vec<PathBuf>,
 }
 
 /// What loading found besides good records.
@@ -74,13 +88,15 @@ pub struct Loaded<Id> {
 
 impl<R: Record> Records<R> {
     /// Loads every record in `dir` (created if missing) and replays the journal `name` of
-    /// `journal_dir` over them; other files are left alone.
+    /// `journal_dir` over them; other files are left alone. Refuses records this release
+    /// cannot read before it changes anything (`read_on_disk`, which reads each file once).
     pub fn open(
         dir: &Path,
         journal_dir: &Path,
         name: &str,
         options: journal::Options,
     ) -> io::Result<(Records<R>, Loaded<R::Id>)> {
+        let on_disk = Self::read_on_disk(dir, journal_dir, name)?;
         fs::create_dir_all(dir)?;
         let mut index = Index {
             by_id: BTreeMap::new(),
@@ -94,24 +110,12 @@ impl<R: Record> Records<R> {
             removed_recently: HashSet::new(),
             torn: Vec::new(),
         };
+        for temp in &on_disk.temp_files {
+            fs::remove_file(temp)?;
+            loaded.removed_temp_files += 1;
+        }
         // The files first: once the journal is open, its compaction may write them back.
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
-            let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else {
-                continue;
-            };
-            if file_name.ends_with(TEMP_SUFFIX) {
-                fs::remove_file(entry.path())?;
-                loaded.removed_temp_files += 1;
-                continue;
-            }
-            let Some(id) = file_name.strip_suffix(RECORD_SUFFIX).and_then(R::parse_id) else {
-                continue;
-            };
-            let parsed = fs::read(entry.path())
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<R>(&b).map_err(|e| e.to_string()));
+        for (id, parsed) in on_disk.records {
             match parsed {
                 Ok(record) if *record.id() == id => index.insert(Arc::new(record)),
                 Ok(record) => loaded.unreadable.push((
@@ -169,6 +173,72 @@ impl<R: Record> Records<R> {
             index: RwLock::new(index),
         };
         Ok((records, loaded))
+    }
+
+    /// Refuses the records of `dir` and the journal `name` of `journal_dir` if one needs a
+    /// newer format than this release reads, or the journal is of a newer version; reads
+    /// everything, changes nothing. `open` does it first; callers opening several record sets
+    /// check them all before opening any (opening changes files: temp files removed, the
+    /// journal continued and compacted).
+    pub fn check_format(dir: &Path, journal_dir: &Path, name: &str) -> io::Result<()> {
+        Self::read_on_disk(dir, journal_dir, name).map(drop)
+    }
+
+    /// The record files of `dir` and the temp files of interrupted writes, read without
+    /// changing anything, and refused if a record needs a newer format than this release
+    /// reads: the newest journal entry of a record (what the load keeps), else its file.
+    fn read_on_disk(dir: &Path, journal_dir: &Path, name: &str) -> io::Result<OnDisk<R>> {
+        let replay = journal::peek(journal_dir, name)?;
+        let mut newest: HashMap<&str, &Entry> = HashMap::new();
+        for entry in &replay.entries {
+            newest.insert(&entry.id, entry);
+        }
+        let mut refusals = Refusals::default();
+        let mut on_disk = OnDisk {
+            records: Vec::new(),
+            temp_files: Vec::new(),
+        };
+        let files = match fs::read_dir(dir) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => None,
+            files => Some(files?),
+        };
+        for file in files.into_iter().flatten() {
+            let file = file?;
+            let file_name = file.file_name();
+            let Some(file_name) = file_name.to_str() else {
+                continue;
+            };
+            if file_name.ends_with(TEMP_SUFFIX) {
+                on_disk.temp_files.push(file.path());
+                continue;
+            }
+            let Some(text) = file_name.strip_suffix(RECORD_SUFFIX) else {
+                continue;
+            };
+            let Some(id) = R::parse_id(text) else {
+                continue;
+            };
+            let path = file.path();
+            let parsed = fs::read(&path).map_err(|e| e.to_string()).and_then(|json| {
+                if !newest.contains_key(text) {
+                    refusals.check(|| path.display().to_string(), &json);
+                }
+                serde_json::from_slice::<R>(&json).map_err(|e| e.to_string())
+            });
+            on_disk.records.push((id, parsed));
+        }
+        for entry in newest.values().filter(|e| e.op != Op::Remove) {
+            let place = || {
+                format!(
+                    "the record of {} in the journal {}/{name}.*",
+                    entry.id,
+                    journal_dir.display()
+                )
+            };
+            refusals.check(place, &entry.json);
+        }
+        refusals.into_result()?;
+        Ok(on_disk)
     }
 
     /// Whether the journal can take commits (see `Journal::health`).
@@ -241,7 +311,7 @@ impl<R: Record> Records<R> {
 
     /// Writes `record` durably and makes it visible.
     pub fn put(&self, record: Arc<R>) -> io::Result<()> {
-        self.write(record.id(), &*record)?;
+        self.write(&record)?;
         self.write_index().insert(record);
         Ok(())
     }
@@ -251,11 +321,12 @@ impl<R: Record> Records<R> {
         self.write_index().insert(record);
     }
 
-    /// Durably writes `durable` as the record of `id`, leaving the index alone: one journal
-    /// commit (the one flush; the file is written back by compaction, see the module comment).
-    /// Callers serialize the writes of one record (operation guards).
-    pub fn write(&self, id: &R::Id, durable: &impl Serialize) -> io::Result<()> {
-        let json = serde_json::to_vec_pretty(durable)?;
+    /// Durably writes `durable` as its record, with the format it needs, leaving the index
+    /// alone: one journal commit (the one flush; the file is written back by compaction, see
+    /// the module comment). Callers serialize the writes of one record (operation guards).
+    pub fn write(&self, durable: &R) -> io::Result<()> {
+        let id = durable.id();
+        let json = serde_json::to_vec_pretty(&format::stamped(durable, durable.needs()))?;
         let (exists, unreadable) = {
             let index = self.read_index();
             (index.by_id.contains_key(id), index.unreadable.contains(id))
@@ -389,6 +460,10 @@ mod tests {
         }
         fn parse_id(text: &str) -> Option<String> {
             text.starts_with("t-").then(|| text.to_string())
+        }
+        /// Versions from 100 on stand for what came with format 2.
+        fn needs(&self) -> u32 {
+            if self.version >= 100 { 2 } else { 1 }
         }
     }
 
@@ -572,5 +647,138 @@ mod tests {
         let (records, loaded) = open(dir.path());
         assert_eq!(state(&records), vec![(*thing("a", 1)).clone()]);
         assert_eq!(loaded.torn.len(), 1);
+    }
+
+    /// Every file under `dir` and its bytes.
+    fn files_under(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files.extend(files_under(&path));
+            } else {
+                files.insert(path.clone(), fs::read(&path).unwrap());
+            }
+        }
+        files
+    }
+
+    const FROM_THE_FUTURE: &str = r#"{"id":"t-new","name":"n","version":1,"needs":3,"written_by":"stickyvol 9.0.0 (commit f00)"}"#;
+
+    #[test]
+    fn a_record_file_needing_a_newer_format_stops_the_open_with_nothing_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, _) = open(dir.path());
+        records.put(thing("a", 1)).unwrap();
+        records.compact_now().unwrap();
+        records.put(thing("b", 1)).unwrap();
+        crash(records);
+        fs::write(dir.path().join("t-new.json"), FROM_THE_FUTURE).unwrap();
+        // Loading would remove it, and continue the journal.
+        fs::write(dir.path().join(".t-a.json.tmp"), b"half").unwrap();
+        let before = files_under(dir.path());
+        let err =
+            Records::<Thing>::open(dir.path(), &dir.path().join("journal"), "things", manual())
+                .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        let message = err.to_string();
+        assert!(
+            message.contains("t-new.json needs state format 3"),
+            "{message}"
+        );
+        assert!(
+            message.contains("stickyvol 9.0.0 (commit f00)"),
+            "{message}"
+        );
+        assert_eq!(files_under(dir.path()), before);
+    }
+
+    #[test]
+    fn a_journal_entry_needing_a_newer_format_stops_the_open_with_nothing_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, _) = open(dir.path());
+        records.put(thing("a", 1)).unwrap();
+        records
+            .journal
+            .commit(Entry {
+                op: Op::Update,
+                id: "t-new".into(),
+                json: FROM_THE_FUTURE.as_bytes().to_vec(),
+            })
+            .unwrap();
+        crash(records);
+        let before = files_under(dir.path());
+        let err =
+            Records::<Thing>::open(dir.path(), &dir.path().join("journal"), "things", manual())
+                .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("the record of t-new in the journal"),
+            "{message}"
+        );
+        assert_eq!(files_under(dir.path()), before);
+        // Removed later in the journal, it is no longer there to misread.
+        let (records, _) = {
+            let journal = dir.path().join("journal");
+            let (journal, _) = Journal::open(&journal, "things", dir.path(), manual()).unwrap();
+            journal
+                .commit(Entry {
+                    op: Op::Remove,
+                    id: "t-new".into(),
+                    json: Vec::new(),
+                })
+                .unwrap();
+            std::mem::forget(journal);
+            open(dir.path())
+        };
+        assert_eq!(state(&records), vec![(*thing("a", 1)).clone()]);
+    }
+
+    #[test]
+    fn a_record_file_is_judged_by_the_journal_entry_that_replaces_it() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("t-new.json"), FROM_THE_FUTURE).unwrap();
+        let journal = dir.path().join("journal");
+        let (journal, _) = Journal::open(&journal, "things", dir.path(), manual()).unwrap();
+        // Written over by a release that reads it (the load keeps this entry, not the file).
+        let replacement = Thing {
+            id: "t-new".into(),
+            name: "n".into(),
+            version: 2,
+        };
+        journal
+            .commit(Entry {
+                op: Op::Update,
+                id: "t-new".into(),
+                json: serde_json::to_vec(&replacement).unwrap(),
+            })
+            .unwrap();
+        std::mem::forget(journal);
+        let (records, _) = open(dir.path());
+        assert_eq!(state(&records), vec![replacement]);
+    }
+
+    #[test]
+    fn the_format_a_record_needs_is_written_and_kept_by_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let (records, _) = open(dir.path());
+        records.put(thing("old", 1)).unwrap();
+        records.put(thing("new", 100)).unwrap();
+        records.compact_now().unwrap();
+        let file = |id: &str| -> serde_json::Value {
+            serde_json::from_slice(&fs::read(dir.path().join(format!("t-{id}.json"))).unwrap())
+                .unwrap()
+        };
+        assert_eq!(file("new")["needs"], 2);
+        assert_eq!(file("new")["written_by"], format::WRITER);
+        assert!(file("old").get("needs").is_none(), "{}", file("old"));
+        drop(records);
+        // Read back by this release, which reads format 2.
+        let (records, loaded) = open(dir.path());
+        assert!(loaded.unreadable.is_empty(), "{:?}", loaded.unreadable);
+        assert_eq!(
+            state(&records),
+            vec![(*thing("new", 100)).clone(), (*thing("old", 1)).clone()]
+        );
     }
 }

@@ -40,6 +40,9 @@ impl Record for VolumeRecord {
     fn parse_id(text: &str) -> Option<VolumeId> {
         VolumeId::parse(text)
     }
+    fn needs(&self) -> u32 {
+        super::format::needs_for(self.kind)
+    }
 }
 
 #[derive(Debug)]
@@ -178,7 +181,7 @@ impl Store {
             .as_ref()
             .is_none_or(|o| o.without_publications() != durable)
         {
-            self.records.write(&id, &durable)?;
+            self.records.write(&durable)?;
         }
         let old_publications = old.as_ref().map_or(&[][..], |o| &o.publications[..]);
         if old_publications != record.publications.as_slice() {
@@ -193,8 +196,7 @@ impl Store {
     /// first, then the record without them, so a crash in between loses nothing.
     fn move_publications_out(&self, record: &VolumeRecord) -> io::Result<()> {
         self.write_publications(&record.id, &record.publications)?;
-        self.records
-            .write(&record.id, &record.without_publications())
+        self.records.write(&record.without_publications())
     }
 
     /// Atomically, without fsync (see the module comment); no file when there are none.
@@ -465,5 +467,33 @@ mod tests {
         let (page, more) = store.page_after(Some(&sorted[1]), 10);
         assert!(!more);
         assert_eq!(page.len(), 3);
+    }
+
+    #[test]
+    fn an_image_volume_record_needs_format_2_and_reads_back_whole() {
+        use crate::volume::state::record::FsType;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path(), None, Default::default()).unwrap();
+        let mut image = record("image");
+        image.kind = VolumeKind::Image(FsType::Xfs);
+        image.allocation = Allocation::Thick;
+        let plain = store.put(record("plain")).unwrap();
+        let image = store.put(image).unwrap();
+        store.records.compact_now().unwrap();
+        let file = |id: &VolumeId| -> serde_json::Value {
+            serde_json::from_slice(&fs::read(dir.path().join(format!("{id}.json"))).unwrap())
+                .unwrap()
+        };
+        assert_eq!(file(&image.id)["needs"], 2, "{}", file(&image.id));
+        assert!(
+            file(&plain.id).get("needs").is_none(),
+            "{}",
+            file(&plain.id)
+        );
+        drop(store);
+        let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
+        assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
+        assert_eq!(store.get(&image.id).unwrap(), image);
+        assert_eq!(store.get(&plain.id).unwrap(), plain);
     }
 }
