@@ -5,7 +5,9 @@
 # node by node, the pods keep writing without an error, and every old volume can be published
 # to another pod, expanded, snapshotted, restored and deleted; new claims work. Then the previous
 # release again (the rollback): the pods keep writing, and it serves the volumes of both
-# releases. Today's install is applied again at exit, whatever happened.
+# releases: a filesystem and a block volume of today's (the block one written through the
+# rollback, then unpublished, published to another pod and deleted by the previous release).
+# Today's install is applied again at exit, whatever happened.
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/build-previous.sh"
 
@@ -101,6 +103,11 @@ until_ok 120 "the old block volume deleted" '! k get pv "$old_pv" >/dev/null 2>&
 claim fresh 64Mi
 pod fresh-user fresh
 wait_pod_running fresh-user 120
+# A block volume today's release made (and staged), written through the rollback.
+BLOCK=1 claim fresh-blk 64Mi stickyvol Block
+BLOCK=1 pod fresh-blk-writer fresh-blk "" \
+    "i=0; while :; do i=\$((i+1)); echo \$i | dd of=/dev/xvda bs=512 seek=\$((i % 1000)) conv=fsync 2>/dev/null || echo \$i >>/tmp/errors; sleep 0.1; done"
+wait_pod_running fresh-blk-writer 120
 
 step "rolled back to the previous release: the pods go on writing, and it serves both releases' volumes"
 before=$(writes)
@@ -114,4 +121,18 @@ wait_pod_running fresh-again 120
 wait_pod_running fs-again 120
 kn delete pod fresh-user fresh-again from-old-snap --wait=true --timeout=60s >/dev/null
 kn delete pvc fresh from-old-snap --wait=true --timeout=60s >/dev/null
+# Today's block volume: the previous release unpublishes it from its writer, publishes it to
+# another pod with the data, and deletes it.
+expect_eq "$(errors fresh-blk-writer)" 0 "failed writes to today's block volume during the rollback"
+blk_node=$(pod_node fresh-blk-writer)
+kn delete pod fresh-blk-writer --wait=true --timeout=60s >/dev/null ||
+    fail "the previous release did not unpublish today's block volume"
+BLOCK=1 pod fresh-blk-reader fresh-blk "$blk_node"
+wait_pod_running fresh-blk-reader 120
+[[ $(pexec fresh-blk-reader sh -c 'dd if=/dev/xvda bs=512 skip=1 count=1 2>/dev/null | tr -dc 0-9') =~ ^[0-9]+$ ]] ||
+    fail "today's block volume, published by the previous release, lacks what its writer wrote"
+fresh_blk_pv=$(pv_of fresh-blk)
+kn delete pod fresh-blk-reader --wait=true --timeout=60s >/dev/null
+kn delete pvc fresh-blk --wait=true --timeout=60s >/dev/null
+until_ok 120 "today's block volume deleted by the previous release" '! k get pv "$fresh_blk_pv" >/dev/null 2>&1'
 log "measured: upgrade and rollback with $(writes) writes to a volume in use, none failed"
