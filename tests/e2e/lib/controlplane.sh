@@ -6,13 +6,16 @@
 K8S_BIN=$E2E_CACHE/kubernetes-$KUBE_VERSION
 ETCD_BIN=$E2E_CACHE/etcd-$ETCD_VERSION
 
-# The supervisor's command lines, one per line: "name command args...".
+# The supervisor's command lines, one per line: "name command args...". kube-controller-manager
+# keeps its defaults (a user's cluster), among them a client limit of 20 requests/s that its PV
+# controller's claim bindings wait on; E2E_KCM_FLAGS adds flags when the cluster is made, e.g.
+# "--kube-api-qps=200 --kube-api-burst=400" (docs/performance.md, "Pod start in a cluster").
 controlplane_commands() {
     local cp=$E2E_STATE/controlplane
     cat <<CMDS
 etcd $ETCD_BIN/etcd --name=e2e --data-dir=$cp/etcd --listen-client-urls=http://127.0.0.1:2379 --advertise-client-urls=http://127.0.0.1:2379 --listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 --initial-cluster=e2e=http://127.0.0.1:2380 --listen-metrics-urls=http://127.0.0.1:2381 --log-level=warn
 kube-apiserver $K8S_BIN/kube-apiserver --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port=443 --advertise-address=$E2E_BRIDGE_IP --service-cluster-ip-range=$E2E_SERVICE_CIDR --client-ca-file=$PKI/ca.crt --tls-cert-file=$PKI/apiserver.crt --tls-private-key-file=$PKI/apiserver.key --kubelet-client-certificate=$PKI/apiserver-kubelet-client.crt --kubelet-client-key=$PKI/apiserver-kubelet-client.key --kubelet-preferred-address-types=InternalIP --service-account-key-file=$PKI/sa.pub --service-account-signing-key-file=$PKI/sa.key --service-account-issuer=https://kubernetes.default.svc.cluster.local --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction --allow-privileged=true --endpoint-reconciler-type=none --profiling=false --v=1
-kube-controller-manager $K8S_BIN/kube-controller-manager --kubeconfig=$PKI/controller-manager.kubeconfig --authentication-kubeconfig=$PKI/controller-manager.kubeconfig --authorization-kubeconfig=$PKI/controller-manager.kubeconfig --bind-address=127.0.0.1 --secure-port=10257 --service-account-private-key-file=$PKI/sa.key --root-ca-file=$PKI/ca.crt --cluster-signing-cert-file=$PKI/ca.crt --cluster-signing-key-file=$PKI/ca.key --use-service-account-credentials=true --leader-elect=false --controllers=*,-bootstrapsigner,-tokencleaner --v=1
+kube-controller-manager $K8S_BIN/kube-controller-manager --kubeconfig=$PKI/controller-manager.kubeconfig --authentication-kubeconfig=$PKI/controller-manager.kubeconfig --authorization-kubeconfig=$PKI/controller-manager.kubeconfig --bind-address=127.0.0.1 --secure-port=10257 --service-account-private-key-file=$PKI/sa.key --root-ca-file=$PKI/ca.crt --cluster-signing-cert-file=$PKI/ca.crt --cluster-signing-key-file=$PKI/ca.key --use-service-account-credentials=true --leader-elect=false --controllers=*,-bootstrapsigner,-tokencleaner ${E2E_KCM_FLAGS:-} --v=1
 kube-scheduler $K8S_BIN/kube-scheduler --kubeconfig=$PKI/scheduler.kubeconfig --authentication-kubeconfig=$PKI/scheduler.kubeconfig --authorization-kubeconfig=$PKI/scheduler.kubeconfig --bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false --v=1
 CMDS
 }
