@@ -3,6 +3,7 @@
 //! statvfs, so a scrape costs no per-volume system call. The HTTP server is in `http`.
 
 mod http;
+mod space;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,15 +19,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
-use tracing::warn;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::driver::Driver;
 use crate::volume::space::audit::AuditTotals;
-use crate::volume::space::full::FULL_BELOW_BYTES;
 use crate::volume::state::journal;
 
 pub use http::serve;
+use space::Space;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcLabels {
@@ -40,31 +40,9 @@ struct MethodLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VolumeLabels {
-    mode: String,
-    state: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PoolLabels {
-    pool: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CopyLabels {
-    pool: String,
-    state: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
     revision: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModeLabels {
-    mode: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -267,18 +245,7 @@ pub struct Metrics {
     registry: Registry,
     rpc_requests: Family<RpcLabels, Counter>,
     rpc_duration: HistogramFamily,
-    volumes: Family<VolumeLabels, Gauge>,
-    provisioned_bytes: Family<ModeLabels, Gauge>,
-    data_dir_capacity: Gauge,
-    data_dir_free: Gauge,
-    pool_available: Family<PoolLabels, Gauge>,
-    pool_capacity: Family<PoolLabels, Gauge>,
-    pool_free: Family<PoolLabels, Gauge>,
-    pool_unwritten: Family<PoolLabels, Gauge>,
-    pool_full: Family<PoolLabels, Gauge>,
-    snapshots: Family<PoolLabels, Gauge>,
-    snapshot_copies: Family<CopyLabels, Gauge>,
-    pool_snapshot_bytes: Family<PoolLabels, Gauge>,
+    space: Space,
     journals: Arc<JournalCollector>,
     audits: Arc<AuditCollector>,
     connections_refused: Counter,
@@ -309,41 +276,11 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("stickyvol");
-        // An OpenMetrics info family: the sample is stickyvol_build_info{...} 1.
-        registry.register(
-            "build",
-            "The release (version) and the commit (revision) running",
-            Info::new(BuildLabels {
-                version: crate::VERSION.into(),
-                revision: crate::REVISION.into(),
-            }),
-        );
-        let ready = Gauge::default();
-        registry.register(
-            "ready",
-            "1 when the driver is ready, as CSI Probe would answer now (its data and state \
-             directories writable, its journals taking commits); 0 otherwise (see the log's \
-             \"not ready\")",
-            ready.clone(),
-        );
-        let start_time: Gauge = Gauge::default();
-        registry.register(
-            "start_time_seconds",
-            "When this process started, in seconds since the Unix epoch (a restart changes it)",
-            start_time.clone(),
-        );
-        start_time.set(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| {
-                    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
-                }),
-        );
-        let rpc_requests = Family::<RpcLabels, Counter>::default();
-        registry.register(
+        let ready = register_process(&mut registry);
+        let rpc_requests = add(
+            &mut registry,
             "rpc_requests",
             "CSI calls handled, by method and gRPC status code",
-            rpc_requests.clone(),
         );
         let rpc_duration: HistogramFamily = Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -351,169 +288,70 @@ impl Metrics {
             "Time to handle a CSI call, by method",
             rpc_duration.clone(),
         );
-        let volumes = Family::<VolumeLabels, Gauge>::default();
-        registry.register(
-            "volumes",
-            "Volumes on this node, by mode (filesystem, block, image-ext4, image-xfs) and state \
-             (published, unpublished)",
-            volumes.clone(),
-        );
-        let provisioned_bytes = Family::<ModeLabels, Gauge>::default();
-        registry.register(
-            "provisioned_bytes",
-            "Sum of the capacities of the volumes on this node, by mode",
-            provisioned_bytes.clone(),
-        );
-        let data_dir_capacity = Gauge::default();
-        registry.register(
-            "data_dir_capacity_bytes",
-            "Size of the filesystem holding the data directory",
-            data_dir_capacity.clone(),
-        );
-        let data_dir_free = Gauge::default();
-        registry.register(
-            "data_dir_free_bytes",
-            "Bytes available to new volumes on the data directory's filesystem",
-            data_dir_free.clone(),
-        );
-        let pool_available = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "pool_available_bytes",
-            "Bytes a pool can still promise to new volumes (what GetCapacity reports)",
-            pool_available.clone(),
-        );
-        let pool_capacity = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "pool_capacity_bytes",
-            "Size of a pool's filesystem (pools on one filesystem each show all of it)",
-            pool_capacity.clone(),
-        );
-        let pool_free = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "pool_free_bytes",
-            "Bytes free on a pool's filesystem (what an unprivileged writer can still use)",
-            pool_free.clone(),
-        );
-        let pool_unwritten = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "pool_unwritten_promised_bytes",
-            "Bytes a pool's volumes may still write within their sizes, as last measured",
-            pool_unwritten.clone(),
-        );
-        let pool_full = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "pool_filesystem_full",
-            "1 when a pool's filesystem has less than 4 MiB free: new volumes are refused, and on \
-             the data dir's the state journal cannot rotate (see docs/operations.md)",
-            pool_full.clone(),
-        );
-        let snapshots = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "snapshots",
-            "Snapshots on this node, by pool (ready or still being copied)",
-            snapshots.clone(),
-        );
-        let snapshot_copies = Family::<CopyLabels, Gauge>::default();
-        registry.register(
-            "snapshot_copies",
-            "Snapshots not ready, by pool and state: copying (their data being copied, or \
-             waiting for the next attempt) or stopped (their attempts ran out; delete them)",
-            snapshot_copies.clone(),
-        );
-        let pool_snapshot_bytes = Family::<PoolLabels, Gauge>::default();
-        registry.register(
-            "pool_snapshot_bytes",
-            "Bytes a pool's snapshots hold on their own (not shared with volumes), as last measured",
-            pool_snapshot_bytes.clone(),
-        );
+        let space = Space::register(&mut registry);
         let journals = Arc::new(JournalCollector::default());
         registry.register_collector(Box::new(journals.clone()));
         let audits = Arc::new(AuditCollector::default());
         registry.register_collector(Box::new(audits.clone()));
-        let connections_refused = Counter::default();
-        registry.register(
-            "metrics_connections_refused",
-            "Connections to this metrics server closed unserved because it had its maximum open",
-            connections_refused.clone(),
-        );
-        let connections_timed_out = Counter::default();
-        registry.register(
-            "metrics_connections_timed_out",
-            "Metrics connections closed for sending no whole request head in time, or moving no \
-             byte for too long",
-            connections_timed_out.clone(),
-        );
-        let node_loss_actions = Family::<NodeLossLabels, Counter>::default();
-        registry.register(
-            "node_loss_actions",
-            "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv, \
-             drop_pv_finalizer; a node's orphan_to_lost_found) by result: done, failed (retried \
-             next round) or dry_run (decided and announced, not carried out)",
-            node_loss_actions.clone(),
-        );
-        let node_loss_leader = Gauge::default();
-        registry.register(
-            "node_loss_leader",
-            "1 while this replica holds the node-loss reconciler's Lease and acts",
-            node_loss_leader.clone(),
-        );
-        let orphaned_volumes = Gauge::default();
-        registry.register(
-            "orphaned_volumes",
-            "Volumes of this node whose PV was found gone, their data moved to lost+found",
-            orphaned_volumes.clone(),
-        );
-        let overflowing_volumes = Family::<OnOverflowLabels, Gauge>::default();
-        registry.register(
-            "overflowing_volumes",
-            "Published directory volumes without an enforced size measured above their size, by \
-             their class's onOverflow (evict, report), as the overflow check knows them: one \
-             that stats find above its size at once, one back within it from the next full round",
-            overflowing_volumes.clone(),
-        );
-        let overflow_evictions = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "overflow_evictions",
-            "Evictions the overflow check asked for, by result: evicted, refused (a \
-             PodDisruptionBudget; asked again next round), gone (the pod was gone or replaced), \
-             failed (asked again next round)",
-            overflow_evictions.clone(),
-        );
-        let restore_placements = Family::<ResultLabels, Counter>::default();
-        registry.register(
-            "restore_placements",
-            "Restore and clone claims the controller looked at, by result: placed (sent to their \
-             source's node), refused (the node is gone, cordoned or NotReady, or a pod of the \
-             claim excludes it; looked at again), failed (the API call failed; retried)",
-            restore_placements.clone(),
-        );
         Metrics {
-            restore_placements,
-            overflowing_volumes,
-            overflow_evictions,
-            orphaned_volumes,
-            node_loss_actions,
-            node_loss_leader,
             ready,
-            connections_refused,
-            connections_timed_out,
-            registry,
-            journals,
-            audits,
-            pool_available,
-            pool_capacity,
-            pool_free,
-            pool_unwritten,
-            pool_full,
-            snapshots,
-            snapshot_copies,
-            pool_snapshot_bytes,
             rpc_requests,
             rpc_duration,
-            volumes,
-            provisioned_bytes,
-            data_dir_capacity,
-            data_dir_free,
+            space,
+            journals,
+            audits,
+            connections_refused: add(
+                &mut registry,
+                "metrics_connections_refused",
+                "Connections to this metrics server closed unserved because it had its maximum open",
+            ),
+            connections_timed_out: add(
+                &mut registry,
+                "metrics_connections_timed_out",
+                "Metrics connections closed for sending no whole request head in time, or moving \
+                 no byte for too long",
+            ),
+            node_loss_actions: add(
+                &mut registry,
+                "node_loss_actions",
+                "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv, \
+                 drop_pv_finalizer; a node's orphan_to_lost_found) by result: done, failed \
+                 (retried next round) or dry_run (decided and announced, not carried out)",
+            ),
+            node_loss_leader: add(
+                &mut registry,
+                "node_loss_leader",
+                "1 while this replica holds the node-loss reconciler's Lease and acts",
+            ),
+            orphaned_volumes: add(
+                &mut registry,
+                "orphaned_volumes",
+                "Volumes of this node whose PV was found gone, their data moved to lost+found",
+            ),
+            overflowing_volumes: add(
+                &mut registry,
+                "overflowing_volumes",
+                "Published directory volumes without an enforced size measured above their \
+                 size, by their class's onOverflow (evict, report), as the overflow check knows \
+                 them: one that stats find above its size at once, one back within it from the \
+                 next full round",
+            ),
+            overflow_evictions: add(
+                &mut registry,
+                "overflow_evictions",
+                "Evictions the overflow check asked for, by result: evicted, refused (a \
+                 PodDisruptionBudget; asked again next round), gone (the pod was gone or \
+                 replaced), failed (asked again next round)",
+            ),
+            restore_placements: add(
+                &mut registry,
+                "restore_placements",
+                "Restore and clone claims the controller looked at, by result: placed (sent to \
+                 their source's node), refused (the node is gone, cordoned or NotReady, or a pod \
+                 of the claim excludes it; looked at again), failed (the API call failed; \
+                 retried)",
+            ),
+            registry,
             scrape: Mutex::new(()),
         }
     }
@@ -620,36 +458,8 @@ impl Metrics {
             .map_or(true, |volumes| volumes.check_ready().is_ok());
         self.ready.set(i64::from(ready));
         if let Ok(volumes) = driver.volumes() {
-            self.volumes.clear();
-            self.provisioned_bytes.clear();
-            for entry in volumes.census() {
-                let state = if entry.published {
-                    "published"
-                } else {
-                    "unpublished"
-                };
-                let mode = entry.kind.as_str().to_string();
-                self.volumes
-                    .get_or_create(&VolumeLabels {
-                        mode: mode.clone(),
-                        state: state.into(),
-                    })
-                    .set(entry.count as i64);
-                self.provisioned_bytes
-                    .get_or_create(&ModeLabels { mode })
-                    .inc_by(entry.capacity_bytes);
-            }
             self.orphaned_volumes
                 .set(i64::try_from(volumes.orphaned_count()).unwrap_or(i64::MAX));
-            match volumes.space() {
-                Ok(space) => {
-                    self.data_dir_capacity
-                        .set(i64::try_from(space.total_bytes).unwrap_or(i64::MAX));
-                    self.data_dir_free
-                        .set(i64::try_from(space.available_bytes).unwrap_or(i64::MAX));
-                }
-                Err(err) => warn!(error = %err, "metrics: cannot read data directory space"),
-            }
             *self
                 .journals
                 .latest
@@ -657,64 +467,53 @@ impl Metrics {
                 .unwrap_or_else(|e| e.into_inner()) = volumes.journal_stats().to_vec();
             *self.audits.latest.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(volumes.audit_totals());
-            for census in volumes.snapshot_census() {
-                for (state, count) in [
-                    ("copying", census.copying),
-                    ("stopped", census.copies_stopped),
-                ] {
-                    self.snapshot_copies
-                        .get_or_create(&CopyLabels {
-                            pool: census.pool.clone(),
-                            state: state.into(),
-                        })
-                        .set(count as i64);
-                }
-                let labels = PoolLabels { pool: census.pool };
-                self.snapshots
-                    .get_or_create(&labels)
-                    .set(census.count as i64);
-                self.pool_snapshot_bytes
-                    .get_or_create(&labels)
-                    .set(i64::try_from(census.exclusive_bytes).unwrap_or(i64::MAX));
-            }
-            for pool in volumes.pools() {
-                let labels = PoolLabels {
-                    pool: pool.name.clone(),
-                };
-                self.pool_unwritten
-                    .get_or_create(&labels)
-                    .set(i64::try_from(pool.unwritten()).unwrap_or(i64::MAX));
-                match pool.space() {
-                    Ok(space) => {
-                        self.pool_capacity
-                            .get_or_create(&labels)
-                            .set(i64::try_from(space.total_bytes).unwrap_or(i64::MAX));
-                        self.pool_free
-                            .get_or_create(&labels)
-                            .set(i64::try_from(space.available_bytes).unwrap_or(i64::MAX));
-                        let full = space.available_bytes < FULL_BELOW_BYTES;
-                        self.pool_full.get_or_create(&labels).set(full as i64);
-                    }
-                    Err(err) => {
-                        warn!(pool = %pool.name, error = %err, "metrics: cannot read pool space")
-                    }
-                }
-                match pool.available() {
-                    Ok(bytes) => {
-                        self.pool_available
-                            .get_or_create(&labels)
-                            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-                    }
-                    Err(err) => {
-                        warn!(pool = %pool.name, error = %err, "metrics: cannot read pool space")
-                    }
-                }
-            }
+            self.space.refresh(&volumes);
         }
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
     }
+}
+
+/// What says which process runs and whether it is ready: the build's info, the start time, and
+/// the readiness gauge, which is returned (a scrape sets it).
+fn register_process(registry: &mut Registry) -> Gauge {
+    // An OpenMetrics info family: the sample is stickyvol_build_info{...} 1.
+    registry.register(
+        "build",
+        "The release (version) and the commit (revision) running",
+        Info::new(BuildLabels {
+            version: crate::VERSION.into(),
+            revision: crate::REVISION.into(),
+        }),
+    );
+    let ready = add(
+        registry,
+        "ready",
+        "1 when the driver is ready, as CSI Probe would answer now (its data and state \
+         directories writable, its journals taking commits); 0 otherwise (see the log's \
+         \"not ready\")",
+    );
+    let start_time: Gauge = add(
+        registry,
+        "start_time_seconds",
+        "When this process started, in seconds since the Unix epoch (a restart changes it)",
+    );
+    start_time.set(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+            }),
+    );
+    ready
+}
+
+/// A new metric of type `M`, registered under `name` with `help` (the registry keeps a clone).
+fn add<M: Metric + Clone + Default>(registry: &mut Registry, name: &str, help: &str) -> M {
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// Every RPC name of the CSI schema, plus gRPC reflection's.
