@@ -50,19 +50,25 @@ start_network() {
         ip netns exec "$ns" ip link set eth0 up
         ip netns exec "$ns" ip route replace default via "$E2E_BRIDGE_IP"
         ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1
-        ip route replace "$E2E_POD_CIDR_PREFIX.$(node_index "$node").0/24" via "$(node_ip "$node")"
+        ip route replace "$(pod_subnet "$node")" via "$(node_ip "$node")"
         for other in "${E2E_NODES[@]}"; do
             [[ $other == "$node" ]] && continue
             ip netns exec "$ns" ip route replace \
-                "$E2E_POD_CIDR_PREFIX.$(node_index "$other").0/24" via "$(node_ip "$other")"
+                "$(pod_subnet "$other")" via "$(node_ip "$other")"
         done
     done
+}
+
+# pod_subnet NODE: the node's pod subnet, E2E_POD_SUBNET_BITS long (versions.sh).
+pod_subnet() {
+    local spacing=$((1 << (24 - E2E_POD_SUBNET_BITS)))
+    echo "$E2E_POD_CIDR_PREFIX.$(($(node_index "$1") * spacing)).0/$E2E_POD_SUBNET_BITS"
 }
 
 stop_network() {
     local node
     for node in "${E2E_NODES[@]}"; do
-        ip route del "$E2E_POD_CIDR_PREFIX.$(node_index "$node").0/24" 2>/dev/null || true
+        ip route del "$(pod_subnet "$node")" 2>/dev/null || true
         ip netns del "$(node_netns "$node")" 2>/dev/null || true
         ip link del "$(node_netns "$node")" 2>/dev/null || true
     done
@@ -71,9 +77,8 @@ stop_network() {
 
 # write_node_config NODE: containerd's and kubelet's configuration and the CNI network.
 write_node_config() {
-    local node=$1 root idx
+    local node=$1 root
     root=$(node_root "$node")
-    idx=$(node_index "$node")
     mkdir -p "$root"/{var-lib-kubelet,var-lib-containerd,etc-cni,var-log,mnt-disks,logs}
     cat >"$root/containerd.toml" <<TOML
 version = 2
@@ -107,7 +112,7 @@ TOML
   "plugins": [{
     "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
     "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam",
-             "ranges": [[{"subnet": "$E2E_POD_CIDR_PREFIX.$idx.0/24"}]],
+             "ranges": [[{"subnet": "$(pod_subnet "$node")"}]],
              "routes": [{"dst": "0.0.0.0/0"}]}
   }]
 }
@@ -134,6 +139,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 failSwapOn: false
+maxPods: $E2E_MAX_PODS
 serializeImagePulls: false
 rotateCertificates: false
 YAML

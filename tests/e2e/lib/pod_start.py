@@ -10,7 +10,7 @@ claim waits for its pod, so nothing is provisioned yet), then the start of `kube
 the pods is t0; a pod's start is the moment the watch sees it Running; then every pod and claim
 is deleted at once (t1) and a pod's end is the moment the watch sees it gone. Prints, per N and
 variant, the p50 and p99 of start and end times and the pods per second of the batch (N / the
-last start), then "pod start p50: stickyvol X ms, emptyDir Y ms, ratio Z" for the last N, when
+last start), and a line with the p50/p90/max of the start and of the claims' binding, then "pod start p50: stickyvol X ms, emptyDir Y ms, ratio Z" for the last N, when
 both were run. The pods run PAUSE_IMAGE (it exits at once on SIGTERM) and request little, so
 that kubelet's and the driver's work is what is measured, not the container's.
 
@@ -151,7 +151,8 @@ def since(t0, stamps):
 
 
 def batch(kubectl, namespace, n, variant, pause_image):
-    """One batch: (start times, end times, phases), in ms; phases maps a phase to its p50."""
+    """One batch: (start times, end times, phases, bind times), in ms; phases maps a phase to
+    its p50; bind times (t0 to each claim Bound) are empty for emptyDir."""
     subprocess.run([kubectl, "create", "namespace", namespace], check=True,
                    stdout=subprocess.DEVNULL)
     try:
@@ -183,7 +184,9 @@ def batch(kubectl, namespace, n, variant, pause_image):
                   "scheduled": percentile(since(t0, scheduled), 50),
                   "kubelet": percentile([(running[p] - scheduled[p]) * 1000
                                          for p in running if p in scheduled], 50)}
+        binds = []
         if claims:
+            binds = since(t0, claims.seen["bound"])
             phases["claim node chosen"] = percentile(since(t0, claims.seen["selected"]), 50)
             phases["PV made"] = percentile(since(t0, volumes.seen["created"]), 50)
             phases["claim names PV"] = percentile(since(t0, claims.seen["named"]), 50)
@@ -199,7 +202,13 @@ def batch(kubectl, namespace, n, variant, pause_image):
     finally:
         subprocess.run([kubectl, "delete", "namespace", namespace, "--wait=true",
                         "--timeout=300s"], stdout=subprocess.DEVNULL)
-    return starts, ends, phases
+    return starts, ends, phases, binds
+
+
+def spread(values):
+    """p50/p90/max of values in ms, in seconds."""
+    return "/".join(f"{v / 1000:.1f}" for v in
+                    (percentile(values, 50), percentile(values, 90), max(values)))
 
 
 def main():
@@ -214,7 +223,7 @@ def main():
         p50s = {variant: [] for variant in variants}
         for round_no in range(1, rounds + 1):
             for variant in variants:
-                starts, ends, phases = batch(
+                starts, ends, phases, binds = batch(
                     kubectl, f"{prefix}-{variant.lower()}-{n}-{round_no}", n, variant,
                     pause_image)
                 p50s[variant].append(percentile(starts, 50))
@@ -223,6 +232,9 @@ def main():
                       f"{percentile(starts, 99):>8.0f}ms {percentile(ends, 50):>8.0f}ms "
                       f"{percentile(ends, 99):>8.0f}ms {n / (max(starts) / 1000):>7.1f}  "
                       f"{where}", flush=True)
+                print(f"{'':>11} {variant:<20} start p50/p90/max {spread(starts)} s"
+                      + (f", claims Bound p50/p90/max {spread(binds)} s" if binds else ""),
+                      flush=True)
         if rounds > 1:
             for variant in variants:
                 ratios = ""
