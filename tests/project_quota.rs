@@ -225,7 +225,10 @@ async fn sizes_are_enforced(fs_type: &str) {
         (0, 0, None),
         "project {full_id} after DeleteVolume"
     );
-    assert!(!projquota::project_in_use(&root, full_id).unwrap());
+    assert!(!after_release(&root, || projquota::project_in_use(
+        &root, full_id
+    )
+    .unwrap()));
     // Ids are drawn at random from the range: the next volume gets one of its own.
     let next = driver.create(in_pool(&[("pool", "disk")], 8 * MIB)).await;
     let next_id = project_of_volume(&next);
@@ -234,7 +237,8 @@ async fn sizes_are_enforced(fs_type: &str) {
     driver.delete(&next.volume_id).await.unwrap();
     driver.delete(&neighbour.volume_id).await.unwrap();
     for id in [full_id, neighbour_id] {
-        assert!(!projquota::project_in_use(&root, id).unwrap(), "{id}");
+        let in_use = after_release(&root, || projquota::project_in_use(&root, id).unwrap());
+        assert!(!in_use, "{id}");
     }
 }
 
@@ -310,6 +314,31 @@ fn ids_in_use(root: &Path, range: std::ops::Range<u32>) -> BTreeSet<u32> {
         "more projects in use than a test makes"
     );
     found.into_iter().collect()
+}
+
+/// `still()` once the filesystem has let go of what was deleted, 30 s at most. XFS frees an
+/// unlinked inode, and its charge to its project, in the background (inodegc) a moment after
+/// the unlink: in the VM under TCG beside a build, a look right after DeleteVolume found the
+/// project still charged. statfs flushes that work.
+fn after_release(root: &Path, still: impl Fn() -> bool) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        let _ = nix::sys::statvfs::statvfs(root);
+        let waited = started.elapsed();
+        if !still() || waited >= Duration::from_secs(30) {
+            if waited >= Duration::from_millis(100) {
+                eprintln!("waited {waited:?} for the filesystem to release deleted volumes");
+            }
+            return still();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The ids of `range` in use once deleted volumes' charges are released (see `after_release`).
+fn ids_in_use_after_release(root: &Path, range: std::ops::Range<u32>) -> BTreeSet<u32> {
+    after_release(root, || !ids_in_use(root, range.clone()).is_empty());
+    ids_in_use(root, range)
 }
 
 /// SIGKILL in the middle of concurrent CreateVolumes: at the next start the uncommitted ones
@@ -404,7 +433,10 @@ async fn creates_interrupted_by_a_kill_leave_no_project_id_behind() {
     for id in driver.listed_ids().await {
         driver.delete(&id).await.unwrap();
     }
-    assert_eq!(ids_in_use(&root, range.clone()), BTreeSet::new());
+    assert_eq!(
+        ids_in_use_after_release(&root, range.clone()),
+        BTreeSet::new()
+    );
 }
 
 /// A clone whose copy fails leaves no project id in use: a tenant can make copies fail (here a
@@ -441,7 +473,7 @@ async fn a_failed_clone_leaves_no_project_id_behind() {
         "project ids in use after the failed clone"
     );
     driver.delete(&source.volume_id).await.unwrap();
-    assert_eq!(ids_in_use(&root, range), BTreeSet::new());
+    assert_eq!(ids_in_use_after_release(&root, range), BTreeSet::new());
 }
 
 /// The entry point of the tenant's runs (tests/common/tenant.rs); does nothing in a test run.
@@ -791,5 +823,5 @@ async fn ids_are_unguessable_and_tagging_cannot_exhaust_them() {
     for id in driver.listed_ids().await {
         driver.delete(&id).await.unwrap();
     }
-    assert_eq!(ids_in_use(&root, range), BTreeSet::new());
+    assert_eq!(ids_in_use_after_release(&root, range), BTreeSet::new());
 }
