@@ -15,6 +15,8 @@ pub mod doctor;
 pub mod driver;
 pub mod error;
 pub mod events;
+#[cfg(test)]
+mod fake_api;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;

@@ -481,12 +481,11 @@ mod tests {
     //! preconditions, resourceVersion conflicts), and logging every write.
     use super::*;
     use std::collections::BTreeMap;
-    use std::convert::Infallible;
     use std::sync::Mutex;
 
-    use http_body_util::{BodyExt, Full};
+    use http_body_util::Full;
+    use hyper::Response;
     use hyper::body::Bytes;
-    use hyper::{Request, Response};
     use serde_json::{Value, json};
 
     const DRIVER: &str = "stickyvol.csi.io";
@@ -671,16 +670,7 @@ mod tests {
 
     fn client(store: &Shared) -> Client {
         let store = store.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-            let store = store.clone();
-            async move {
-                let method = req.method().to_string();
-                let path = req.uri().path().to_string();
-                let body = req.into_body().collect().await.unwrap().to_bytes();
-                Ok::<_, Infallible>(handle(&store, &method, &path, &body))
-            }
-        });
-        Client::new(service, "default")
+        crate::fake_api::client(move |method, path, body| handle(&store, method, path, body))
     }
 
     fn put(store: &Shared, collection: &str, obj: Value) {

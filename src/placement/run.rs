@@ -324,12 +324,11 @@ mod tests {
     //! `look` against a fake API server: objects by path, a merge PATCH that honours the
     //! resourceVersion it carries (409 on a stale one), and every write logged.
     use super::*;
-    use std::convert::Infallible;
     use std::sync::Mutex;
 
-    use http_body_util::{BodyExt, Full};
+    use http_body_util::Full;
+    use hyper::Response;
     use hyper::body::Bytes;
-    use hyper::{Request, Response};
     use serde_json::{Value, json};
 
     use crate::volume::state::id::{NodeTag, SnapshotId};
@@ -400,16 +399,8 @@ mod tests {
 
     fn placer_on(store: &Shared) -> Placer {
         let shared = store.clone();
-        let service = tower::service_fn(move |req: Request<kube::client::Body>| {
-            let store = shared.clone();
-            async move {
-                let method = req.method().to_string();
-                let path = req.uri().path().to_string();
-                let body = req.into_body().collect().await.unwrap().to_bytes();
-                Ok::<_, Infallible>(handle(&store, &method, &path, &body))
-            }
-        });
-        let client = Client::new(service, "default");
+        let client =
+            crate::fake_api::client(move |method, path, body| handle(&shared, method, path, body));
         Placer {
             locator: Locator::new(client.clone(), DRIVER.into(), KEY.into()),
             client,
