@@ -288,6 +288,90 @@ async fn start_overflow_check(
     )))
 }
 
+/// The loops that run beside the CSI server, and how each is stopped with it.
+struct Background {
+    stop_reconciler: tokio::sync::oneshot::Sender<()>,
+    reconciler: Option<tokio::task::JoinHandle<()>>,
+    watches: Vec<tokio::task::JoinHandle<()>>,
+    stop_orphans: tokio::sync::oneshot::Sender<()>,
+    orphan_check: Option<tokio::task::JoinHandle<()>>,
+    stop_audit: Option<Arc<AtomicBool>>,
+    stop_overflow: tokio::sync::oneshot::Sender<()>,
+    overflow_check: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    async fn start(driver: &Driver, metrics: &Arc<Metrics>) -> Result<Background, ServeError> {
+        // The node-loss reconciler stops with the server; it then hands its Lease over.
+        let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
+        let reconciler = start_reconciler(driver, metrics, stopped).await?;
+        // Restores and clones go to their source's node; classes of ours with a mistake get an
+        // Event naming it. Both are watches that hold nothing: aborted at the stop.
+        let watches: Vec<_> = [
+            start_restore_placement(driver, metrics).await?,
+            start_class_check(driver).await?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        // A node that comes back: volumes whose PV is gone move to lost+found.
+        let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
+        let orphan_check = start_orphan_check(driver, metrics, orphans_stopped).await;
+        // Pods moving files out of their volume's project are caught and undone.
+        let stop_audit = start_project_audit(driver);
+        // Directory volumes above a size their pool cannot enforce: evicted or reported.
+        let (stop_overflow, overflow_stopped) = tokio::sync::oneshot::channel::<()>();
+        let overflow_check = start_overflow_check(driver, metrics, overflow_stopped).await;
+        Ok(Background {
+            stop_reconciler,
+            reconciler,
+            watches,
+            stop_orphans,
+            orphan_check,
+            stop_audit,
+            stop_overflow,
+            overflow_check,
+        })
+    }
+
+    async fn stop(self) {
+        let Background {
+            stop_reconciler,
+            reconciler,
+            watches,
+            stop_orphans,
+            orphan_check,
+            stop_audit,
+            stop_overflow,
+            overflow_check,
+        } = self;
+        let _ = stop_reconciler.send(());
+        let _ = stop_orphans.send(());
+        watches.iter().for_each(|w| w.abort());
+        if let Some(stop) = stop_audit {
+            // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
+            stop.store(true, Ordering::Relaxed);
+        }
+        let _ = stop_overflow.send(());
+        if let Some(overflow_check) = overflow_check {
+            overflow_check.abort();
+        }
+        if let Some(orphan_check) = orphan_check {
+            // A move under way finishes on its blocking thread; the loop itself just stops.
+            orphan_check.abort();
+        }
+        if let Some(reconciler) = reconciler {
+            // Bounded: a hung API call must not hold the stop past the pod's grace period.
+            if tokio::time::timeout(std::time::Duration::from_secs(5), reconciler)
+                .await
+                .is_err()
+            {
+                warn!("node-loss reconciler did not stop in 5 s");
+            }
+        }
+    }
+}
+
 async fn serve_on(
     listener: UnixListener,
     admin: Option<UnixListener>,
@@ -317,26 +401,7 @@ async fn serve_on(
             .await
             .map_err(|source| ServeError::Metrics { address, source })?;
     }
-    // The node-loss reconciler stops with the server; it then hands its Lease over.
-    let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
-    let reconciler = start_reconciler(&driver, &metrics, stopped).await?;
-    // Restores and clones go to their source's node; classes of ours with a mistake get an
-    // Event naming it. Both are watches that hold nothing: aborted at the stop.
-    let watches: Vec<_> = [
-        start_restore_placement(&driver, &metrics).await?,
-        start_class_check(&driver).await?,
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    // A node that comes back: volumes whose PV is gone move to lost+found.
-    let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
-    let orphan_check = start_orphan_check(&driver, &metrics, orphans_stopped).await;
-    // Pods moving files out of their volume's project are caught and undone.
-    let stop_audit = start_project_audit(&driver);
-    // Directory volumes above a size their pool cannot enforce: evicted or reported.
-    let (stop_overflow, overflow_stopped) = tokio::sync::oneshot::channel::<()>();
-    let overflow_check = start_overflow_check(&driver, &metrics, overflow_stopped).await;
+    let background = Background::start(&driver, &metrics).await?;
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);
@@ -361,30 +426,7 @@ async fn serve_on(
     // beside them (each on a thread of its own), not before.
     driver.resume_interrupted_work();
     let served = serving.await;
-    let _ = stop_reconciler.send(());
-    let _ = stop_orphans.send(());
-    watches.iter().for_each(|w| w.abort());
-    if let Some(stop) = stop_audit {
-        // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
-        stop.store(true, Ordering::Relaxed);
-    }
-    let _ = stop_overflow.send(());
-    if let Some(overflow_check) = overflow_check {
-        overflow_check.abort();
-    }
-    if let Some(orphan_check) = orphan_check {
-        // A move under way finishes on its blocking thread; the loop itself just stops.
-        orphan_check.abort();
-    }
-    if let Some(reconciler) = reconciler {
-        // Bounded: a hung API call must not hold the stop past the pod's grace period.
-        if tokio::time::timeout(std::time::Duration::from_secs(5), reconciler)
-            .await
-            .is_err()
-        {
-            warn!("node-loss reconciler did not stop in 5 s");
-        }
-    }
+    background.stop().await;
     served?;
     admin.finished().await?;
     // The clean stop's write-back of the records runs where the volumes are dropped last: not
