@@ -183,10 +183,12 @@ async fn volume_with_file(driver: &TestDriver) -> (csi::Volume, Vec<u8>) {
 }
 
 /// Small files added per round by [`snapshot_answered_not_ready`]: on a tmpfs data dir,
-/// copying 20,000 files of 4 KiB took about 0.7 s on the development VM, so 50,000 take well
-/// over the ~1 s CreateSnapshot waits.
-const SLOW_COPY_FILES: usize = 50_000;
-const SLOW_COPY_ROUNDS: usize = 3;
+/// copying 12,000 files of 4 KiB took 0.23 s on the development VM in 2026-11 (50,000 took
+/// 0.95 s, too close to the 1 s CreateSnapshot waits: a copy ended between the answer and a
+/// kill -9 in CI), so 100,000 take about twice that wait. Two rounds at most: 100,000 files and
+/// their copy, then 200,000 and theirs, fit the 3 GiB tmpfs the tests mount.
+const SLOW_COPY_FILES: usize = 100_000;
+const SLOW_COPY_ROUNDS: usize = 2;
 
 /// A driver whose data dir (the default pool) is a fresh tmpfs of `size`: its free space is
 /// the test's alone, and big or many-file copies cost memory, not the disk's I/O budget (a
@@ -223,23 +225,102 @@ fn write_small_files(dir: &Path, round: usize, count: usize) {
 async fn snapshot_answered_not_ready(
     driver: &TestDriver,
 ) -> (csi::Volume, csi::CreateSnapshotRequest, csi::Snapshot) {
-    let volume = driver
-        .create(create_request(&new_name(), snw_mount(), 1 << 30))
-        .await;
-    let mut files = 0;
+    let mut source = SlowCopySource::new(driver).await;
     for round in 0..SLOW_COPY_ROUNDS {
-        let more = if round == 0 { SLOW_COPY_FILES } else { files };
-        write_small_files(&host_path(&volume), round, more);
-        files += more;
-        let request = snapshot_request(&new_snapshot_name(), &volume.volume_id);
-        let first = driver.create_snapshot(request.clone()).await.unwrap();
-        if !first.ready_to_use {
-            return (volume, request, first);
+        if round > 0 {
+            source.double();
         }
-        eprintln!("a copy of {files} files was ready at once; doubling them");
+        let (request, first) = source.snapshot(driver).await;
+        if !first.ready_to_use {
+            return (source.volume, request, first);
+        }
+        eprintln!(
+            "a copy of {} files was ready at once; doubling them",
+            source.files
+        );
         driver.delete_snapshot(&first.snapshot_id).await.unwrap();
     }
-    panic!("even a copy of {files} files was ready within the first CreateSnapshot call");
+    panic!(
+        "even a copy of {} files was ready within the first CreateSnapshot call",
+        source.files
+    );
+}
+
+/// [`snapshot_answered_not_ready`], then kill -9 while the copy still runs: the snapshot's
+/// staging copy is there and its data is not in place. A copy only a little slower than
+/// CreateSnapshot's wait can finish between the answer and the kill; then the driver starts
+/// again, that snapshot goes, and the volume gets as many files again (at most
+/// [`SLOW_COPY_ROUNDS`] rounds in all). Returns with the driver stopped.
+async fn killed_during_a_copy(
+    driver: &mut TestDriver,
+) -> (csi::Volume, csi::CreateSnapshotRequest, csi::Snapshot) {
+    let mut source = SlowCopySource::new(driver).await;
+    for round in 0..SLOW_COPY_ROUNDS {
+        if round > 0 {
+            source.double();
+        }
+        let (request, first) = source.snapshot(driver).await;
+        let answered_not_ready = !first.ready_to_use;
+        if answered_not_ready {
+            driver.kill9();
+            if copy_is_half_made(driver, &first.snapshot_id) {
+                return (source.volume, request, first);
+            }
+            eprintln!(
+                "the copy of {} files ended before the kill; doubling them",
+                source.files
+            );
+            driver.start_again().await;
+        }
+        driver.delete_snapshot(&first.snapshot_id).await.unwrap();
+    }
+    panic!(
+        "even a copy of {} files ended before the driver was killed",
+        source.files
+    );
+}
+
+/// Evidence that a kill landed during the copy of `snapshot_id`: its staging copy is in
+/// snapshots/ and its data is not in place.
+fn copy_is_half_made(driver: &TestDriver, snapshot_id: &str) -> bool {
+    let left = dir_names(&driver.data.join("snapshots"));
+    left.contains(&format!(".creating-{snapshot_id}")) && !left.contains(&snapshot_id.to_string())
+}
+
+/// The source volume of a slow copy: [`SLOW_COPY_FILES`] small files at first, doubled each
+/// round a copy turns out quicker than the test needs.
+struct SlowCopySource {
+    volume: csi::Volume,
+    files: usize,
+    next_round: usize,
+}
+
+impl SlowCopySource {
+    async fn new(driver: &TestDriver) -> Self {
+        let volume = driver
+            .create(create_request(&new_name(), snw_mount(), 1 << 30))
+            .await;
+        write_small_files(&host_path(&volume), 0, SLOW_COPY_FILES);
+        SlowCopySource {
+            volume,
+            files: SLOW_COPY_FILES,
+            next_round: 1,
+        }
+    }
+
+    /// Writes as many files again, under the next round's directory.
+    fn double(&mut self) {
+        write_small_files(&host_path(&self.volume), self.next_round, self.files);
+        self.files *= 2;
+        self.next_round += 1;
+    }
+
+    /// A CreateSnapshot request of the volume under a new name, and its first answer.
+    async fn snapshot(&self, driver: &TestDriver) -> (csi::CreateSnapshotRequest, csi::Snapshot) {
+        let request = snapshot_request(&new_snapshot_name(), &self.volume.volume_id);
+        let first = driver.create_snapshot(request.clone()).await.unwrap();
+        (request, first)
+    }
 }
 
 /// `copy` holds the same entries as `original` (as [`write_small_files`] made them), with the
@@ -1273,17 +1354,9 @@ async fn block_restore_larger_than_the_snapshot_has_the_new_size() {
 #[tokio::test]
 async fn kill9_during_a_copy_ends_with_the_same_snapshot_ready_or_none() {
     let mut driver = start_on_tmpfs("3g").await;
-    let (volume, request, first) = snapshot_answered_not_ready(&driver).await;
+    let (volume, request, first) = killed_during_a_copy(&mut driver).await;
     let snapshots = driver.data.join("snapshots");
     let staging = format!(".creating-{}", first.snapshot_id);
-    driver.kill9();
-    // Evidence that the kill landed during the copy: its staging copy is there, half made,
-    // and the snapshot's data is not in place.
-    let left = dir_names(&snapshots);
-    assert!(
-        left.contains(&staging) && !left.contains(&first.snapshot_id),
-        "the copy was not running when the driver was killed: snapshots/ holds {left:?}"
-    );
     let copied = walk(&snapshots.join(&staging)).len();
     let source = walk(&host_path(&volume)).len();
     assert!(
@@ -1537,8 +1610,7 @@ async fn a_restart_serves_while_an_interrupted_copy_is_redone() {
     let mut driver = start_on_tmpfs("3g").await;
     let other = driver.create_fs_volume().await;
     let (published, target) = driver.published_fs_volume().await;
-    let (_, request, first) = snapshot_answered_not_ready(&driver).await;
-    driver.kill9();
+    let (_, request, first) = killed_during_a_copy(&mut driver).await;
     driver.start_again().await;
 
     driver.identity().probe(csi::ProbeRequest {}).await.unwrap();
