@@ -810,6 +810,54 @@ async fn an_interrupted_import_that_cannot_be_emptied_leaves_the_driver_serving(
     import_ok(&node_b, &target.volume_id, &stream);
 }
 
+/// `stickyvol_copies_in_flight{kind}` counts an export and an import while their streams run:
+/// each is held midway, the export by a pipe nobody reads yet, the import by a pipe that gets
+/// half the stream and stays open; once let go, neither counts.
+#[tokio::test]
+async fn copies_in_flight_count_exports_and_imports_while_their_streams_run() {
+    let driver = TestDriver::start_with_metrics(Options::default()).await;
+    let running = |kind| {
+        driver
+            .scrape()
+            .value("stickyvol_copies_in_flight", &[("kind", kind)])
+    };
+    // 8 MiB: far more than the pipe and the socket hold, so the export stalls unread.
+    let (volume, stream) = exported_volume(&driver, 8 * MIB as usize).await;
+    let mut export = stickyvol(&driver, &["volume", "export", &volume.volume_id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(|| running("export") == 1.0).await;
+    let mut exported = Vec::new();
+    std::io::Read::read_to_end(&mut export.stdout.take().unwrap(), &mut exported).unwrap();
+    assert!(export.wait().unwrap().success());
+    // The whole stream (each export's header has its own time, so the bytes differ).
+    assert!(exported.len() > 8 * MIB as usize, "{} bytes", exported.len());
+    wait_for(|| running("export") == 0.0).await;
+
+    let target = driver
+        .create(create_request(&new_name(), fs_cap(), 64 * MIB))
+        .await;
+    let bytes = fs::read(&stream).unwrap();
+    let mut import = stickyvol(&driver, &["volume", "import", &target.volume_id])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pipe = import.stdin.take().unwrap();
+    pipe.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    pipe.flush().unwrap();
+    wait_for(|| running("import") == 1.0).await;
+    pipe.write_all(&bytes[bytes.len() / 2..]).unwrap();
+    drop(pipe);
+    assert!(import.wait().unwrap().success());
+    // The driver answers an import once it is done: nothing left to wait for.
+    assert_eq!(running("import"), 0.0);
+    assert_eq!(running("export"), 0.0);
+}
+
 /// Polls `done` for up to 30 s.
 async fn wait_for(mut done: impl FnMut() -> bool) {
     for _ in 0..300 {

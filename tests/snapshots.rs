@@ -1762,6 +1762,55 @@ async fn snapshot_metrics_count_snapshots_and_their_bytes() {
     assert_eq!(copies(&driver, "copying"), 0.0);
 }
 
+/// `stickyvol_copies_in_flight{kind}`: a restore, then a clone, counts while CreateVolume
+/// copies its data (100,000 small files: seconds), and no longer once CreateVolume answered.
+#[tokio::test]
+async fn copies_in_flight_count_a_restore_and_a_clone_while_they_copy() {
+    // Room for the source's, the restore's and the clone's 1 GiB each; 1.6 GB are written.
+    let driver = TestDriver::start_with_metrics_after(Options::default(), |driver| {
+        mount_tmpfs(&driver.data, "5g")
+    })
+    .await;
+    let source = SlowCopySource::new(&driver).await;
+    let snapshot = driver.snapshot_of(&source.volume.volume_id).await;
+    let restore = restore_request(snw_mount(), from_snapshot(&snapshot.snapshot_id), None);
+    created_while_counted(&driver, restore, "restore").await;
+    let clone = restore_request(snw_mount(), from_volume(&source.volume.volume_id), None);
+    created_while_counted(&driver, clone, "clone").await;
+}
+
+/// The volume `request` creates, after scrapes every 50 ms while CreateVolume ran saw one copy
+/// of `kind` running, and one after it answered sees none.
+async fn created_while_counted(
+    driver: &TestDriver,
+    request: csi::CreateVolumeRequest,
+    kind: &str,
+) -> csi::Volume {
+    let running = || {
+        driver
+            .scrape()
+            .value("stickyvol_copies_in_flight", &[("kind", kind)])
+    };
+    assert_eq!(running(), 0.0, "{kind} copies before CreateVolume");
+    let create = driver.create(request);
+    tokio::pin!(create);
+    let mut most_seen = 0.0_f64;
+    let created = loop {
+        tokio::select! {
+            created = &mut create => break created,
+            () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {
+                most_seen = most_seen.max(running());
+            }
+        }
+    };
+    assert_eq!(
+        most_seen, 1.0,
+        "the {kind} copy running, as scrapes saw it while CreateVolume ran"
+    );
+    assert_eq!(running(), 0.0, "{kind} copies after CreateVolume answered");
+    created
+}
+
 // =============================================================================================
 // btrfs with quota: volumes are subvolumes, snapshots are btrfs snapshots
 

@@ -1,5 +1,6 @@
 //! The node's space, as a scrape finds it: volumes by mode and state, the data directory's and
-//! each pool's filesystem, what each pool can still promise, and snapshots with their copies.
+//! each pool's filesystem, what each pool can still promise, snapshots with their copies, and
+//! the other copies running.
 //! Computed from the in-memory index and one statvfs per filesystem, no per-volume call.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -10,6 +11,7 @@ use tracing::warn;
 
 use super::add;
 use crate::volume::Volumes;
+use crate::volume::copies::in_flight::{CopyKind, copies_in_flight};
 use crate::volume::space::full::FULL_BELOW_BYTES;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -26,6 +28,11 @@ struct ModeLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,6 +53,7 @@ pub(super) struct Space {
     pool_full: Family<PoolLabels, Gauge>,
     snapshots: Family<PoolLabels, Gauge>,
     snapshot_copies: Family<CopyLabels, Gauge>,
+    copies_in_flight: Family<KindLabels, Gauge>,
     pool_snapshot_bytes: Family<PoolLabels, Gauge>,
 }
 
@@ -115,6 +123,12 @@ impl Space {
                 "Snapshots not ready, by pool and state: copying (their data being copied, or \
                  waiting for the next attempt) or stopped (their attempts ran out; delete them)",
             ),
+            copies_in_flight: add(
+                registry,
+                "copies_in_flight",
+                "Copies running besides snapshot copies, by kind: restore (a new volume filled \
+                 from a snapshot), clone (from another volume), export, import",
+            ),
             pool_snapshot_bytes: add(
                 registry,
                 "pool_snapshot_bytes",
@@ -157,6 +171,14 @@ impl Space {
     }
 
     fn refresh_snapshots(&self, volumes: &Volumes) {
+        let copies = copies_in_flight();
+        for kind in CopyKind::ALL {
+            self.copies_in_flight
+                .get_or_create(&KindLabels {
+                    kind: kind.as_str().into(),
+                })
+                .set(copies.running(kind) as i64);
+        }
         for census in volumes.snapshot_census() {
             for (state, count) in [
                 ("copying", census.copying),

@@ -39,6 +39,7 @@ use tracing::{info, warn};
 use super::Volumes;
 use super::copies::content::SourceData;
 use super::copies::cow;
+use super::copies::in_flight::copies_in_flight;
 use super::devices;
 use super::space::accounting::Holder;
 use super::space::capacity;
@@ -187,6 +188,7 @@ impl Volumes {
         staging: &Path,
         capacity: u64,
     ) -> Result<Option<NewDirectory>> {
+        let _running = copies_in_flight().start(data.copy_kind());
         let fill = || {
             cow::fill_volume(
                 pool,

@@ -152,11 +152,21 @@ impl TestDriver {
     /// ([`TestDriver::metrics_address`]). The port is found by binding port 0 and letting it
     /// go, so another process may take it before the driver binds it: then another port is
     /// tried, in a fresh test directory.
-    pub async fn start_with_metrics(mut options: Options) -> TestDriver {
+    pub async fn start_with_metrics(options: Options) -> TestDriver {
+        Self::start_with_metrics_after(options, |_| ()).await
+    }
+
+    /// [`TestDriver::start_with_metrics`], with `plant` run on each fresh test directory before
+    /// the driver starts (as [`TestDriver::prepare`] allows).
+    pub async fn start_with_metrics_after(
+        mut options: Options,
+        plant: impl Fn(&TestDriver),
+    ) -> TestDriver {
         for _ in 0..METRICS_PORT_ATTEMPTS {
             let address = free_local_address();
             options.metrics_address = Some(address);
             let mut driver = Self::prepare(options.clone());
+            plant(&driver);
             let Err(status) = driver.try_start_again().await else {
                 return driver;
             };

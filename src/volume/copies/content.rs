@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::in_flight::CopyKind;
 use crate::error::{Error, Result};
 use crate::volume::Volumes;
 use crate::volume::guard::OperationGuard;
@@ -63,6 +64,14 @@ impl Volumes {
 }
 
 impl SourceData {
+    /// What filling a volume from this source is called in the metrics.
+    pub fn copy_kind(&self) -> CopyKind {
+        match self.volume {
+            Some(_) => CopyKind::Clone,
+            None => CopyKind::Restore,
+        }
+    }
+
     /// The new volume's capacity: as asked, at least the source's size (OUT_OF_RANGE when the
     /// range allows only less), the source's size when nothing is asked.
     pub fn capacity(&self, required: i64, limit: i64) -> Result<i64> {

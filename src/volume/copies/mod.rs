@@ -1,11 +1,13 @@
 //! Volume data copied: snapshots (`snapshot`, their copies run by `snapshot_jobs`), new
 //! volumes filled from a snapshot or another volume (`content`), export and import streams
-//! (`transfer`), all through `cow`, which copies as cheaply as the pool allows. Uses `state`
-//! and `space`; its operations are methods of `Volumes`, so it also uses `Volumes` and its
-//! operation `guard` from the level above.
+//! (`transfer`), all through `cow`, which copies as cheaply as the pool allows; `in_flight`
+//! counts the running copies no record shows, for the metrics. Uses `state` and `space`; its
+//! operations are methods of `Volumes`, so it also uses `Volumes` and its operation `guard`
+//! from the level above.
 
 pub mod content;
 pub mod cow;
+pub mod in_flight;
 pub mod snapshot;
 pub mod snapshot_jobs;
 pub mod transfer;

@@ -22,6 +22,7 @@ use nix::unistd::{Whence, lseek};
 use tracing::{error, info, warn};
 
 use super::cow;
+use super::in_flight::{CopyKind, copies_in_flight};
 use super::snapshot::remove_snapshot_data;
 use crate::error::{Error, IoContext, Result};
 use crate::host::archive::{self, ArchiveError, Header, Importer, Kind, Summary};
@@ -55,6 +56,7 @@ impl ExportSource {
                 caller_gone(),
             ));
         };
+        let _running = copies_in_flight().start(CopyKind::Export);
         archive::export(&self.path, &self.header, out)
             .map_err(|err| archive_failure(&self.id, "exporting", err))
     }
@@ -171,6 +173,7 @@ impl Volumes {
                 "volume {id} is not empty; `stickyvol volume import --replace` discards its content first"
             )));
         }
+        let _running = copies_in_flight().start(CopyKind::Import);
         // From here until the mark is cleared, a crash leaves a volume the next start empties.
         let record = self.mark_importing(&record, true)?;
         self.empty(&record, &data)?;
