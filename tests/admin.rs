@@ -833,7 +833,11 @@ async fn copies_in_flight_count_exports_and_imports_while_their_streams_run() {
     std::io::Read::read_to_end(&mut export.stdout.take().unwrap(), &mut exported).unwrap();
     assert!(export.wait().unwrap().success());
     // The whole stream (each export's header has its own time, so the bytes differ).
-    assert!(exported.len() > 8 * MIB as usize, "{} bytes", exported.len());
+    assert!(
+        exported.len() > 8 * MIB as usize,
+        "{} bytes",
+        exported.len()
+    );
     wait_for(|| running("export") == 0.0).await;
 
     let target = driver

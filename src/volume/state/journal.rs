@@ -247,59 +247,32 @@ impl Journal {
     ) -> io::Result<(Journal, Replay)> {
         fs::create_dir_all(dir)?;
         let mut generations = generations(dir, name)?;
-        let mut replay = Replay::default();
-        let mut pending = Vec::with_capacity(generations.len());
-        let mut newest = None;
-        for &generation in &generations {
-            let path = generation_path(dir, name, generation);
-            let before = replay.entries.len();
-            let end = file::read_generation(&path, &mut replay)?;
-            // Written back by their compaction, like the changes of a running generation.
-            let unwritten = newest_per_id(&replay.entries[before..]);
-            newest = end.map(|end| (end, unwritten.clone()));
-            pending.push(Old {
-                generation,
-                unwritten,
-            });
-        }
+        let OnDisk {
+            replay,
+            mut pending,
+            newest,
+        } = read_generations(dir, name, &generations)?;
         // The newest generation is continued in place: no new file, so a start needs no free
         // block (a full filesystem must not keep the driver down). One with no room left is
         // rotated by the compactor as soon as it can.
-        let continued = match newest {
+        let current = match newest {
             Some((end, unwritten)) => {
-                let generation = *generations.last().expect("a newest generation");
-                let path = generation_path(dir, name, generation);
                 pending.pop();
-                Some((file::reopen(&path, &end)?, generation, end, unwritten))
+                let generation = *generations.last().expect("a newest generation");
+                Current::continued(dir, name, generation, &end, unwritten)?
             }
-            _ => None,
-        };
-        let (file, generation, size, allocated, sequence, unwritten) = match continued {
-            Some((file, generation, end, unwritten)) => (
-                file,
-                generation,
-                end.offset,
-                end.len,
-                end.last_sequence,
-                unwritten,
-            ),
             None => {
                 let generation = generations.last().map_or(1, |g| g + 1);
-                let file = file::prepare(dir, name, options.max_bytes)
-                    .map_err(|err| out_of_space_at_start(dir, err))?;
-                file::install(dir, name, generation)?;
                 generations.push(generation);
-                let allocated = file.metadata()?.len();
-                let size = file::MAGIC.len() as u64;
-                (file, generation, size, allocated, 0, Changes::new())
+                Current::new_generation(dir, name, generation, options.max_bytes)?
             }
         };
-        let first_entry_at = (!unwritten.is_empty()).then(Instant::now);
+        let first_entry_at = (!current.unwritten.is_empty()).then(Instant::now);
         let unwritten = match options.write_back {
-            Some(_) => unwritten,
+            Some(_) => current.unwritten,
             None => Changes::new(),
         };
-        let file = Arc::new(file);
+        let file = Arc::new(current.file);
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             name: name.to_string(),
@@ -307,12 +280,12 @@ impl Journal {
             options,
             state: Mutex::new(State {
                 file: file.clone(),
-                generation,
-                size,
-                allocated,
+                generation: current.generation,
+                size: current.size,
+                allocated: current.allocated,
                 first_entry_at,
-                written: sequence,
-                durable: sequence,
+                written: current.sequence,
+                durable: current.sequence,
                 unwaited: 0,
                 flushing: false,
                 failed: None,
@@ -331,18 +304,10 @@ impl Journal {
                 ..Counters::default()
             },
         });
-        let mut threads = Vec::new();
-        if shared.options.background {
-            let spawn = |role: &str, work: fn(&Shared)| {
-                let shared = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("{role}-{name}"))
-                    .spawn(move || work(&shared))
-                    .unwrap_or_else(|err| panic!("spawning the journal's {role} thread: {err}"))
-            };
-            threads.push(spawn("journal", Shared::compact_in_background));
-            threads.push(spawn("flush", Shared::flush_in_background));
-        }
+        let threads = match shared.options.background {
+            true => start_background(&shared),
+            false => Vec::new(),
+        };
         let journal = Journal {
             shared,
             threads: Mutex::new(threads),
@@ -826,6 +791,107 @@ pub fn peek(dir: &Path, name: &str) -> io::Result<Replay> {
         file::peek_generation(&generation_path(dir, name, generation), &mut replay)?;
     }
     Ok(replay)
+}
+
+/// What a start reads from the journal's generations.
+struct OnDisk {
+    /// Every entry, oldest first, torn tails cut off.
+    replay: Replay,
+    /// Each generation's newest entry per record, written back by its compaction (like a
+    /// running generation's changes).
+    pending: Vec<Old>,
+    /// Where the newest generation's good entries end, with its newest entry per record.
+    newest: Option<(file::End, Changes)>,
+}
+
+fn read_generations(dir: &Path, name: &str, generations: &[u64]) -> io::Result<OnDisk> {
+    let mut replay = Replay::default();
+    let mut pending = Vec::with_capacity(generations.len());
+    let mut newest = None;
+    for &generation in generations {
+        let path = generation_path(dir, name, generation);
+        let before = replay.entries.len();
+        let end = file::read_generation(&path, &mut replay)?;
+        let unwritten = newest_per_id(&replay.entries[before..]);
+        newest = end.map(|end| (end, unwritten.clone()));
+        pending.push(Old {
+            generation,
+            unwritten,
+        });
+    }
+    Ok(OnDisk {
+        replay,
+        pending,
+        newest,
+    })
+}
+
+/// The generation a start appends to.
+struct Current {
+    file: File,
+    generation: u64,
+    /// Where the next entry goes.
+    size: u64,
+    allocated: u64,
+    /// The last entry's sequence (0: none).
+    sequence: u64,
+    unwritten: Changes,
+}
+
+impl Current {
+    /// The newest generation, reopened to append after its last good entry at `end`.
+    fn continued(
+        dir: &Path,
+        name: &str,
+        generation: u64,
+        end: &file::End,
+        unwritten: Changes,
+    ) -> io::Result<Current> {
+        let path = generation_path(dir, name, generation);
+        Ok(Current {
+            file: file::reopen(&path, end)?,
+            generation,
+            size: end.offset,
+            allocated: end.len,
+            sequence: end.last_sequence,
+            unwritten,
+        })
+    }
+
+    /// A new, empty generation (none had a good end to continue).
+    fn new_generation(
+        dir: &Path,
+        name: &str,
+        generation: u64,
+        max_bytes: u64,
+    ) -> io::Result<Current> {
+        let file =
+            file::prepare(dir, name, max_bytes).map_err(|err| out_of_space_at_start(dir, err))?;
+        file::install(dir, name, generation)?;
+        Ok(Current {
+            allocated: file.metadata()?.len(),
+            file,
+            generation,
+            size: file::MAGIC.len() as u64,
+            sequence: 0,
+            unwritten: Changes::new(),
+        })
+    }
+}
+
+/// The compactor's and the flusher's threads.
+fn start_background(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    let spawn = |role: &str, work: fn(&Shared)| {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("{role}-{}", shared.name))
+            .spawn(move || work(&shared))
+            .unwrap_or_else(|err| panic!("spawning the journal's {role} thread: {err}"))
+    };
+    vec![
+        spawn("journal", Shared::compact_in_background),
+        spawn("flush", Shared::flush_in_background),
+    ]
 }
 
 fn newest_per_id(entries: &[Entry]) -> Changes {
