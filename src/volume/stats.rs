@@ -6,7 +6,7 @@ use super::space::limits;
 use super::space::pool::Pool;
 use super::space::throttle::node_walks;
 use super::state::id::VolumeId;
-use super::state::record::{SizeLimit, VolumeKind};
+use super::state::record::{Publication, SizeLimit, VolumeKind, VolumeRecord};
 use super::{Condition, Volumes, data_problem, usage_problem};
 use crate::error::{Error, IoContext, Result};
 use crate::host::tree::WalkError;
@@ -87,63 +87,7 @@ impl Volumes {
             return Err(not_published());
         }
         match record.kind {
-            VolumeKind::Filesystem => {
-                let space = fsstat::space(&publication.target)
-                    .context(|| format!("statvfs {}", publication.target.display()))?;
-                // O(1) from the quota where the size is enforced; a walk otherwise. A walk that
-                // spent its budget (a tree larger than we walk, or reshaped while walked) gives
-                // the last figure and shows the volume abnormal, saying why, rather than an
-                // error kubelet would retry at once.
-                let walk = || match self.walked_usage(pool, id, &data) {
-                    Ok(m) => Ok((m.bytes, Some(m.inodes), None)),
-                    Err(err @ WalkError::Budget { .. }) => Ok((
-                        pool.used_of(id).unwrap_or(0),
-                        None,
-                        Some(format!("the usage of volume {id} was not measured: {err}")),
-                    )),
-                    Err(err) => Err(Error::volume_walk(id, "measuring", err)),
-                };
-                let mut unreadable = None;
-                if record.size_limit == SizeLimit::BtrfsQgroup {
-                    pool.commit_qgroups();
-                }
-                let (used, inodes, limited) = match limits::usage(record.size_limit, &data) {
-                    Ok(Some(quota)) => {
-                        (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some())
-                    }
-                    Ok(None) => {
-                        let (bytes, inodes, unmeasured) = walk()?;
-                        unreadable = unmeasured;
-                        (bytes, inodes, false)
-                    }
-                    // E.g. btrfs quota turned off: measure the slow way and say why.
-                    Err(err) => {
-                        let (bytes, inodes, unmeasured) = walk()?;
-                        unreadable = unmeasured.or(Some(format!(
-                            "cannot read the size limit of volume {id}: {err}; it may fill its pool"
-                        )));
-                        (bytes, inodes, false)
-                    }
-                };
-                pool.set_used(id, used);
-                self.notice_overflow(&record, used);
-                Ok(VolumeStats {
-                    bytes: Amounts {
-                        total: capacity,
-                        used,
-                        available: capacity.saturating_sub(used).min(space.available_bytes),
-                    },
-                    inodes: inodes.map(|used| Amounts {
-                        total: used + space.available_inodes,
-                        used,
-                        available: space.available_inodes,
-                    }),
-                    condition: Condition::from_problem(joined(
-                        self.audit_problem(id),
-                        unreadable.or_else(|| usage_problem(&record, used, limited)),
-                    )),
-                })
-            }
+            VolumeKind::Filesystem => self.directory_stats(&record, publication, pool, &data),
             VolumeKind::Image(fs) => self.image_stats(&record, fs, publication, &data),
             VolumeKind::Block => {
                 let file =
@@ -160,6 +104,71 @@ impl Volumes {
                 })
             }
         }
+    }
+
+    /// A filesystem volume's stats: O(1) from the quota where its size is enforced, a walk of
+    /// `data` otherwise.
+    fn directory_stats(
+        &self,
+        record: &VolumeRecord,
+        publication: &Publication,
+        pool: &Pool,
+        data: &Path,
+    ) -> Result<VolumeStats> {
+        let id = &record.id;
+        let capacity = record.capacity_bytes as u64;
+        let space = fsstat::space(&publication.target)
+            .context(|| format!("statvfs {}", publication.target.display()))?;
+        // A walk that spent its budget (a tree larger than we walk, or reshaped while walked)
+        // gives the last figure and shows the volume abnormal, saying why, rather than an error
+        // kubelet would retry at once.
+        let walk = || match self.walked_usage(pool, id, data) {
+            Ok(m) => Ok((m.bytes, Some(m.inodes), None)),
+            Err(err @ WalkError::Budget { .. }) => Ok((
+                pool.used_of(id).unwrap_or(0),
+                None,
+                Some(format!("the usage of volume {id} was not measured: {err}")),
+            )),
+            Err(err) => Err(Error::volume_walk(id, "measuring", err)),
+        };
+        let mut unreadable = None;
+        if record.size_limit == SizeLimit::BtrfsQgroup {
+            pool.commit_qgroups();
+        }
+        let (used, inodes, limited) = match limits::usage(record.size_limit, data) {
+            Ok(Some(quota)) => (quota.used_bytes, quota.inodes, quota.limit_bytes.is_some()),
+            Ok(None) => {
+                let (bytes, inodes, unmeasured) = walk()?;
+                unreadable = unmeasured;
+                (bytes, inodes, false)
+            }
+            // E.g. btrfs quota turned off: measure the slow way and say why.
+            Err(err) => {
+                let (bytes, inodes, unmeasured) = walk()?;
+                unreadable = unmeasured.or(Some(format!(
+                    "cannot read the size limit of volume {id}: {err}; it may fill its pool"
+                )));
+                (bytes, inodes, false)
+            }
+        };
+        pool.set_used(id, used);
+        self.notice_overflow(record, used);
+        Ok(VolumeStats {
+            bytes: Amounts {
+                total: capacity,
+                used,
+                available: capacity.saturating_sub(used).min(space.available_bytes),
+            },
+            inodes: inodes.map(|used| Amounts {
+                total: used + space.available_inodes,
+                used,
+                available: space.available_inodes,
+            }),
+            condition: Condition::from_problem(joined(
+                self.audit_problem(id),
+                unreadable.or_else(|| usage_problem(record, used, limited)),
+            )),
+        })
     }
 }
 
