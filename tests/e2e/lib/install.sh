@@ -79,6 +79,25 @@ uninstall_other() {
     rm -f "$installed_file"
 }
 
+# rolled_out NAMESPACE KIND/NAME: waits up to 300 s for the rollout. One that does not finish
+# fails the install after printing what the cluster shows (nodes, pods, recent events, the
+# not-ready pods' descriptions and logs), so a red run names its cause.
+rolled_out() {
+    local ns=$1 what=$2 pod
+    k -n "$ns" rollout status "$what" --timeout=300s >/dev/null && return 0
+    log "$what in $ns not rolled out after 300 s; what the cluster shows:"
+    {
+        k get nodes -o wide
+        k get pods -A -o wide
+        k get events -A --sort-by=.lastTimestamp | tail -40
+        for pod in $(k -n "$ns" get pods --no-headers | awk '{split($2, n, "/"); if (n[1] != n[2]) print $1}'); do
+            k -n "$ns" describe pod "$pod" | tail -40
+            k -n "$ns" logs "$pod" --all-containers --prefix --tail=40
+        done
+    } >&2 2>&1 || true
+    die "$what in $ns did not roll out in 300 s"
+}
+
 uninstall_other
 k apply -f "$E2E_CACHE/snapshot-crds-$SNAPSHOT_CLIENT_VERSION/" >/dev/null
 k wait --for=condition=Established crd --all --timeout=60s >/dev/null
@@ -92,7 +111,7 @@ case $how in
     *) die "install.sh: kustomize or helm, not $how" ;;
 esac
 echo "$how" >"$installed_file"
-k -n stickyvol rollout status daemonset/stickyvol-node --timeout=300s >/dev/null
-k -n stickyvol rollout status statefulset/stickyvol-controller --timeout=300s >/dev/null
-k -n kube-system rollout status deployment/snapshot-controller --timeout=300s >/dev/null
+rolled_out stickyvol daemonset/stickyvol-node
+rolled_out stickyvol statefulset/stickyvol-controller
+rolled_out kube-system deployment/snapshot-controller
 log "stickyvol installed with $how and running on every node"
