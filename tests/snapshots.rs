@@ -226,11 +226,7 @@ async fn snapshot_answered_not_ready(
     driver: &TestDriver,
 ) -> (csi::Volume, csi::CreateSnapshotRequest, csi::Snapshot) {
     let mut source = SlowCopySource::new(driver).await;
-    for round in 0..SLOW_COPY_ROUNDS {
-        if round > 0 {
-            source.double();
-        }
-        let (request, first) = source.snapshot(driver).await;
+    while let Some((request, first)) = source.next_snapshot(driver).await {
         if !first.ready_to_use {
             return (source.volume, request, first);
         }
@@ -255,11 +251,7 @@ async fn killed_during_a_copy(
     driver: &mut TestDriver,
 ) -> (csi::Volume, csi::CreateSnapshotRequest, csi::Snapshot) {
     let mut source = SlowCopySource::new(driver).await;
-    for round in 0..SLOW_COPY_ROUNDS {
-        if round > 0 {
-            source.double();
-        }
-        let (request, first) = source.snapshot(driver).await;
+    while let Some((request, first)) = source.next_snapshot(driver).await {
         let answered_not_ready = !first.ready_to_use;
         if answered_not_ready {
             driver.kill9();
@@ -292,7 +284,8 @@ fn copy_is_half_made(driver: &TestDriver, snapshot_id: &str) -> bool {
 struct SlowCopySource {
     volume: csi::Volume,
     files: usize,
-    next_round: usize,
+    /// Snapshots asked for so far (at most [`SLOW_COPY_ROUNDS`]).
+    rounds: usize,
 }
 
 impl SlowCopySource {
@@ -304,15 +297,26 @@ impl SlowCopySource {
         SlowCopySource {
             volume,
             files: SLOW_COPY_FILES,
-            next_round: 1,
+            rounds: 0,
         }
     }
 
-    /// Writes as many files again, under the next round's directory.
-    fn double(&mut self) {
-        write_small_files(&host_path(&self.volume), self.next_round, self.files);
-        self.files *= 2;
-        self.next_round += 1;
+    /// The next round's CreateSnapshot request and its first answer: after the first round, the
+    /// volume first gets as many files again (under the round's directory). None once
+    /// [`SLOW_COPY_ROUNDS`] were tried.
+    async fn next_snapshot(
+        &mut self,
+        driver: &TestDriver,
+    ) -> Option<(csi::CreateSnapshotRequest, csi::Snapshot)> {
+        if self.rounds == SLOW_COPY_ROUNDS {
+            return None;
+        }
+        if self.rounds > 0 {
+            write_small_files(&host_path(&self.volume), self.rounds, self.files);
+            self.files *= 2;
+        }
+        self.rounds += 1;
+        Some(self.snapshot(driver).await)
     }
 
     /// A CreateSnapshot request of the volume under a new name, and its first answer.
