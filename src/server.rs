@@ -335,32 +335,22 @@ impl Background {
     }
 
     async fn stop(self) {
-        let Background {
-            stop_reconciler,
-            reconciler,
-            watches,
-            stop_orphans,
-            orphan_check,
-            stop_audit,
-            stop_overflow,
-            overflow_check,
-        } = self;
-        let _ = stop_reconciler.send(());
-        let _ = stop_orphans.send(());
-        watches.iter().for_each(|w| w.abort());
-        if let Some(stop) = stop_audit {
+        let _ = self.stop_reconciler.send(());
+        let _ = self.stop_orphans.send(());
+        self.watches.iter().for_each(|w| w.abort());
+        if let Some(stop) = &self.stop_audit {
             // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
             stop.store(true, Ordering::Relaxed);
         }
-        let _ = stop_overflow.send(());
-        if let Some(overflow_check) = overflow_check {
+        let _ = self.stop_overflow.send(());
+        if let Some(overflow_check) = &self.overflow_check {
             overflow_check.abort();
         }
-        if let Some(orphan_check) = orphan_check {
+        if let Some(orphan_check) = &self.orphan_check {
             // A move under way finishes on its blocking thread; the loop itself just stops.
             orphan_check.abort();
         }
-        if let Some(reconciler) = reconciler {
+        if let Some(reconciler) = self.reconciler {
             // Bounded: a hung API call must not hold the stop past the pod's grace period.
             if tokio::time::timeout(std::time::Duration::from_secs(5), reconciler)
                 .await

@@ -304,9 +304,10 @@ impl Journal {
                 ..Counters::default()
             },
         });
-        let threads = match shared.options.background {
-            true => start_background(&shared),
-            false => Vec::new(),
+        let threads = if shared.options.background {
+            start_background(&shared)
+        } else {
+            Vec::new()
         };
         let journal = Journal {
             shared,
