@@ -5,8 +5,8 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::admin::cli::AdminCommand;
+use crate::cluster::orphans::ClusterCommand;
 use crate::config::{DoctorArgs, ServeArgs};
-use crate::nodeloss::orphans::ClusterCommand;
 
 /// stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
 ///
@@ -53,7 +53,7 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
-    use crate::nodeloss::orphans::{ClusterCommand, OrphansArgs};
+    use crate::cluster::orphans::{ClusterCommand, OrphansArgs};
 
     #[test]
     fn the_command_line_is_consistent_and_parses_cluster_orphans() {

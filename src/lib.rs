@@ -6,29 +6,18 @@
 //! mechanics that know nothing about gRPC (mounts, loop devices, safe deletion, usage).
 
 pub mod admin;
-pub mod audit_events;
-pub mod class_check;
+pub mod class;
 pub mod cli;
+pub mod cluster;
 pub mod config;
-pub mod controller;
 pub mod doctor;
-pub mod driver;
 pub mod error;
-pub mod events;
-#[cfg(test)]
-mod fake_api;
+pub mod faces;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
-pub mod identity;
 pub mod metrics;
-pub mod node;
-pub mod nodeloss;
-pub mod overflow;
-pub mod placement;
-pub mod request;
 pub mod server;
-pub mod slim;
 pub mod unix_channel;
 pub mod volume;
 

@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::driver::Driver;
+use crate::faces::driver::Driver;
 use crate::volume::space::audit::AuditTotals;
 use crate::volume::state::journal;
 

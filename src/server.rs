@@ -10,7 +10,6 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -19,21 +18,17 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::codegen::http;
 use tonic::transport::Server;
 use tower::{Layer, Service};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
-use crate::audit_events;
-use crate::class_check;
+use crate::cluster::kit::task::Inputs;
+use crate::cluster::loops;
 use crate::config::{Config, Mode};
-use crate::controller::ControllerService;
 use crate::csi;
-use crate::driver::Driver;
-use crate::identity::IdentityService;
+use crate::faces::controller::ControllerService;
+use crate::faces::driver::Driver;
+use crate::faces::identity::IdentityService;
+use crate::faces::node::NodeService;
 use crate::metrics::{self, Metrics};
-use crate::node::NodeService;
-use crate::nodeloss::{reconcile, report, returned};
-use crate::overflow;
-use crate::placement;
-use crate::volume::audit;
 
 /// Owner and group (kubelet, sidecars) only: the socket grants full control of node storage.
 const SOCKET_MODE: u32 = 0o660;
@@ -55,7 +50,7 @@ pub enum ServeError {
     },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("node loss (reconciler or orphan check): no Kubernetes client configuration: {0}")]
+    #[error("background loops: no Kubernetes client configuration: {0}")]
     Kubernetes(#[from] kube::Error),
 }
 
@@ -105,263 +100,6 @@ fn reflection_for(
     Ok(reflection.build_v1()?)
 }
 
-/// The node-loss reconciler, where the configuration asks for one; it runs until `stopped`.
-async fn start_reconciler(
-    driver: &Driver,
-    metrics: &Arc<Metrics>,
-    stopped: tokio::sync::oneshot::Receiver<()>,
-) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
-    let Some(node_loss) = driver.config.node_loss.clone() else {
-        return Ok(None);
-    };
-    // In-cluster: the service account's token and CA; else $KUBECONFIG.
-    let client = kube::Client::try_default().await?;
-    let settings = reconcile::Settings {
-        driver: driver.config.driver_name.clone(),
-        topology_key: driver.config.topology_key(),
-        dry_run: node_loss.dry_run,
-        interval: node_loss.interval,
-        lease_namespace: node_loss.lease_namespace,
-        lease_name: reconcile::LEASE_NAME.into(),
-        identity: node_loss.identity,
-    };
-    info!(dry_run = settings.dry_run, interval = ?settings.interval, "node-loss reconciler starting");
-    let shutdown = async move {
-        let _ = stopped.await;
-    };
-    Ok(Some(tokio::spawn(reconcile::run(
-        client,
-        settings,
-        metrics.clone(),
-        shutdown,
-    ))))
-}
-
-/// Restore placement, where the configuration asks for it; it runs until aborted (stateless: a
-/// look cut short is done again by the next start's watch).
-async fn start_restore_placement(
-    driver: &Driver,
-    metrics: &Arc<Metrics>,
-) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
-    if !driver.config.restore_placement {
-        return Ok(None);
-    }
-    let client = kube::Client::try_default().await?;
-    let settings = placement::run::Settings {
-        driver: driver.config.driver_name.clone(),
-        topology_key: driver.config.topology_key(),
-        identity: driver.config.node_id.clone(),
-    };
-    info!("restore placement starting");
-    Ok(Some(tokio::spawn(placement::run::run(
-        client,
-        settings,
-        metrics.clone(),
-        std::future::pending(),
-    ))))
-}
-
-/// The class check, where the configuration asks for it; it runs until aborted.
-async fn start_class_check(
-    driver: &Driver,
-) -> Result<Option<tokio::task::JoinHandle<()>>, ServeError> {
-    if !driver.config.check_classes {
-        return Ok(None);
-    }
-    let client = kube::Client::try_default().await?;
-    info!("class check starting");
-    Ok(Some(tokio::spawn(class_check::run(
-        client,
-        driver.config.driver_name.clone(),
-        driver.config.node_id.clone(),
-        std::future::pending(),
-    ))))
-}
-
-/// The check of a node that comes back, where the configuration asks for one and this mode has
-/// volumes; it runs until `stopped`. The node's volumes matter more than its report: without
-/// credentials the driver serves anyway, and says so.
-async fn start_orphan_check(
-    driver: &Driver,
-    metrics: &Arc<Metrics>,
-    stopped: tokio::sync::oneshot::Receiver<()>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let check = driver.config.orphan_check.clone()?;
-    let volumes = driver.volumes().ok()?;
-    let client = match kube::Client::try_default().await {
-        Ok(client) => client,
-        Err(err) => {
-            error!(error = %err, "orphan check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
-            return None;
-        }
-    };
-    let settings = returned::Settings {
-        driver: driver.config.driver_name.clone(),
-        node: driver.config.node_id.clone(),
-        interval: check.interval,
-        // Two looks at least two intervals apart (see `returned`).
-        confirm: check.interval * 2,
-        report: check.report_namespace.map(|namespace| report::Target {
-            driver: driver.config.driver_name.clone(),
-            node: driver.config.node_id.clone(),
-            namespace,
-        }),
-    };
-    info!(interval = ?settings.interval, report = ?settings.report.as_ref().map(|r| &r.namespace), "orphan check starting");
-    let shutdown = async move {
-        let _ = stopped.await;
-    };
-    Some(tokio::spawn(returned::run(
-        client,
-        volumes,
-        settings,
-        metrics.clone(),
-        shutdown,
-    )))
-}
-
-/// The periodic project-id audit, where the configuration asks for it and this mode has
-/// volumes, on a thread of its own (its walks block); it stops when the flag returned is set.
-fn start_project_audit(driver: &Driver) -> Option<Arc<AtomicBool>> {
-    let interval = driver.config.project_audit_interval?;
-    let volumes = driver.volumes().ok()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stopped = stop.clone();
-    // Events on the claims: written by a task of their own, fed without waiting (the queue is
-    // bounded; the log and the metrics report what does not fit).
-    let (found, pending) = tokio::sync::mpsc::channel(64);
-    let reporter = audit_events::Reporter {
-        driver: driver.config.driver_name.clone(),
-        node: driver.config.node_id.clone(),
-    };
-    tokio::spawn(audit_events::run(pending, reporter));
-    let report = move |tampered: Vec<audit::Tampered>| {
-        for volume in tampered {
-            if found.try_send(volume).is_err() {
-                warn!("project-id audit: Event queue full, an Event on a claim was dropped");
-            }
-        }
-    };
-    let started = std::thread::Builder::new()
-        .name("project-audit".into())
-        .spawn(move || audit::run_every(volumes, interval, stopped, report));
-    match started {
-        Ok(_) => Some(stop),
-        Err(err) => {
-            error!(error = %err, "project-id audit off: cannot start its thread");
-            None
-        }
-    }
-}
-
-/// The overflow check, where the configuration asks for one and this mode has volumes; it runs
-/// until `stopped`. Without credentials the driver serves anyway, and says so.
-async fn start_overflow_check(
-    driver: &Driver,
-    metrics: &Arc<Metrics>,
-    stopped: tokio::sync::oneshot::Receiver<()>,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let interval = driver.config.overflow_check?;
-    let volumes = driver.volumes().ok()?;
-    let client = match overflow::client().await {
-        Ok(client) => client,
-        Err(err) => {
-            error!(error = %err, "overflow check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
-            return None;
-        }
-    };
-    let settings = overflow::Settings {
-        driver: driver.config.driver_name.clone(),
-        node: driver.config.node_id.clone(),
-        interval,
-    };
-    info!(interval = ?settings.interval, "overflow check starting");
-    let shutdown = async move {
-        let _ = stopped.await;
-    };
-    Some(tokio::spawn(overflow::run(
-        client,
-        volumes,
-        settings,
-        metrics.clone(),
-        shutdown,
-    )))
-}
-
-/// The loops that run beside the CSI server, and how each is stopped with it.
-struct Background {
-    stop_reconciler: tokio::sync::oneshot::Sender<()>,
-    reconciler: Option<tokio::task::JoinHandle<()>>,
-    watches: Vec<tokio::task::JoinHandle<()>>,
-    stop_orphans: tokio::sync::oneshot::Sender<()>,
-    orphan_check: Option<tokio::task::JoinHandle<()>>,
-    stop_audit: Option<Arc<AtomicBool>>,
-    stop_overflow: tokio::sync::oneshot::Sender<()>,
-    overflow_check: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Background {
-    async fn start(driver: &Driver, metrics: &Arc<Metrics>) -> Result<Background, ServeError> {
-        // The node-loss reconciler stops with the server; it then hands its Lease over.
-        let (stop_reconciler, stopped) = tokio::sync::oneshot::channel::<()>();
-        let reconciler = start_reconciler(driver, metrics, stopped).await?;
-        // Restores and clones go to their source's node; classes of ours with a mistake get an
-        // Event naming it. Both are watches that hold nothing: aborted at the stop.
-        let watches: Vec<_> = [
-            start_restore_placement(driver, metrics).await?,
-            start_class_check(driver).await?,
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        // A node that comes back: volumes whose PV is gone move to lost+found.
-        let (stop_orphans, orphans_stopped) = tokio::sync::oneshot::channel::<()>();
-        let orphan_check = start_orphan_check(driver, metrics, orphans_stopped).await;
-        // Pods moving files out of their volume's project are caught and undone.
-        let stop_audit = start_project_audit(driver);
-        // Directory volumes above a size their pool cannot enforce: evicted or reported.
-        let (stop_overflow, overflow_stopped) = tokio::sync::oneshot::channel::<()>();
-        let overflow_check = start_overflow_check(driver, metrics, overflow_stopped).await;
-        Ok(Background {
-            stop_reconciler,
-            reconciler,
-            watches,
-            stop_orphans,
-            orphan_check,
-            stop_audit,
-            stop_overflow,
-            overflow_check,
-        })
-    }
-
-    async fn stop(self) {
-        let _ = self.stop_reconciler.send(());
-        let _ = self.stop_orphans.send(());
-        self.watches.iter().for_each(|w| w.abort());
-        if let Some(stop) = &self.stop_audit {
-            // Its walk ends at the next entry; it lets go of the volumes before the wait below ends.
-            stop.store(true, Ordering::Relaxed);
-        }
-        let _ = self.stop_overflow.send(());
-        if let Some(overflow_check) = &self.overflow_check {
-            overflow_check.abort();
-        }
-        if let Some(orphan_check) = &self.orphan_check {
-            // A move under way finishes on its blocking thread; the loop itself just stops.
-            orphan_check.abort();
-        }
-        if let Some(reconciler) = self.reconciler {
-            // Bounded: a hung API call must not hold the stop past the pod's grace period.
-            if tokio::time::timeout(std::time::Duration::from_secs(5), reconciler)
-                .await
-                .is_err()
-            {
-                warn!("node-loss reconciler did not stop in 5 s");
-            }
-        }
-    }
-}
-
 async fn serve_on(
     listener: UnixListener,
     admin: Option<UnixListener>,
@@ -391,7 +129,13 @@ async fn serve_on(
             .await
             .map_err(|source| ServeError::Metrics { address, source })?;
     }
-    let background = Background::start(&driver, &metrics).await?;
+    let volumes = driver.volumes().ok();
+    let background = loops::start(&Inputs {
+        config: &driver.config,
+        volumes: volumes.as_ref(),
+        metrics: &metrics,
+    })
+    .await?;
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);

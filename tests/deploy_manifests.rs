@@ -99,7 +99,7 @@ fn the_dockerfile_labels_the_image_with_its_version_revision_and_source() {
 /// agree, or every node's report is refused (or, worse, a wider name is let through).
 #[test]
 fn the_report_policy_expects_the_report_the_driver_writes() {
-    use stickyvol::nodeloss::report;
+    use stickyvol::cluster::node::nodeloss::report;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = fs::read_to_string(root.join("deploy/kubernetes/rbac-node.yaml")).unwrap();
     let policy = serde_yaml::Deserializer::from_str(&text)

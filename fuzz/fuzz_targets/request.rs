@@ -1,4 +1,4 @@
-//! Request validation (`stickyvol::request`): what a CSI client controls. The first byte picks
+//! Request validation (`stickyvol::faces::request`): what a CSI client controls. The first byte picks
 //! what the rest is: a volume or snapshot id, a host path, StorageClass parameters or mount
 //! options as text, or one of the CSI requests the node plugin and controller validate, as the
 //! protobuf bytes gRPC hands over. Each is validated as the service does it, and checked:
@@ -19,7 +19,7 @@ use prost::Message;
 use stickyvol::csi;
 use stickyvol::error::Error;
 use stickyvol::host::mount;
-use stickyvol::request::{self, Capability};
+use stickyvol::faces::request::{self, Capability};
 use stickyvol::volume::state::id::{SnapshotId, VolumeId};
 use stickyvol::volume::state::record::VolumeKind;
 

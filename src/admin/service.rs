@@ -12,8 +12,8 @@ use tracing::{info, warn};
 
 use super::stream::{CHUNKS_IN_FLIGHT, ChunkReader, ChunkWriter};
 use crate::admin_api::{self as api, admin_server::Admin, export_volume_response::Message};
-use crate::driver::{Driver, blocking};
-use crate::request;
+use crate::faces::driver::{Driver, blocking};
+use crate::faces::request;
 use crate::volume::Volumes;
 use crate::volume::inventory::{
     PARAM_PV_NAME, PARAM_PVC_NAME, PARAM_PVC_NAMESPACE, VolumeReport, pod_uid_of,

@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 
 use super::Metrics;
 use crate::config::MetricsLimits as Limits;
-use crate::driver::Driver;
+use crate::faces::driver::Driver;
 
 /// A request head larger than this is refused (431): hyper's smallest read buffer, some 20
 /// times what Prometheus sends.

@@ -16,7 +16,7 @@ use super::{RpcObserverLayer, ServeError};
 use crate::admin::access::root_only;
 use crate::admin::service::AdminService;
 use crate::admin_api::admin_server::AdminServer;
-use crate::driver::Driver;
+use crate::faces::driver::Driver;
 use crate::metrics::Metrics;
 use crate::unix_channel::STREAM_WINDOW_BYTES;
 

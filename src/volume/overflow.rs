@@ -2,7 +2,7 @@
 //! without project quota, btrfs without quota) behave like an emptyDir with a sizeLimit: once
 //! one is measured above its size, the pods using it are evicted (`onOverflow: evict`, the
 //! default) or it is only reported (`report`). This is the domain half: which volumes overflow
-//! and whose pods they hold. `crate::overflow` evicts and reports through the Kubernetes API.
+//! and whose pods they hold. `crate::cluster::node::overflow` evicts and reports through the Kubernetes API.
 //!
 //! What it costs: nothing beyond what stats already cost. NodeGetVolumeStats walks such a
 //! volume (kubelet asks every minute, its volumeStatsAggPeriod) and notes one found above its

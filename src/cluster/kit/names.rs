@@ -1,0 +1,16 @@
+//! Names Kubernetes and its sidecars give to annotations, labels, taints and finalizers that both
+//! sides of the cluster wing read or write.
+
+/// The claim annotation the scheduler sets and csi-provisioner follows.
+pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// The finalizer external-provisioner puts on PVs it provisioned; only the dead node's
+/// provisioner would remove it.
+pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+
+/// The taint Kubernetes documents for a node shut down non-gracefully.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// The label the snapshot-controller puts on a VolumeSnapshotContent: the node whose
+/// csi-snapshotter handles it.
+pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";

@@ -1,0 +1,68 @@
+//! The one list of background loops: each room of the cluster wing offers a `start` that makes
+//! its loop from the configuration (or none, where the configuration or the mode does not ask
+//! for it); here they are started in one place and stopped in one place. A new loop is a
+//! `start` in its own room and one line in `start` below.
+
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::controller::{class_check, nodeloss::reconcile, placement};
+use super::kit::task::{Inputs, Loop, Shutdown, Stop};
+use super::node::{nodeloss::returned, overflow, project_audit};
+
+/// The loops running beside the CSI server.
+pub struct Running {
+    stop: Stop,
+    loops: Vec<(&'static str, std::time::Duration, JoinHandle<()>)>,
+}
+
+/// Starts every loop the configuration asks for. A loop that cannot start without a client
+/// fails the start (the controller's loops); the node's loops serve without one, and say so.
+pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
+    let (stop, shutdown) = Shutdown::new();
+    let made: [Option<Loop>; 6] = [
+        // Claims of StatefulSets pinned to a lost node are released (controller mode).
+        reconcile::start(inputs, shutdown.clone()).await?,
+        // Restores and clones go to their source's node (controller mode).
+        placement::run::start(inputs, shutdown.clone()).await?,
+        // Classes of ours with a mistake get an Event naming it (controller mode).
+        class_check::start(inputs, shutdown.clone()).await?,
+        // A node that comes back: volumes whose PV is gone move to lost+found.
+        returned::start(inputs, shutdown.clone()).await?,
+        // Pods moving files out of their volume's project are caught and undone.
+        project_audit::start(inputs, shutdown.clone()).await?,
+        // Directory volumes above a size their pool cannot enforce: evicted or reported.
+        overflow::start(inputs, shutdown).await?,
+    ];
+    let loops = made
+        .into_iter()
+        .flatten()
+        .map(|made| (made.name, made.grace, tokio::spawn(made.run)))
+        .collect();
+    Ok(Running { stop, loops })
+}
+
+impl Running {
+    /// Tells every loop to stop, then gives each its grace to end before aborting it.
+    pub async fn stop(self) {
+        self.stop.tell();
+        for (name, grace, mut task) in self.loops {
+            if grace.is_zero() {
+                task.abort();
+            } else if tokio::time::timeout(grace, &mut task).await.is_err() {
+                warn!(
+                    name,
+                    ?grace,
+                    "background loop did not stop in time; aborted"
+                );
+                task.abort();
+            }
+            debug!(name, "background loop stopped");
+        }
+    }
+
+    /// The names of the loops running, in the order they started.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.loops.iter().map(|(name, ..)| *name).collect()
+    }
+}

@@ -1,0 +1,18 @@
+//! The cluster wing: everything that talks to the Kubernetes API.
+//! - `controller`: the loops of `--mode=controller` (restore placement, the class check, node
+//!   loss' reconciler);
+//! - `node`: the loops a node plugin runs against the API (the overflow check, the audit's
+//!   Events, node loss' node side);
+//! - `kit`: what both share (object types, the Event recorder, the client, Kubernetes' names,
+//!   the unit tests' fake API server);
+//! - `loops`: the one list of background loops, started and stopped in one place;
+//! - `orphans`: `stickyvol cluster orphans`, which reads what both sides write.
+//!
+//! Arrows: `loops` and `orphans` use both sides; `controller` and `node` use `kit` and never
+//! each other; `kit` uses nothing else of `cluster`.
+
+pub mod controller;
+pub mod kit;
+pub mod loops;
+pub mod node;
+pub mod orphans;

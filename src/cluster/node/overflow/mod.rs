@@ -1,0 +1,377 @@
+//! The overflow check (node driver, `--overflow-check-interval`): a directory volume whose size
+//! nothing enforces and that is measured above it gets its pods evicted through the Eviction
+//! API (`onOverflow: evict`, as kubelet evicts a pod whose emptyDir passes its sizeLimit) or is
+//! only reported (`report`), with a Warning Event on its claim and metrics either way. Which
+//! volumes overflow, and what measuring them costs, is `volume::overflow`'s; this is the loop
+//! that acts (`api` makes the calls).
+//!
+//! PodDisruptionBudgets are respected, unlike kubelet's own emptyDir eviction: we evict through
+//! the Eviction API, whose 429 answer means a budget refuses now. The pod is then left running,
+//! an Event says so once, the refusal is counted, and the eviction is asked again every round
+//! until the budget allows it or the volume fits its size again (the volume's condition stays
+//! abnormal meanwhile). A deletion that bypasses budgets would be kubelet's privilege, not a
+//! storage driver's.
+//!
+//! Events are recorded when something changes (a volume starts overflowing, a pod is evicted,
+//! a budget starts refusing), never every round.
+
+pub mod api;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tracing::{info, warn};
+
+use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
+use crate::metrics::Metrics;
+use crate::volume::Volumes;
+use crate::volume::overflow::{OnOverflow, Overflowing};
+use crate::volume::state::id::VolumeId;
+use crate::volume::state::record::PodRef;
+use api::{Evicted, Reporter};
+
+/// How often the loop looks whether stats noticed an overflow (a mutex and a set: cheap).
+const NOTICE_POLL: Duration = Duration::from_secs(1);
+/// Pods named in one Event; the rest are counted.
+const PODS_NAMED: usize = 5;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver: String,
+    pub node: String,
+    /// Between full rounds; a measurement up to 1.5 intervals old is reused.
+    pub interval: Duration,
+}
+
+/// What the check has announced and done, per volume, while it overflows.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    volumes: HashMap<VolumeId, Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// The class's choice, for the gauge (None until `act` has seen the volume).
+    on_overflow: Option<OnOverflow>,
+    /// Pods (by uid) whose eviction was accepted, or found gone: not asked again.
+    evicted: HashSet<String>,
+    /// Pods (by uid) a budget refuses, announced once per refusal streak.
+    refused: HashSet<String>,
+    /// The claim's uid once read (None: unknown, or not bound to this volume).
+    claim_uid: Option<String>,
+}
+
+/// A client for the check. Without kube's retries: they would repeat a PodDisruptionBudget's
+/// 429 for minutes (its Retry-After, 15 times) inside one round, and hide the refusal; the next
+/// round is the retry.
+pub async fn client() -> Result<Client, kube::Error> {
+    crate::cluster::kit::client::make(crate::cluster::kit::client::Retries::Off).await
+}
+
+/// The counters a round adds to.
+fn count(metrics: &Metrics, outcome: &Evicted) {
+    let result = match outcome {
+        Evicted::Done => "evicted",
+        Evicted::Gone => "gone",
+        Evicted::RefusedByBudget(_) => "refused",
+        Evicted::Failed(_) => "failed",
+    };
+    metrics.observe_overflow_eviction(result);
+}
+
+fn pod_list(pods: &[PodRef]) -> String {
+    let mut named: Vec<String> = pods
+        .iter()
+        .take(PODS_NAMED)
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    if pods.len() > PODS_NAMED {
+        named.push(format!("and {} more", pods.len() - PODS_NAMED));
+    }
+    named.join(", ")
+}
+
+/// The first Event about an overflowing volume: what it uses, and what follows.
+fn overflow_message(volume: &Overflowing) -> String {
+    let what = format!(
+        "volume {} (PV {}) uses {} bytes, more than its size of {} bytes; its pool cannot limit sizes",
+        volume.id, volume.pv_name, volume.used_bytes, volume.capacity_bytes
+    );
+    match (volume.on_overflow, volume.pods.is_empty()) {
+        (OnOverflow::Report, _) => {
+            format!(
+                "{what}. onOverflow: report: no pod is evicted; free space in it or expand the claim"
+            )
+        }
+        (OnOverflow::Evict, true) => format!(
+            "{what}. onOverflow: evict, but kubelet named no pod for it (CSIDriver podInfoOnMount off when it was mounted?): nothing evicted"
+        ),
+        (OnOverflow::Evict, false) => format!(
+            "{what}. onOverflow: evict: evicting {}, as kubelet evicts a pod whose emptyDir passes its sizeLimit; the data stays: free space in it or expand the claim before a pod uses it again",
+            pod_list(&volume.pods)
+        ),
+    }
+}
+
+/// Acts on one overflowing volume: announces it when new, evicts what is left to evict.
+async fn act(
+    client: &Client,
+    reporter: &Reporter,
+    metrics: &Metrics,
+    tracker: &mut Tracker,
+    volume: &Overflowing,
+) {
+    let new = !tracker.volumes.contains_key(&volume.id);
+    let seen = tracker.volumes.entry(volume.id.clone()).or_default();
+    seen.on_overflow = Some(volume.on_overflow);
+    if new {
+        warn!(volume = %volume.id, pv = %volume.pv_name, used = volume.used_bytes, size = volume.capacity_bytes, on_overflow = %volume.on_overflow, pods = volume.pods.len(), "overflow check: volume above its size");
+        if let Some(claim) = &volume.claim {
+            seen.claim_uid = api::claim_uid(client, claim, &volume.pv_name).await;
+            let message = overflow_message(volume);
+            api::record_event(
+                client,
+                reporter,
+                claim,
+                seen.claim_uid.clone(),
+                "VolumeOverflow",
+                message,
+            )
+            .await;
+        }
+    }
+    if volume.on_overflow != OnOverflow::Evict {
+        return;
+    }
+    for pod in &volume.pods {
+        if seen.evicted.contains(&pod.uid) {
+            continue;
+        }
+        let outcome = api::evict(client, pod).await;
+        count(metrics, &outcome);
+        let event = match &outcome {
+            Evicted::Done => {
+                info!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, "overflow check: pod evicted");
+                seen.evicted.insert(pod.uid.clone());
+                Some((
+                    "OverflowEvicted",
+                    format!(
+                        "evicted pod {}/{}: volume {} uses {} bytes, more than its size of {} bytes",
+                        pod.namespace,
+                        pod.name,
+                        volume.id,
+                        volume.used_bytes,
+                        volume.capacity_bytes
+                    ),
+                ))
+            }
+            Evicted::Gone => {
+                seen.evicted.insert(pod.uid.clone());
+                None
+            }
+            Evicted::RefusedByBudget(why) => {
+                warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, why, "overflow check: a PodDisruptionBudget refuses the eviction; asked again next round");
+                seen.refused.insert(pod.uid.clone()).then(|| ("OverflowEvictionRefused", format!(
+                    "eviction of pod {}/{} refused by a PodDisruptionBudget ({}); volume {} stays above its size, asked again every round",
+                    pod.namespace, pod.name, truncate(why), volume.id
+                )))
+            }
+            Evicted::Failed(why) => {
+                warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, error = %why, "overflow check: eviction failed; asked again next round");
+                None
+            }
+        };
+        if !matches!(outcome, Evicted::RefusedByBudget(_)) {
+            seen.refused.remove(&pod.uid);
+        }
+        if let (Some((reason, message)), Some(claim)) = (event, &volume.claim) {
+            api::record_event(
+                client,
+                reporter,
+                claim,
+                seen.claim_uid.clone(),
+                reason,
+                message,
+            )
+            .await;
+        }
+    }
+}
+
+/// At most 200 characters of a message from the API server.
+fn truncate(text: &str) -> String {
+    text.chars().take(200).collect()
+}
+
+/// One round: measures (see `volume::overflow`) all watched volumes, or those in `only`, and acts
+/// on the overflowing ones.
+pub async fn round(
+    client: &Client,
+    volumes: &Arc<Volumes>,
+    settings: &Settings,
+    metrics: &Metrics,
+    tracker: &mut Tracker,
+    only: Option<HashSet<VolumeId>>,
+) {
+    let listed = volumes.clone();
+    // Half an interval of slack: kubelet's stats come about every minute, not exactly, and
+    // one that lands a little late must still spare the check a walk.
+    let reuse = settings.interval + settings.interval / 2;
+    let full = only.is_none();
+    let found =
+        match tokio::task::spawn_blocking(move || listed.overflowing(reuse, only.as_ref())).await {
+            Ok(found) => found,
+            Err(err) => {
+                warn!(error = %err, "overflow check: could not measure the volumes");
+                return;
+            }
+        };
+    if full {
+        // A volume back within its size (or unpublished, or deleted) is announced anew if it
+        // overflows again.
+        let current: HashSet<&VolumeId> = found.iter().map(|v| &v.id).collect();
+        tracker.volumes.retain(|id, _| current.contains(id));
+    }
+    let reporter = Reporter {
+        driver: settings.driver.clone(),
+        node: settings.node.clone(),
+    };
+    for volume in &found {
+        act(client, &reporter, metrics, tracker, volume).await;
+    }
+    // From what the check knows, not only this round's find: a round for the volumes stats
+    // noticed announces them at once, and the gauge must say so as soon (the next full round
+    // drops those back within their size).
+    let (evicting, reporting) = tracker.overflowing();
+    metrics.set_overflowing_volumes(evicting, reporting);
+}
+
+impl Tracker {
+    /// The volumes known to overflow: (onOverflow evict, report).
+    fn overflowing(&self) -> (usize, usize) {
+        let evicting = self
+            .volumes
+            .values()
+            .filter(|seen| seen.on_overflow == Some(OnOverflow::Evict))
+            .count();
+        (evicting, self.volumes.len() - evicting)
+    }
+}
+
+/// A full round every interval, and a round for the volumes stats found above their size as
+/// soon as they do, until `shutdown`.
+pub async fn run(
+    client: Client,
+    volumes: Arc<Volumes>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut tracker = Tracker::default();
+    tokio::pin!(shutdown);
+    // The first full round waits an interval too: after a start, kubelet's stats measure the
+    // volumes in use within a minute, and a round at once would walk them all in a burst.
+    let mut next_full = tokio::time::Instant::now() + settings.interval;
+    loop {
+        if tokio::time::Instant::now() >= next_full {
+            // Noticed ones are part of a full round.
+            volumes.take_noticed_overflows();
+            round(&client, &volumes, &settings, &metrics, &mut tracker, None).await;
+            next_full = tokio::time::Instant::now() + settings.interval;
+        } else {
+            let noticed = volumes.take_noticed_overflows();
+            if !noticed.is_empty() {
+                round(
+                    &client,
+                    &volumes,
+                    &settings,
+                    &metrics,
+                    &mut tracker,
+                    Some(noticed),
+                )
+                .await;
+            }
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = tokio::time::sleep(NOTICE_POLL) => {}
+        }
+    }
+}
+
+/// The overflow check, where the configuration asks for one and this instance has volumes.
+/// Without credentials the driver serves anyway, and says so. A round cut by the stop is
+/// done again after the next start.
+pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loop>, kube::Error> {
+    let config = inputs.config;
+    let (Some(interval), Some(volumes)) = (config.overflow_check, inputs.volumes) else {
+        return Ok(None);
+    };
+    let client = match client().await {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::error!(error = %err, "overflow check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+            return Ok(None);
+        }
+    };
+    let settings = Settings {
+        driver: config.driver_name.clone(),
+        node: config.node_id.clone(),
+        interval,
+    };
+    info!(interval = ?settings.interval, "overflow check starting");
+    let run = run(
+        client,
+        volumes.clone(),
+        settings,
+        inputs.metrics.clone(),
+        shutdown.wait(),
+    );
+    Ok(Some(Loop::new("overflow check", Duration::ZERO, run)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::state::id::NodeTag;
+
+    fn pod(i: usize) -> PodRef {
+        PodRef {
+            namespace: "ns".into(),
+            name: format!("p{i}"),
+            uid: format!("u{i}"),
+        }
+    }
+
+    fn volume(on_overflow: OnOverflow, pods: Vec<PodRef>) -> Overflowing {
+        Overflowing {
+            id: VolumeId::generate(&NodeTag::of("n")),
+            pv_name: "pvc-1".into(),
+            claim: None,
+            on_overflow,
+            used_bytes: 20,
+            capacity_bytes: 10,
+            pods,
+        }
+    }
+
+    #[test]
+    fn the_first_event_says_what_follows_from_the_policy() {
+        let evict = overflow_message(&volume(OnOverflow::Evict, vec![pod(1)]));
+        assert!(
+            evict.contains("uses 20 bytes, more than its size of 10 bytes"),
+            "{evict}"
+        );
+        assert!(evict.contains("evicting ns/p1"), "{evict}");
+        let report = overflow_message(&volume(OnOverflow::Report, vec![pod(1)]));
+        assert!(report.contains("no pod is evicted"), "{report}");
+        let blind = overflow_message(&volume(OnOverflow::Evict, Vec::new()));
+        assert!(blind.contains("podInfoOnMount"), "{blind}");
+        let many = overflow_message(&volume(OnOverflow::Evict, (0..8).map(pod).collect()));
+        assert!(many.contains("ns/p4, and 3 more"), "{many}");
+        assert!(!many.contains("ns/p5"), "{many}");
+    }
+}
