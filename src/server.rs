@@ -129,6 +129,8 @@ async fn serve_on(
             .await
             .map_err(|source| ServeError::Metrics { address, source })?;
     }
+    // The loops hold the volumes they need; this reference goes at once, as the stop waits for
+    // every holder to let go (`wait_for_background_work`).
     let volumes = driver.volumes().ok();
     let background = loops::start(&Inputs {
         config: &driver.config,
@@ -136,6 +138,7 @@ async fn serve_on(
         metrics: &metrics,
     })
     .await?;
+    drop(volumes);
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);

@@ -71,7 +71,7 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
             _ => {}
         }
     }
-    if method == "POST" && path == "/api/v1/namespaces/default/events" {
+    if method == "POST" && path == "/apis/events.k8s.io/v1/namespaces/default/events" {
         let event: Value = serde_json::from_slice(body).unwrap();
         api.events.push(event.clone());
         return (201, event);
@@ -245,11 +245,11 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         let event = api
             .events
             .iter()
-            .find(|e| e["message"].as_str().unwrap().contains(&gone.volume_id))
+            .find(|e| e["note"].as_str().unwrap().contains(&gone.volume_id))
             .unwrap();
         assert_eq!(event["reason"], "VolumeOrphaned");
-        assert_eq!(event["involvedObject"]["kind"], "Node");
-        assert_eq!(event["involvedObject"]["name"], NODE_ID);
+        assert_eq!(event["regarding"]["kind"], "Node");
+        assert_eq!(event["regarding"]["name"], NODE_ID);
     }
     let mut both = vec![
         (gone.volume_id.clone(), "orphaned".to_string()),

@@ -38,10 +38,15 @@ struct Api {
 type Shared = Arc<Mutex<Api>>;
 
 /// GET a claim of `shop`, POST an eviction of a pod of `shop` (429 while `refusals` says so),
-/// POST an Event in `shop`.
+/// POST an events.k8s.io Event in `shop`.
 fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     let path = path.split('?').next().unwrap_or_default();
     let mut api = api.lock().unwrap();
+    if method == "POST" && path == format!("/apis/events.k8s.io/v1/namespaces/{CLAIM_NS}/events") {
+        let event: Value = serde_json::from_slice(body).unwrap();
+        api.events.push(event.clone());
+        return (201, event);
+    }
     let ns = format!("/api/v1/namespaces/{CLAIM_NS}/");
     let Some(rest) = path.strip_prefix(&ns) else {
         return (404, status(404, "NotFound"));
@@ -61,11 +66,6 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
                 }
                 _ => (201, apistub::success()),
             }
-        }
-        ("POST", ["events"]) => {
-            let event: Value = serde_json::from_slice(body).unwrap();
-            api.events.push(event.clone());
-            (201, event)
         }
         _ => (404, status(404, "NotFound")),
     }
@@ -254,9 +254,9 @@ async fn an_overflowing_volume_has_its_pod_evicted_and_no_other() {
             "only the pod published, never a namesake made since: {eviction}"
         );
         for event in &api.events {
-            assert_eq!(event["involvedObject"]["kind"], "PersistentVolumeClaim");
-            assert_eq!(event["involvedObject"]["name"], "full");
-            assert_eq!(event["involvedObject"]["uid"], "uid-full");
+            assert_eq!(event["regarding"]["kind"], "PersistentVolumeClaim");
+            assert_eq!(event["regarding"]["name"], "full");
+            assert_eq!(event["regarding"]["uid"], "uid-full");
             assert_eq!(event["type"], "Warning");
         }
     }
@@ -265,7 +265,7 @@ async fn an_overflowing_volume_has_its_pod_evicted_and_no_other() {
         ["VolumeOverflow", "OverflowEvicted"],
         "each said once"
     );
-    let note = setup.api.lock().unwrap().events[0]["message"].to_string();
+    let note = setup.api.lock().unwrap().events[0]["note"].to_string();
     assert!(
         note.contains("more than its size of") && note.contains("evicting shop/writer"),
         "{note}"
@@ -313,7 +313,7 @@ async fn report_evicts_nothing_but_says_so() {
     a_few_rounds().await;
     assert_eq!(evicted_pods(&setup.api), Vec::<String>::new());
     assert_eq!(reasons(&setup.api), ["VolumeOverflow"]);
-    let note = setup.api.lock().unwrap().events[0]["message"].to_string();
+    let note = setup.api.lock().unwrap().events[0]["note"].to_string();
     assert!(
         note.contains("onOverflow: report: no pod is evicted"),
         "{note}"
@@ -389,7 +389,7 @@ async fn a_budget_refusal_is_announced_once_and_retried_until_allowed() {
             "OverflowEvicted"
         ]
     );
-    let refused = setup.api.lock().unwrap().events[1]["message"].to_string();
+    let refused = setup.api.lock().unwrap().events[1]["note"].to_string();
     assert!(
         refused.contains("refused by a PodDisruptionBudget"),
         "{refused}"

@@ -531,7 +531,7 @@ async fn events_stub(events: Arc<Mutex<Vec<serde_json::Value>>>, dir: &Path) -> 
                     serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                         "metadata": {"name": "data-0", "namespace": "shop", "uid": "uid-claim"}}),
                 ),
-                ("POST", "/api/v1/namespaces/shop/events") => {
+                ("POST", "/apis/events.k8s.io/v1/namespaces/shop/events") => {
                     let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
                     events.lock().unwrap().push(event.clone());
                     (201, event)
@@ -706,7 +706,7 @@ async fn a_tenant_leaving_its_project_is_caught(fs_type: &str) {
     }
     let posted = events.lock().unwrap().clone();
     assert_eq!(posted.len(), 1, "{posted:?}");
-    let claim_ref = &posted[0]["involvedObject"];
+    let claim_ref = &posted[0]["regarding"];
     assert_eq!(claim_ref["kind"], "PersistentVolumeClaim");
     assert_eq!(
         (&claim_ref["name"], &claim_ref["uid"]),
@@ -714,7 +714,7 @@ async fn a_tenant_leaving_its_project_is_caught(fs_type: &str) {
     );
     assert_eq!(posted[0]["type"], "Warning");
     assert!(
-        posted[0]["message"]
+        posted[0]["note"]
             .as_str()
             .unwrap()
             .contains("had left its project")

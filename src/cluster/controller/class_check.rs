@@ -10,23 +10,19 @@ use std::future::Future;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
 use crate::cluster::kit::client::{self, Retries};
-use crate::cluster::kit::events;
+use crate::cluster::kit::events::{self, Kind, Recorder, Said};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::faces::request;
 
 /// Who writes our Events.
 pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/class-check";
-/// Events about cluster-scoped objects go to this namespace (as kubectl looks for them).
-const EVENT_NAMESPACE: &str = "default";
 
 /// The mistake in a class of `driver`, if it is ours and has one.
 pub fn mistake(class: &StorageClass, driver: &str) -> Option<String> {
@@ -44,30 +40,26 @@ pub fn mistake(class: &StorageClass, driver: &str) -> Option<String> {
         .map(|err| err.to_string())
 }
 
-fn event(class: &StorageClass, note: String, identity: &str) -> Event {
-    Event {
-        metadata: ObjectMeta {
-            generate_name: Some("stickyvol-class-check-".into()),
-            namespace: Some(EVENT_NAMESPACE.into()),
-            ..ObjectMeta::default()
-        },
-        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-        type_: Some("Warning".into()),
-        reason: Some("InvalidParameters".into()),
-        action: Some("Check".into()),
-        note: Some(events::note(format!(
+/// The class, as its Event's `regarding`.
+fn regarding(class: &StorageClass) -> ObjectReference {
+    let name = class.metadata.name.as_deref().unwrap_or_default();
+    events::cluster_scoped(
+        "storage.k8s.io/v1",
+        "StorageClass",
+        name,
+        class.metadata.uid.as_deref(),
+    )
+}
+
+/// What the Event on a class with a mistake says.
+fn said(note: String) -> Said<'static> {
+    Said {
+        kind: Kind::Warning,
+        reason: "InvalidParameters",
+        action: "Check",
+        note: format!(
             "{note}; claims of this class fail to provision with this message until the class is fixed (delete and re-create it: a StorageClass's parameters cannot be changed)"
-        ))),
-        regarding: Some(ObjectReference {
-            api_version: Some("storage.k8s.io/v1".into()),
-            kind: Some("StorageClass".into()),
-            name: class.metadata.name.clone(),
-            uid: class.metadata.uid.clone(),
-            ..ObjectReference::default()
-        }),
-        reporting_controller: Some(REPORTING_CONTROLLER.into()),
-        reporting_instance: Some(identity.into()),
-        ..Event::default()
+        ),
     }
 }
 
@@ -85,7 +77,7 @@ pub async fn run(
         .applied_objects()
         .boxed();
     let mut announced: HashMap<String, String> = HashMap::new();
-    let events = Api::<Event>::namespaced(client, EVENT_NAMESPACE);
+    let recorder = Recorder::new(client, REPORTING_CONTROLLER, identity);
     tokio::pin!(shutdown);
     loop {
         let class = tokio::select! {
@@ -108,19 +100,9 @@ pub async fn run(
         }
         let name = class.metadata.name.clone().unwrap_or_default();
         warn!(class = %name, mistake = %note, "class check: a StorageClass of ours has a mistake");
-        match events
-            .create(
-                &PostParams::default(),
-                &event(&class, note.clone(), &identity),
-            )
-            .await
-        {
-            Ok(_) => {
-                announced.insert(uid, note);
-            }
-            Err(err) => {
-                info!(class = %name, error = %err, "class check: could not record the event")
-            }
+        // Not taken: announced again at the class's next change or the next start.
+        if recorder.record(regarding(&class), said(note.clone())).await {
+            announced.insert(uid, note);
         }
     }
 }
@@ -185,10 +167,10 @@ mod tests {
     #[test]
     fn the_event_names_the_class_and_says_what_to_do() {
         let c = class("stickyvol.csi.io", json!({"bogus": "x"}));
-        let e = event(&c, "unknown parameter".into(), "controller-0");
-        let regarding = e.regarding.unwrap();
+        let regarding = regarding(&c);
         assert_eq!(regarding.kind.as_deref(), Some("StorageClass"));
         assert_eq!(regarding.name.as_deref(), Some("c"));
-        assert!(e.note.unwrap().contains("re-create"));
+        assert_eq!(regarding.uid.as_deref(), Some("u"));
+        assert!(said("unknown parameter".into()).note.contains("re-create"));
     }
 }

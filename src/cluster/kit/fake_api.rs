@@ -1,5 +1,5 @@
 //! Unit tests' API server: a kube `Client` whose every request a test's function answers, in
-//! process, without a network or a listener.
+//! process, without a network or a listener, and the answers such a function gives.
 
 use std::convert::Infallible;
 
@@ -7,11 +7,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Request, Response};
 use kube::Client;
+use serde_json::{Value, json};
+
+/// What a test's function answers.
+pub type Answer = Response<Full<Bytes>>;
 
 /// A client whose requests `answer(method, path, body)` answers.
 pub fn client<F>(answer: F) -> Client
 where
-    F: Fn(&str, &str, &[u8]) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+    F: Fn(&str, &str, &[u8]) -> Answer + Clone + Send + Sync + 'static,
 {
     let service = tower::service_fn(move |req: Request<kube::client::Body>| {
         let answer = answer.clone();
@@ -23,4 +27,19 @@ where
         }
     });
     Client::new(service, "default")
+}
+
+/// `body` as JSON with HTTP status `code`.
+pub fn respond(code: u16, body: &Value) -> Answer {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A failure as the API server words it: a `Status` with `reason` as its reason and message.
+pub fn status(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": reason, "reason": reason, "code": code})
 }

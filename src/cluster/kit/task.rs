@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tracing::error;
+
+use super::client::{self, Retries};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -19,6 +22,33 @@ pub struct Inputs<'a> {
     /// This instance's volumes (None in `--mode=controller`, which has none).
     pub volumes: Option<&'a Arc<Volumes>>,
     pub metrics: &'a Arc<Metrics>,
+}
+
+/// What a node's loop works with: a client, this node's volumes, the metrics.
+pub struct NodeWork {
+    pub client: kube::Client,
+    pub volumes: Arc<Volumes>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Inputs<'_> {
+    /// What loop `what` on a node needs, or None: none where this instance has no volumes; none,
+    /// said in the log, without a client (the node's volumes matter more than one loop, so the
+    /// driver serves anyway).
+    pub async fn node_work(&self, what: &str, retries: Retries) -> Option<NodeWork> {
+        let volumes = self.volumes?.clone();
+        match client::make(retries).await {
+            Ok(client) => Some(NodeWork {
+                client,
+                volumes,
+                metrics: self.metrics.clone(),
+            }),
+            Err(err) => {
+                error!(error = %err, "{what} off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
+                None
+            }
+        }
+    }
 }
 
 /// One background loop, made but not yet started.

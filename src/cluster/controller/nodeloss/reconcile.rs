@@ -16,10 +16,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -28,7 +26,7 @@ use super::lease::Election;
 use super::view::ClusterView;
 use super::{observe, watch};
 use crate::cluster::kit::client::{self, Retries};
-use crate::cluster::kit::events;
+use crate::cluster::kit::events::{self, Kind, Recorder, Said};
 use crate::cluster::kit::names::{OUT_OF_SERVICE_TAINT, PROVISIONER_FINALIZER};
 use crate::cluster::kit::slim::{self, Pod, StatefulSet};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
@@ -191,28 +189,18 @@ async fn drop_provisioner_finalizer(
     )
 }
 
-/// The Event for a decision, about the claim it acts on (or the PV).
-fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
+/// What the Event for a decision says, and about what: the claim it acts on (or the PV).
+fn said(decision: &Decision, pv_uid: &str) -> (ObjectReference, Said<'static>) {
     let (regarding, note_subject) = match &decision.action {
         Action::ReleaseClaim { claim, .. } => (
-            events::claim(&claim.namespace, &claim.name, &claim.uid),
+            events::claim(&claim.namespace, &claim.name, Some(&claim.uid)),
             format!("claim {claim}"),
         ),
         _ => (
-            ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("PersistentVolume".into()),
-                name: Some(decision.pv.clone()),
-                uid: Some(pv_uid.to_string()),
-                ..ObjectReference::default()
-            },
+            events::cluster_scoped("v1", "PersistentVolume", &decision.pv, Some(pv_uid)),
             format!("PV {}", decision.pv),
         ),
     };
-    let namespace = regarding
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
     let reason = match (&decision.action, decision.dry_run) {
         (Action::Nothing, _) => "NodeLossKept",
         (_, true) => "NodeLossDryRun",
@@ -233,29 +221,17 @@ fn event(decision: &Decision, settings: &Settings, pv_uid: &str) -> Event {
             ""
         }
     );
-    Event {
-        metadata: ObjectMeta {
-            generate_name: Some("stickyvol-node-loss-".into()),
-            namespace: Some(namespace),
-            ..ObjectMeta::default()
+    let said = Said {
+        kind: if decision.action == Action::Nothing {
+            Kind::Normal
+        } else {
+            Kind::Warning
         },
-        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-        type_: Some(
-            if decision.action == Action::Nothing {
-                "Normal"
-            } else {
-                "Warning"
-            }
-            .into(),
-        ),
-        reason: Some(reason.into()),
-        action: Some(decision.action.kind().into()),
-        note: Some(events::note(note)),
-        regarding: Some(regarding),
-        reporting_controller: Some(REPORTING_CONTROLLER.into()),
-        reporting_instance: Some(settings.identity.clone()),
-        ..Event::default()
-    }
+        reason,
+        action: decision.action.kind(),
+        note,
+    };
+    (regarding, said)
 }
 
 /// One round: read, decide, act, report. `reported` holds the decisions already announced by
@@ -326,14 +302,10 @@ async fn announce(
     if decision.dry_run && decision.action != Action::Nothing {
         metrics.observe_node_loss_dry_run(decision.action.kind());
     }
-    let event = event(decision, settings, pv_uid);
-    let ns = event.metadata.namespace.clone().unwrap_or_default();
-    if let Err(err) = Api::<Event>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &event)
-        .await
-    {
-        warn!(pv = %decision.pv, error = %err, "node loss: could not record the event");
-    }
+    let (regarding, said) = said(decision, pv_uid);
+    Recorder::new(client.clone(), REPORTING_CONTROLLER, &settings.identity)
+        .record(regarding, said)
+        .await;
     info!(pv = %decision.pv, node = %decision.node, loss = decision.loss.as_str(), action = decision.action.kind(), dry_run = decision.dry_run, reason = %decision.reason, "node loss decision");
 }
 
@@ -510,10 +482,9 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
-    use http_body_util::Full;
-    use hyper::Response;
-    use hyper::body::Bytes;
     use serde_json::{Value, json};
+
+    use crate::cluster::kit::fake_api::{self, Answer, respond, status};
 
     const DRIVER: &str = "stickyvol.csi.io";
     const KEY: &str = "topology.stickyvol.csi.io/node";
@@ -531,19 +502,6 @@ mod tests {
     }
 
     type Shared = Arc<Mutex<Store>>;
-
-    fn status(code: u16, reason: &str) -> Value {
-        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-               "message": reason, "reason": reason, "code": code})
-    }
-
-    fn respond(code: u16, body: &Value) -> Response<Full<Bytes>> {
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .unwrap()
-    }
 
     /// Splits a path into (collection, name): the name is the last segment when the segment
     /// before it is a known resource.
@@ -577,7 +535,7 @@ mod tests {
         name: &str,
         whole: bool,
         body: Value,
-    ) -> Response<Full<Bytes>> {
+    ) -> Answer {
         store.version += 1;
         let version = store.version.to_string();
         let Some(current) = store
@@ -610,12 +568,7 @@ mod tests {
     }
 
     /// A DELETE, its uid precondition kept; finalizers hold the object, marked as being deleted.
-    fn delete(
-        store: &mut Store,
-        collection: &str,
-        name: &str,
-        body: &Value,
-    ) -> Response<Full<Bytes>> {
+    fn delete(store: &mut Store, collection: &str, name: &str, body: &Value) -> Answer {
         let Some(objects) = store.objects.get_mut(collection) else {
             return respond(404, &status(404, "NotFound"));
         };
@@ -638,7 +591,7 @@ mod tests {
         respond(200, &gone)
     }
 
-    fn handle(store: &Shared, method: &str, path: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    fn handle(store: &Shared, method: &str, path: &str, body: &[u8]) -> Answer {
         let mut store = store.lock().unwrap();
         let (collection, name) = split(path);
         if method != "GET" {
@@ -697,9 +650,7 @@ mod tests {
 
     fn client(store: &Shared) -> Client {
         let store = store.clone();
-        crate::cluster::kit::fake_api::client(move |method, path, body| {
-            handle(&store, method, path, body)
-        })
+        fake_api::client(move |method, path, body| handle(&store, method, path, body))
     }
 
     fn put(store: &Shared, collection: &str, obj: Value) {
@@ -1142,7 +1093,7 @@ mod tests {
         assert!(second.try_lead().await.unwrap());
         stale.spec.as_mut().unwrap().holder_identity = Some("first".into());
         let err = leases(&store)
-            .replace("l", &PostParams::default(), &stale)
+            .replace("l", &kube::api::PostParams::default(), &stale)
             .await
             .unwrap_err();
         assert!(matches!(err, kube::Error::Api(s) if s.code == 409));

@@ -12,17 +12,15 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
 use super::rules::{self, Facts, Location, Refusal, Verdict};
 use super::source::{Candidate, Locator};
 use crate::cluster::kit::client::{self, Retries};
-use crate::cluster::kit::events;
+use crate::cluster::kit::events::{self, Kind, Recorder, Said};
 use crate::cluster::kit::names::SELECTED_NODE;
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::metrics::Metrics;
@@ -232,7 +230,8 @@ impl Placer {
         }
         self.metrics.observe_restore_placement("refused");
         warn!(claim = %format!("{}/{}", claim.namespace, claim.name), reason = reason.as_str(), message = %message, "restore placement: not placed");
-        self.event(claim, "Warning", reason.as_str(), message).await;
+        self.event(claim, Kind::Warning, reason.as_str(), message)
+            .await;
         self.announced.insert(claim.uid.clone(), reason);
     }
 
@@ -285,40 +284,31 @@ impl Placer {
             let note = format!(
                 "{source}'s data is on node {node}: the claim is provisioned there ({chosen})"
             );
-            ("Normal", "PlacedOnSourceNode", note)
+            (Kind::Normal, "PlacedOnSourceNode", note)
         } else {
             let note = format!(
                 "{source}'s data is on node {node}, whose provisioner gave the claim back (see its ProvisioningFailed events): placed there again, attempt {}",
                 times + 1
             );
-            ("Warning", "PlacedOnSourceNodeAgain", note)
+            (Kind::Warning, "PlacedOnSourceNodeAgain", note)
         };
         self.event(claim, kind, reason, note).await;
     }
 
-    async fn event(&self, claim: &Candidate, kind: &str, reason: &str, note: String) {
-        let event = Event {
-            metadata: ObjectMeta {
-                generate_name: Some("stickyvol-placement-".into()),
-                namespace: Some(claim.namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            type_: Some(kind.into()),
-            reason: Some(reason.into()),
-            action: Some("Place".into()),
-            note: Some(events::note(note)),
-            regarding: Some(events::claim(&claim.namespace, &claim.name, &claim.uid)),
-            reporting_controller: Some(REPORTING_CONTROLLER.into()),
-            reporting_instance: Some(self.settings.identity.clone()),
-            ..Event::default()
+    async fn event(&self, claim: &Candidate, kind: Kind, reason: &str, note: String) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            REPORTING_CONTROLLER,
+            &self.settings.identity,
+        );
+        let regarding = events::claim(&claim.namespace, &claim.name, Some(&claim.uid));
+        let said = Said {
+            kind,
+            reason,
+            action: "Place",
+            note,
         };
-        if let Err(err) = Api::<Event>::namespaced(self.client.clone(), &claim.namespace)
-            .create(&PostParams::default(), &event)
-            .await
-        {
-            warn!(claim = %format!("{}/{}", claim.namespace, claim.name), error = %err, "restore placement: could not record the event");
-        }
+        recorder.record(regarding, said).await;
     }
 }
 
@@ -347,10 +337,9 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    use http_body_util::Full;
-    use hyper::Response;
-    use hyper::body::Bytes;
     use serde_json::{Value, json};
+
+    use crate::cluster::kit::fake_api::{self, Answer, respond, status};
 
     use crate::volume::state::id::{NodeTag, SnapshotId};
 
@@ -367,22 +356,11 @@ mod tests {
     }
     type Shared = Arc<Mutex<Store>>;
 
-    fn respond(code: u16, body: &Value) -> Response<Full<Bytes>> {
-        Response::builder()
-            .status(code)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .unwrap()
+    fn missing() -> Answer {
+        respond(404, &status(404, "NotFound"))
     }
 
-    fn missing() -> Response<Full<Bytes>> {
-        respond(
-            404,
-            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
-        )
-    }
-
-    fn handle(store: &Shared, method: &str, path: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    fn handle(store: &Shared, method: &str, path: &str, body: &[u8]) -> Answer {
         let mut store = store.lock().unwrap();
         let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         match method {
@@ -420,9 +398,8 @@ mod tests {
 
     fn placer_on(store: &Shared) -> Placer {
         let shared = store.clone();
-        let client = crate::cluster::kit::fake_api::client(move |method, path, body| {
-            handle(&shared, method, path, body)
-        });
+        let client =
+            fake_api::client(move |method, path, body| handle(&shared, method, path, body));
         Placer {
             locator: Locator::new(client.clone(), DRIVER.into(), KEY.into()),
             client,

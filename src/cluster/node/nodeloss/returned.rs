@@ -25,16 +25,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, PersistentVolume};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Client;
-use kube::api::{Api, PostParams};
-use tracing::{debug, error, info, warn};
+use kube::api::Api;
+use tracing::{debug, info, warn};
 
 use super::comeback;
 use super::report::{self, Entry, State};
-use crate::cluster::kit::client::{self, Retries};
-use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
+use crate::cluster::kit::client::Retries;
+use crate::cluster::kit::events::{self, Kind, Recorder, Said};
+use crate::cluster::kit::task::{Inputs, Loop, NodeWork, Shutdown};
 use crate::config::is_object_name;
 use crate::metrics::Metrics;
 use crate::volume::Volumes;
@@ -249,42 +249,24 @@ async fn report_entries(volumes: &Arc<Volumes>, absent: Vec<Entry>) -> Option<Ve
     Some(entries)
 }
 
+/// Who writes the orphan check's Events.
+pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/orphan-check";
+
 /// An Event on this node's Node object (the PV it would concern is gone).
 async fn report(client: &Client, settings: &Settings, candidate: &Candidate, lost_path: &str) {
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let event = Event {
-        metadata: ObjectMeta {
-            generate_name: Some("stickyvol-orphaned-".into()),
-            namespace: Some("default".into()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(settings.node.clone()),
-            ..ObjectReference::default()
-        },
-        reason: Some("VolumeOrphaned".into()),
-        message: Some(format!(
+    let said = Said {
+        kind: Kind::Warning,
+        reason: "VolumeOrphaned",
+        action: "MoveToLostFound",
+        note: format!(
             "volume {} of PV {} (gone) moved to {lost_path} on node {}; inspect and remove it by hand",
             candidate.id, candidate.pv_name, settings.node
-        )),
-        type_: Some("Warning".into()),
-        source: Some(EventSource {
-            component: Some(settings.driver.clone()),
-            host: Some(settings.node.clone()),
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        ..Event::default()
+        ),
     };
-    if let Err(err) = Api::<Event>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &event)
-        .await
-    {
-        warn!(volume = %candidate.id, error = %err, "orphan check: could not record the event");
-    }
+    let node = events::cluster_scoped("v1", "Node", &settings.node, None);
+    Recorder::new(client.clone(), REPORTING_CONTROLLER, &settings.node)
+        .record(node, said)
+        .await;
 }
 
 /// Publishes the node's report when it changed since last published (`last`; None: not known
@@ -314,13 +296,12 @@ async fn publish_report(
 
 /// Runs until `shutdown`: a round at start and every interval (reading only the PVs there is
 /// reason to read: see the module comment), and one at once when the node comes back.
-pub async fn run(
-    client: Client,
-    volumes: Arc<Volumes>,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn run(work: NodeWork, settings: Settings, shutdown: impl Future<Output = ()>) {
+    let NodeWork {
+        client,
+        volumes,
+        metrics,
+    } = work;
     let mut looks = Looks::default();
     let mut node = comeback::NodeState::default();
     let mut node_events = comeback::watch(&client, &settings.node).boxed();
@@ -365,15 +346,11 @@ pub async fn run(
 /// blocking thread; the loop itself just stops.
 pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loop>, kube::Error> {
     let config = inputs.config;
-    let (Some(check), Some(volumes)) = (config.orphan_check.clone(), inputs.volumes) else {
+    let Some(check) = config.orphan_check.clone() else {
         return Ok(None);
     };
-    let client = match client::make(Retries::On).await {
-        Ok(client) => client,
-        Err(err) => {
-            error!(error = %err, "orphan check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
-            return Ok(None);
-        }
+    let Some(work) = inputs.node_work("orphan check", Retries::On).await else {
+        return Ok(None);
     };
     let settings = Settings {
         driver: config.driver_name.clone(),
@@ -388,13 +365,7 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
         }),
     };
     info!(interval = ?settings.interval, report = ?settings.report.as_ref().map(|r| &r.namespace), "orphan check starting");
-    let run = run(
-        client,
-        volumes.clone(),
-        settings,
-        inputs.metrics.clone(),
-        shutdown.wait(),
-    );
+    let run = run(work, settings, shutdown.wait());
     Ok(Some(Loop::new("orphan check", Duration::ZERO, run)))
 }
 

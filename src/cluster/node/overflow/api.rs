@@ -1,14 +1,13 @@
 //! The overflow check's Kubernetes calls: evict one pod, find a claim's uid, record an Event.
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::policy::v1::Eviction;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    DeleteOptions, ObjectMeta, Preconditions, Time,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use tonic::codegen::http;
 
+use crate::cluster::kit::events::{self, Kind, Recorder, Said};
 use crate::volume::overflow::ClaimRef;
 use crate::volume::state::record::PodRef;
 
@@ -85,54 +84,24 @@ pub async fn claim_uid(client: &Client, claim: &ClaimRef, pv_name: &str) -> Opti
     bound.then_some(found.metadata.uid).flatten()
 }
 
-/// Who records the Events.
-#[derive(Debug, Clone)]
-pub struct Reporter {
-    pub driver: String,
-    pub node: String,
-}
+/// Who writes the overflow check's Events.
+pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/overflow-check";
 
-/// Records a Warning Event on the claim (uid when known). A failure is only logged: the Event
-/// says what the log and the metrics say too.
+/// Records a Warning Event on the claim (its uid when known).
 pub async fn record_event(
-    client: &Client,
-    reporter: &Reporter,
+    recorder: &Recorder,
     claim: &ClaimRef,
-    uid: Option<String>,
+    uid: Option<&str>,
     reason: &str,
-    message: String,
+    action: &str,
+    note: String,
 ) {
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let event = Event {
-        metadata: ObjectMeta {
-            generate_name: Some("stickyvol-overflow-".into()),
-            namespace: Some(claim.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("PersistentVolumeClaim".into()),
-            name: Some(claim.name.clone()),
-            namespace: Some(claim.namespace.clone()),
-            uid,
-            ..ObjectReference::default()
-        },
-        reason: Some(reason.into()),
-        message: Some(message),
-        type_: Some("Warning".into()),
-        source: Some(EventSource {
-            component: Some(reporter.driver.clone()),
-            host: Some(reporter.node.clone()),
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        ..Event::default()
+    let said = Said {
+        kind: Kind::Warning,
+        reason,
+        action,
+        note,
     };
-    if let Err(err) = Api::<Event>::namespaced(client.clone(), &claim.namespace)
-        .create(&PostParams::default(), &event)
-        .await
-    {
-        tracing::warn!(claim = %claim.name, namespace = %claim.namespace, reason, error = %err, "overflow check: could not record the event");
-    }
+    let regarding = events::claim(&claim.namespace, &claim.name, uid);
+    recorder.record(regarding, said).await;
 }

@@ -25,13 +25,15 @@ use std::time::Duration;
 use kube::Client;
 use tracing::{info, warn};
 
-use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
+use crate::cluster::kit::client::Retries;
+use crate::cluster::kit::events::Recorder;
+use crate::cluster::kit::task::{Inputs, Loop, NodeWork, Shutdown};
 use crate::metrics::Metrics;
 use crate::volume::Volumes;
 use crate::volume::overflow::{OnOverflow, Overflowing};
 use crate::volume::state::id::VolumeId;
 use crate::volume::state::record::PodRef;
-use api::{Evicted, Reporter};
+use api::Evicted;
 
 /// How often the loop looks whether stats noticed an overflow (a mutex and a set: cheap).
 const NOTICE_POLL: Duration = Duration::from_secs(1);
@@ -62,13 +64,6 @@ struct Seen {
     refused: HashSet<String>,
     /// The claim's uid once read (None: unknown, or not bound to this volume).
     claim_uid: Option<String>,
-}
-
-/// A client for the check. Without kube's retries: they would repeat a PodDisruptionBudget's
-/// 429 for minutes (its Retry-After, 15 times) inside one round, and hide the refusal; the next
-/// round is the retry.
-pub async fn client() -> Result<Client, kube::Error> {
-    crate::cluster::kit::client::make(crate::cluster::kit::client::Retries::Off).await
 }
 
 /// The counters a round adds to.
@@ -119,7 +114,7 @@ fn overflow_message(volume: &Overflowing) -> String {
 /// Acts on one overflowing volume: announces it when new, evicts what is left to evict.
 async fn act(
     client: &Client,
-    reporter: &Reporter,
+    recorder: &Recorder,
     metrics: &Metrics,
     tracker: &mut Tracker,
     volume: &Overflowing,
@@ -131,16 +126,9 @@ async fn act(
         warn!(volume = %volume.id, pv = %volume.pv_name, used = volume.used_bytes, size = volume.capacity_bytes, on_overflow = %volume.on_overflow, pods = volume.pods.len(), "overflow check: volume above its size");
         if let Some(claim) = &volume.claim {
             seen.claim_uid = api::claim_uid(client, claim, &volume.pv_name).await;
+            let uid = seen.claim_uid.as_deref();
             let message = overflow_message(volume);
-            api::record_event(
-                client,
-                reporter,
-                claim,
-                seen.claim_uid.clone(),
-                "VolumeOverflow",
-                message,
-            )
-            .await;
+            api::record_event(recorder, claim, uid, "VolumeOverflow", "Measure", message).await;
         }
     }
     if volume.on_overflow != OnOverflow::Evict {
@@ -152,51 +140,51 @@ async fn act(
         }
         let outcome = api::evict(client, pod).await;
         count(metrics, &outcome);
-        let event = match &outcome {
-            Evicted::Done => {
-                info!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, "overflow check: pod evicted");
-                seen.evicted.insert(pod.uid.clone());
-                Some((
-                    "OverflowEvicted",
-                    format!(
-                        "evicted pod {}/{}: volume {} uses {} bytes, more than its size of {} bytes",
-                        pod.namespace,
-                        pod.name,
-                        volume.id,
-                        volume.used_bytes,
-                        volume.capacity_bytes
-                    ),
-                ))
-            }
-            Evicted::Gone => {
-                seen.evicted.insert(pod.uid.clone());
-                None
-            }
-            Evicted::RefusedByBudget(why) => {
-                warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, why, "overflow check: a PodDisruptionBudget refuses the eviction; asked again next round");
-                seen.refused.insert(pod.uid.clone()).then(|| ("OverflowEvictionRefused", format!(
-                    "eviction of pod {}/{} refused by a PodDisruptionBudget ({}); volume {} stays above its size, asked again every round",
-                    pod.namespace, pod.name, truncate(why), volume.id
-                )))
-            }
-            Evicted::Failed(why) => {
-                warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, error = %why, "overflow check: eviction failed; asked again next round");
-                None
-            }
-        };
-        if !matches!(outcome, Evicted::RefusedByBudget(_)) {
-            seen.refused.remove(&pod.uid);
-        }
+        let event = outcome_event(seen, volume, pod, &outcome);
         if let (Some((reason, message)), Some(claim)) = (event, &volume.claim) {
-            api::record_event(
-                client,
-                reporter,
-                claim,
-                seen.claim_uid.clone(),
-                reason,
-                message,
-            )
-            .await;
+            let uid = seen.claim_uid.as_deref();
+            api::record_event(recorder, claim, uid, reason, "Evict", message).await;
+        }
+    }
+}
+
+/// What `seen` learns from an eviction's outcome, and the Event it calls for, if any: an
+/// eviction done, or a budget's first refusal in a row.
+fn outcome_event(
+    seen: &mut Seen,
+    volume: &Overflowing,
+    pod: &PodRef,
+    outcome: &Evicted,
+) -> Option<(&'static str, String)> {
+    if !matches!(outcome, Evicted::RefusedByBudget(_)) {
+        seen.refused.remove(&pod.uid);
+    }
+    match outcome {
+        Evicted::Done => {
+            info!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, "overflow check: pod evicted");
+            seen.evicted.insert(pod.uid.clone());
+            Some((
+                "OverflowEvicted",
+                format!(
+                    "evicted pod {}/{}: volume {} uses {} bytes, more than its size of {} bytes",
+                    pod.namespace, pod.name, volume.id, volume.used_bytes, volume.capacity_bytes
+                ),
+            ))
+        }
+        Evicted::Gone => {
+            seen.evicted.insert(pod.uid.clone());
+            None
+        }
+        Evicted::RefusedByBudget(why) => {
+            warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, why, "overflow check: a PodDisruptionBudget refuses the eviction; asked again next round");
+            seen.refused.insert(pod.uid.clone()).then(|| ("OverflowEvictionRefused", format!(
+                "eviction of pod {}/{} refused by a PodDisruptionBudget ({}); volume {} stays above its size, asked again every round",
+                pod.namespace, pod.name, truncate(why), volume.id
+            )))
+        }
+        Evicted::Failed(why) => {
+            warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, error = %why, "overflow check: eviction failed; asked again next round");
+            None
         }
     }
 }
@@ -235,12 +223,9 @@ pub async fn round(
         let current: HashSet<&VolumeId> = found.iter().map(|v| &v.id).collect();
         tracker.volumes.retain(|id, _| current.contains(id));
     }
-    let reporter = Reporter {
-        driver: settings.driver.clone(),
-        node: settings.node.clone(),
-    };
+    let recorder = Recorder::new(client.clone(), api::REPORTING_CONTROLLER, &settings.node);
     for volume in &found {
-        act(client, &reporter, metrics, tracker, volume).await;
+        act(client, &recorder, metrics, tracker, volume).await;
     }
     // From what the check knows, not only this round's find: a round for the volumes stats
     // noticed announces them at once, and the gauge must say so as soon (the next full round
@@ -263,13 +248,12 @@ impl Tracker {
 
 /// A full round every interval, and a round for the volumes stats found above their size as
 /// soon as they do, until `shutdown`.
-pub async fn run(
-    client: Client,
-    volumes: Arc<Volumes>,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn run(work: NodeWork, settings: Settings, shutdown: impl Future<Output = ()>) {
+    let NodeWork {
+        client,
+        volumes,
+        metrics,
+    } = work;
     let mut tracker = Tracker::default();
     tokio::pin!(shutdown);
     // The first full round waits an interval too: after a start, kubelet's stats measure the
@@ -307,15 +291,13 @@ pub async fn run(
 /// done again after the next start.
 pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loop>, kube::Error> {
     let config = inputs.config;
-    let (Some(interval), Some(volumes)) = (config.overflow_check, inputs.volumes) else {
+    let Some(interval) = config.overflow_check else {
         return Ok(None);
     };
-    let client = match client().await {
-        Ok(client) => client,
-        Err(err) => {
-            tracing::error!(error = %err, "overflow check off: no Kubernetes client configuration (in-cluster or $KUBECONFIG)");
-            return Ok(None);
-        }
+    // Without kube's retries: they would repeat a PodDisruptionBudget's 429 for minutes (its
+    // Retry-After, 15 times) inside one round, and hide the refusal; the next round is the retry.
+    let Some(work) = inputs.node_work("overflow check", Retries::Off).await else {
+        return Ok(None);
     };
     let settings = Settings {
         driver: config.driver_name.clone(),
@@ -323,13 +305,7 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
         interval,
     };
     info!(interval = ?settings.interval, "overflow check starting");
-    let run = run(
-        client,
-        volumes.clone(),
-        settings,
-        inputs.metrics.clone(),
-        shutdown.wait(),
-    );
+    let run = run(work, settings, shutdown.wait());
     Ok(Some(Loop::new("overflow check", Duration::ZERO, run)))
 }
 
