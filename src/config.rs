@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-/// What this instance serves (see design.md §1).
+/// What this instance serves (see docs/design.md, "Where things run").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Identity, Controller and Node on one socket: what the DaemonSet runs on every node.

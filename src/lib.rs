@@ -1,9 +1,30 @@
 //! stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
 //!
-//! The crate is split by concern: `identity`, `controller` and `node` are the thin gRPC faces
-//! (validate → call the domain → map errors); `volume` holds the domain (ids, records, the
-//! crash-safe store, per-volume operation guards, create/publish/delete); `host` holds the
-//! mechanics that know nothing about gRPC (mounts, loop devices, safe deletion, usage).
+//! # Start here
+//!
+//! Arrows point down: the faces, the admin API and the cluster loops use the volume domain,
+//! which uses the host mechanics. How a request travels through these rooms, the background
+//! loops and the rules each room keeps: `docs/design.md`.
+//!
+//! - [`faces`]: the CSI services (Identity, Controller, Node). Thin: check the request
+//!   (`faces::request`), call the domain, map its errors to gRPC codes.
+//! - [`admin`]: our admin API, served on its own root-only socket, and its
+//!   `stickyvol volumes` / `stickyvol volume …` commands.
+//! - [`cluster`]: everything that talks to the Kubernetes API. `controller`: the loops of
+//!   `--mode=controller` (restore placement, class check, node-loss reconciler); `node`: the
+//!   loops a node plugin runs (overflow check, project-id audit, node loss' node side); `kit`:
+//!   what both share; `loops`: the one list of background loops; `orphans`: the
+//!   `stickyvol cluster orphans` command.
+//! - [`volume`]: the domain: [`volume::Volumes`] and its operations (create, stage, publish,
+//!   expand, stats, recovery), over `state` (ids, records, the journal), `space` (pools,
+//!   limits, accounting) and `copies` (snapshots, clones, export and import).
+//! - [`host`]: the mechanics, knowing nothing of CSI: mounts, loop devices, image filesystems,
+//!   quotas, btrfs, tree walks, safe deletion, copies, the export stream.
+//!
+//! Beside them: [`class`] (the StorageClass parameters, parsed once), [`config`] (flags into a
+//! checked configuration), [`server`] (sockets and the gRPC server), [`metrics`], [`cli`],
+//! [`doctor`], [`error`] (the one mapping of errors to gRPC codes) and [`unix_channel`].
+//! `src/main.rs` is the `stickyvol` binary; `src/bench/` is `stickyvol-bench`.
 
 pub mod admin;
 pub mod class;

@@ -1,4 +1,5 @@
-//! CSI Controller: volume lifecycle, run on the node that owns the data (see design.md §1).
+//! CSI Controller: volume lifecycle, run on the node that owns the data (see docs/design.md,
+//! "Where things run").
 
 use std::sync::Arc;
 

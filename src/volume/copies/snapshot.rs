@@ -258,7 +258,7 @@ impl Volumes {
     /// claim back, while the controller's restore placement moves the claim to the source's
     /// node (rescheduling would only send it round the nodes). An id that names no node (an
     /// earlier version's) may be anywhere: RESOURCE_EXHAUSTED, and the scheduler tries another
-    /// node (design.md §8).
+    /// node (docs/design.md, "No path from an id").
     pub(in crate::volume) fn missing_source(&self, what: &str, issuer: Issuer) -> Error {
         match issuer {
             Issuer::Node(tag) if tag == self.node => {

@@ -5,8 +5,8 @@
 //! digits, "-", and the issuing node's [`NodeTag`]. UUIDv7 starts with a timestamp, so ids sort
 //! in creation order: list pages then see new objects at the end. The node tag lets a node that
 //! is asked to restore or clone from a source it does not hold tell "it lives on another node"
-//! (the provisioner must reschedule) from "it does not exist" (design.md §8). Volume ids of
-//! earlier versions carry no tag ("sv-" + 32 hex digits) and stay valid.
+//! (the claim must go to that node) from "it does not exist" (docs/design.md, "No path from an
+//! id"). Volume ids of earlier versions carry no tag ("sv-" + 32 hex digits) and stay valid.
 //! Anything that does not parse is not ours and never becomes part of a path.
 
 use std::fmt;
