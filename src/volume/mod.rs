@@ -33,6 +33,7 @@ pub mod overflow;
 mod publish;
 mod recover;
 pub mod stats;
+mod target;
 
 use std::fs;
 use std::path::{Path, PathBuf};
