@@ -217,6 +217,66 @@ fn present_pools(pools: &[PoolConfig]) -> Vec<&PoolConfig> {
         .collect()
 }
 
+/// Locks every pool (for our lifetime); FAILED_PRECONDITION if two of them overlap.
+fn lock_pools(pools: &[&PoolConfig]) -> Result<Vec<LockedRoot>> {
+    let locked = pools
+        .iter()
+        .copied()
+        .map(LockedRoot::lock)
+        .collect::<Result<Vec<_>>>()?;
+    for (i, a) in locked.iter().enumerate() {
+        if let Some(b) = locked[..i]
+            .iter()
+            .find(|b| a.root.starts_with(&b.root) || b.root.starts_with(&a.root))
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "pools at {} and {} overlap",
+                a.root.display(),
+                b.root.display()
+            )));
+        }
+    }
+    Ok(locked)
+}
+
+/// The state journals' options: before a journal generation is dropped, the data of the
+/// volumes and snapshots it created or removed must be durable too (see `journal` and
+/// `create`), so every pool's filesystem is synced first.
+fn journal_options(locked: &[LockedRoot]) -> state::journal::Options {
+    let roots: Vec<PathBuf> = locked.iter().map(|p| p.root.clone()).collect();
+    state::journal::Options {
+        barrier: Some(Arc::new(move || {
+            roots
+                .iter()
+                .try_for_each(|root| crate::host::copy::sync_filesystem(root))
+        })),
+        ..state::journal::Options::default()
+    }
+}
+
+/// Opens each locked pool with the records of its volumes; a record naming a pool this node
+/// lacks is reported, and its volume stays unusable.
+fn open_pools(pools: &[&PoolConfig], locked: Vec<LockedRoot>, store: &Store) -> Result<Vec<Pool>> {
+    let all = store.all();
+    let mut opened = Vec::with_capacity(pools.len());
+    let project_ids = space::limits::Enforcement::project_ids(all.iter().map(|r| &**r));
+    for (config, root) in pools.iter().zip(locked) {
+        let records: Vec<&VolumeRecord> = all
+            .iter()
+            .map(|r| &**r)
+            .filter(|r| r.pool == config.name)
+            .collect();
+        opened.push(Pool::open(config, root, &records, &project_ids)?);
+    }
+    for record in all
+        .iter()
+        .filter(|r| !pools.iter().any(|p| p.name == r.pool))
+    {
+        tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this node does not have (not configured, or an optional pool whose directory is missing); it stays unusable until the pool is back");
+    }
+    Ok(opened)
+}
+
 impl Volumes {
     /// Opens (creating if needed) every pool, loads every record from `<data-dir>/state` and
     /// reconciles the host with them: see `recover`. `pools[0]` is the data dir. Snapshot
@@ -234,35 +294,9 @@ impl Volumes {
             .context(|| format!("resolving {}", kubelet_dir.display()))?;
         let pools = present_pools(pools);
         // Every pool is locked before records are read (loading removes temp files).
-        let locked = pools
-            .iter()
-            .copied()
-            .map(LockedRoot::lock)
-            .collect::<Result<Vec<_>>>()?;
-        for (i, a) in locked.iter().enumerate() {
-            if let Some(b) = locked[..i]
-                .iter()
-                .find(|b| a.root.starts_with(&b.root) || b.root.starts_with(&a.root))
-            {
-                return Err(Error::FailedPrecondition(format!(
-                    "pools at {} and {} overlap",
-                    a.root.display(),
-                    b.root.display()
-                )));
-            }
-        }
+        let locked = lock_pools(&pools)?;
         let state = locked[0].root.join("state");
-        // Before a journal generation is dropped, the data of the volumes and snapshots it
-        // created or removed must be durable too (see `journal` and `create`).
-        let roots: Vec<PathBuf> = locked.iter().map(|p| p.root.clone()).collect();
-        let journal_options = state::journal::Options {
-            barrier: Some(Arc::new(move || {
-                roots
-                    .iter()
-                    .try_for_each(|root| crate::host::copy::sync_filesystem(root))
-            })),
-            ..state::journal::Options::default()
-        };
+        let journal_options = journal_options(&locked);
         let snapshot_state = state.join("snapshots");
         let journal_dir = state.join(state::store::JOURNAL_DIR);
         // State this release cannot read stops the start with nothing changed: opening changes
@@ -275,24 +309,7 @@ impl Volumes {
         let (snapshots, snapshot_report) =
             Records::open(&snapshot_state, &journal_dir, "snapshots", journal_options)
                 .context(|| format!("loading records from {}", snapshot_state.display()))?;
-        let all = store.all();
-        let mut opened = Vec::with_capacity(pools.len());
-        let project_ids = space::limits::Enforcement::project_ids(all.iter().map(|r| &**r));
-        for (config, root) in pools.iter().zip(locked) {
-            let records: Vec<&VolumeRecord> = all
-                .iter()
-                .map(|r| &**r)
-                .filter(|r| r.pool == config.name)
-                .collect();
-            opened.push(Pool::open(config, root, &records, &project_ids)?);
-        }
-        for record in all
-            .iter()
-            .filter(|r| !pools.iter().any(|p| p.name == r.pool))
-        {
-            tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this node does not have (not configured, or an optional pool whose directory is missing); it stays unusable until the pool is back");
-        }
-        drop(all);
+        let opened = open_pools(&pools, locked, &store)?;
         let volumes = Volumes {
             pools: opened,
             state,
