@@ -58,7 +58,7 @@ impl Volumes {
     /// Opens the target's parent, creating it unless (as kubelet does) it exists: its deepest
     /// existing ancestor is opened (symlinks followed) and checked where the kernel says it
     /// is, and the missing directories are made beneath it without following any symlink. The
-    /// publish then acts on this descriptor, never on the path resolved again.
+    /// publish or stage then acts on this descriptor, never on the path resolved again.
     pub(super) fn open_target_parent(&self, target: &Path) -> Result<OwnedFd> {
         let mut missing = Vec::new();
         let mut dir = target.parent().unwrap_or(Path::new("/"));
@@ -82,8 +82,8 @@ impl Volumes {
         Ok(opened)
     }
 
-    /// The target's parent for an unpublish: opened and checked as for a publish, never
-    /// created; None when it does not exist (nor, then, does the target).
+    /// The target's parent for an unpublish or unstage: opened and checked as for a publish,
+    /// never created; None when it does not exist (nor, then, does the target).
     pub(super) fn open_existing_target_parent(&self, target: &Path) -> Result<Option<OwnedFd>> {
         let parent = target.parent().unwrap_or(Path::new("/"));
         match dirfd::open_dir(parent) {
@@ -102,8 +102,9 @@ impl Volumes {
     }
 }
 
-/// A target as (un)publish acts on it: a name in its checked, open parent directory (None
-/// when an unpublish found no parent: then there is no target either).
+/// A target as (un)publish and (un)stage act on it: a name in its checked, open parent
+/// directory (None when an unpublish or unstage found no parent: then there is no target
+/// either).
 pub(super) struct Target<'a> {
     pub(super) parent: Option<BorrowedFd<'a>>,
     pub(super) name: &'a OsStr,
