@@ -14,10 +14,11 @@ use crate::faces::driver::{
     CONTEXT_ACCESS_TYPE, CONTEXT_HOST_PATH, CONTEXT_NODE, Driver, blocking,
 };
 use crate::faces::request;
-use crate::volume::copies::snapshot::SnapshotRecord;
+use crate::volume::copies::snapshot::{SnapshotFilter, SnapshotRecord, SnapshotRequest};
+use crate::volume::create::CreateRequest;
 use crate::volume::state::id::{SnapshotId, VolumeId};
 use crate::volume::state::record::{VolumeKind, VolumeRecord};
-use crate::volume::{Condition, CreateRequest, SnapshotFilter, SnapshotRequest, Volumes};
+use crate::volume::{Condition, Volumes};
 
 pub struct ControllerService {
     driver: Arc<Driver>,

@@ -10,9 +10,11 @@ use crate::csi::node_service_capability::{Rpc, rpc};
 use crate::csi::{self, volume_usage::Unit};
 use crate::faces::driver::{Driver, blocking};
 use crate::faces::request;
+use crate::volume::Volumes;
+use crate::volume::image::StageRequest;
+use crate::volume::publish::PublishRequest;
 use crate::volume::state::id::VolumeId;
 use crate::volume::stats::Amounts;
-use crate::volume::{PublishRequest, StageRequest, Volumes};
 
 pub struct NodeService {
     driver: Arc<Driver>,

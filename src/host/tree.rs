@@ -204,44 +204,9 @@ pub fn walk_within(
         if is_self_or_parent(&name) {
             continue;
         }
-        spent.entry(|| shown_path(root, &levels, None))?;
-        let stat = match fsstat::lstat_at(current.as_fd(), &name) {
-            Ok(stat) => stat,
-            Err(err) if changed_meanwhile(&err) => continue,
-            Err(err) => return Err(io_error(root, &levels)(err)),
-        };
-        if stat.is_dir() && spent.entered_before(&stat) {
-            continue; // renamed since we walked it: met again at its new name
-        }
-        let is_mount = stat.is_dir() && stat.is_mount_root;
-        if is_mount && at_mount == AtMountPoint::Refuse {
-            return Err(WalkError::MountPoint(shown_path(
-                root,
-                &levels,
-                Some(&name),
-            )));
-        }
-        visitor
-            .entry(current.as_fd(), &name, &stat)
-            .map_err(io_error(root, &levels))?;
-        if !stat.is_dir() || is_mount {
-            continue;
-        }
-        if levels.len() > MAX_DEPTH {
-            if visitor
-                .too_deep(current.as_fd(), &name)
-                .map_err(io_error(root, &levels))?
-            {
-                continue;
-            }
-            return Err(WalkError::TooDeep {
-                path: shown_path(root, &levels, Some(&name)),
-                limit: MAX_DEPTH,
-            });
-        }
-        let Some(child) =
-            open_listed_dir(current.as_fd(), &name, &stat).map_err(io_error(root, &levels))?
-        else {
+        let dir = current.as_fd();
+        let visited = visit_entry(root, &levels, dir, &name, at_mount, &mut spent, visitor)?;
+        let Some((child, stat)) = visited else {
             continue;
         };
         spent.enter(&stat);
@@ -255,6 +220,54 @@ pub fn walk_within(
         });
         current = child;
     }
+}
+
+/// Counts the entry `name` against the budget, looks at it and hands it to the visitor. It
+/// is in the deepest of the `levels` below `root`, open as `dir`. Returns the directory to
+/// descend into, opened, and what it is; None when the walk stays at this level (not a
+/// directory, a mount, met before, changed meanwhile, too deep for a visitor that dealt with it).
+fn visit_entry(
+    root: &Path,
+    levels: &[Level],
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    at_mount: AtMountPoint,
+    spent: &mut Spending,
+    visitor: &mut dyn Visitor,
+) -> Result<Option<(OwnedFd, Stat)>, WalkError> {
+    spent.entry(|| shown_path(root, levels, None))?;
+    let stat = match fsstat::lstat_at(dir, name) {
+        Ok(stat) => stat,
+        Err(err) if changed_meanwhile(&err) => return Ok(None),
+        Err(err) => return Err(io_error(root, levels)(err)),
+    };
+    if stat.is_dir() && spent.entered_before(&stat) {
+        return Ok(None); // renamed since we walked it: met again at its new name
+    }
+    let is_mount = stat.is_dir() && stat.is_mount_root;
+    if is_mount && at_mount == AtMountPoint::Refuse {
+        return Err(WalkError::MountPoint(shown_path(root, levels, Some(name))));
+    }
+    visitor
+        .entry(dir, name, &stat)
+        .map_err(io_error(root, levels))?;
+    if !stat.is_dir() || is_mount {
+        return Ok(None);
+    }
+    if levels.len() > MAX_DEPTH {
+        if visitor
+            .too_deep(dir, name)
+            .map_err(io_error(root, levels))?
+        {
+            return Ok(None);
+        }
+        return Err(WalkError::TooDeep {
+            path: shown_path(root, levels, Some(name)),
+            limit: MAX_DEPTH,
+        });
+    }
+    let child = open_listed_dir(dir, name, &stat).map_err(io_error(root, levels))?;
+    Ok(child.map(|child| (child, stat)))
 }
 
 /// Opens the directory `name` of `parent` if it still is the one listed as `listed`; None if it

@@ -86,15 +86,8 @@ impl Volumes {
             &format!("volume name {:?}", req.name),
         )?;
         let capacity = new_capacity(&req)?;
-        if let Some(existing) = self.store.find_by_name(&req.name) {
-            check_compatible(&existing, &req)?;
-            // Not while a DeleteVolume of it runs: answering with a volume being torn down
-            // would hand the CO an id that is about to vanish.
-            let _busy = self.claim(&existing.id)?;
-            if self.store.get(&existing.id).is_some() {
-                self.finish_create(&existing)?;
-                return Ok(existing);
-            }
+        if let Some(existing) = self.existing_volume(&req)? {
+            return Ok(existing);
         }
         let pool = self.pool(&req.pool)?;
         check_node_can_make(pool, &req)?;
@@ -127,36 +120,8 @@ impl Volumes {
         let mut staged_limit = SizeLimit::None;
         let committed = made.and_then(|made| {
             staged_limit = made.as_ref().map_or(SizeLimit::File, |d| d.limit);
-            let record = VolumeRecord {
-                id: id.clone(),
-                name: req.name.clone(),
-                kind: req.kind,
-                capacity_bytes: capacity,
-                pool: pool.name.clone(),
-                size_limit: staged_limit,
-                allocation: match req.kind {
-                    VolumeKind::Block | VolumeKind::Image(_) => req.allocation,
-                    VolumeKind::Filesystem => Allocation::Thin,
-                },
-                access_modes: req.access_modes,
-                mount_flags: req.mount_flags,
-                parameters: req.parameters,
-                created_unix_ms: now_ms(),
-                content_source: req.content_source,
-                importing: false,
-                orphaned: None,
-                publications: Vec::new(),
-            };
-            let record = self.store.put(record).map_err(|err| {
-                // The rename may have happened before the failure (e.g. the directory fsync):
-                // take the record back so no record points at data about to be removed.
-                let _ = self.store.remove(&id);
-                Error::host(format!("writing the record of volume {id}"), err)
-            })?;
-            if let Some(made) = made {
-                made.commit();
-            }
-            Ok(record)
+            let record = new_record(&id, req, pool, capacity, staged_limit);
+            self.commit_created(&id, record, made)
         });
         let record = match committed {
             Ok(record) => record,
@@ -175,6 +140,43 @@ impl Volumes {
         // retry or at the next start if this fails.
         self.finish_create(&record)?;
         info!(volume = %id, name = %record.name, kind = record.kind.as_str(), capacity, pool = %pool.name, limit = ?record.size_limit, "created volume");
+        Ok(record)
+    }
+
+    /// The volume a CreateVolume names if it exists already (a retry), its create finished;
+    /// None when it is to be made.
+    fn existing_volume(&self, req: &CreateRequest) -> Result<Option<Arc<VolumeRecord>>> {
+        let Some(existing) = self.store.find_by_name(&req.name) else {
+            return Ok(None);
+        };
+        check_compatible(&existing, req)?;
+        // Not while a DeleteVolume of it runs: answering with a volume being torn down
+        // would hand the CO an id that is about to vanish.
+        let _busy = self.claim(&existing.id)?;
+        if self.store.get(&existing.id).is_none() {
+            return Ok(None);
+        }
+        self.finish_create(&existing)?;
+        Ok(Some(existing))
+    }
+
+    /// Commits the record of new volume `id`, whose data is staged; then the project id of a
+    /// new directory (`made`) belongs to that record. On failure the caller removes the data.
+    fn commit_created(
+        &self,
+        id: &VolumeId,
+        record: VolumeRecord,
+        made: Option<NewDirectory>,
+    ) -> Result<Arc<VolumeRecord>> {
+        let record = self.store.put(record).map_err(|err| {
+            // The rename may have happened before the failure (e.g. the directory fsync):
+            // take the record back so no record points at data about to be removed.
+            let _ = self.store.remove(id);
+            Error::host(format!("writing the record of volume {id}"), err)
+        })?;
+        if let Some(made) = made {
+            made.commit();
+        }
         Ok(record)
     }
 
@@ -375,6 +377,36 @@ fn remove_trees(paths: &[PathBuf], id: &VolumeId, limit: SizeLimit) -> Result<()
 
 /// The capacity a request gets: as CSI's range says, raised to what an image's filesystem
 /// needs at least.
+/// The record of new volume `id` as `req` asks for it, its data in `pool` limited by `size_limit`.
+fn new_record(
+    id: &VolumeId,
+    req: CreateRequest,
+    pool: &Pool,
+    capacity: i64,
+    size_limit: SizeLimit,
+) -> VolumeRecord {
+    VolumeRecord {
+        id: id.clone(),
+        name: req.name,
+        kind: req.kind,
+        capacity_bytes: capacity,
+        pool: pool.name.clone(),
+        size_limit,
+        allocation: match req.kind {
+            VolumeKind::Block | VolumeKind::Image(_) => req.allocation,
+            VolumeKind::Filesystem => Allocation::Thin,
+        },
+        access_modes: req.access_modes,
+        mount_flags: req.mount_flags,
+        parameters: req.parameters,
+        created_unix_ms: now_ms(),
+        content_source: req.content_source,
+        importing: false,
+        orphaned: None,
+        publications: Vec::new(),
+    }
+}
+
 fn new_capacity(req: &CreateRequest) -> Result<i64> {
     let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
     match req.kind.image_fs() {

@@ -20,10 +20,11 @@ use tracing::{info, warn};
 
 use super::capability::Capability;
 use super::devices;
-use super::publish::{MountPoint, Target, check_capability, missing_data, target_name, usable};
+use super::publish::{check_capability, missing_data, usable};
 use super::state::id::VolumeId;
 use super::state::record::{FsType, Publication, VolumeRecord};
 use super::stats::{Amounts, VolumeStats};
+use super::target::{MountPoint, Target, target_name};
 use super::{Condition, Volumes};
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Stat};

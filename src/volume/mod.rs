@@ -1,19 +1,28 @@
 //! The volume domain: where volumes live on disk, what we remember about them, and the
 //! operations kubelet and the provisioner ask for. Nothing here knows about gRPC.
 //!
-//! Three rooms, each using only the ones listed before it (and `crate::host`):
+//! Three rooms below, each using only the ones listed before it (and `crate::host`):
 //! - [`state`]: what we remember, durably: ids, records, the journal that commits their
 //!   changes (`<data-dir>/state/`), the store that indexes them;
 //! - [`space`]: where data lives and how much: pools, the books of what was promised,
-//!   size limits, capacity rules, the walk throttle, how a pool copies cheaply;
+//!   size limits, capacity rules, the walk throttle, how a pool copies cheaply, and the books
+//!   of project-id audits and of volumes measured above their size;
 //! - [`copies`]: snapshots, restores, clones, export and import: the data copied and the
 //!   operations that do it.
 //!
-//! Here, above them: [`Volumes`] (a node's volumes) and the operations kubelet, the
-//! provisioner and the admin API call: create and delete, publish, expand, stats, capacity,
-//! the inventory, recovery at start, and the periodic project-id audit. `copies` adds its
-//! operations to `Volumes` too (impl blocks), so it is the one room that uses `Volumes` and
-//! `guard` from here.
+//! Here, on them: [`Volumes`] (a node's volumes, this module), with what every operation
+//! needs: the per-volume operation [`guard`], the checks of a requested [`capability`], which
+//! loop devices serve a volume (`devices`).
+//!
+//! Above `Volumes`, each adding its `impl Volumes` block: the operations kubelet, the
+//! provisioner and the admin API call: [`create`] and delete, [`publish`], [`image`] (staging
+//! an image volume), both on the mount-target mechanics of `target`; `expand`, [`stats`],
+//! [`overflow`], `available` (capacity), the [`inventory`], [`orphan`]s, `recover` at start,
+//! and the periodic project-id [`audit`]. `copies` adds its operations to `Volumes` too, so it
+//! is the one room that uses `Volumes` and `guard` from here. This module names the levels
+//! above it only for the fields of `Volumes` they keep (snapshot records, running copies,
+//! leftovers of a crash); requests and results are named in their own modules
+//! (`volume::publish::PublishRequest`, `volume::create::CreateRequest`, …).
 
 pub mod copies;
 pub mod space;
@@ -22,17 +31,18 @@ pub mod state;
 pub mod audit;
 mod available;
 pub mod capability;
-mod create;
+pub mod create;
 mod devices;
 mod expand;
 pub mod guard;
-mod image;
+pub mod image;
 pub mod inventory;
 pub mod orphan;
 pub mod overflow;
-mod publish;
+pub mod publish;
 mod recover;
 pub mod stats;
+mod target;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -42,16 +52,14 @@ use crate::config::PoolConfig;
 use crate::error::{Error, IoContext, Result};
 use crate::host::fsstat::{self, Space};
 
-pub use copies::snapshot::{SnapshotFilter, SnapshotRequest};
-pub use copies::transfer::ExportSource;
-pub use create::CreateRequest;
-pub use image::StageRequest;
-pub use publish::PublishRequest;
 pub use space::pool::{Pool, STAGING_PREFIX};
-pub use stats::VolumeStats;
 
+// The arrows back up: the only names this module takes from a room above `Volumes` (`copies`,
+// which adds impl blocks to it) or from an operation. Each is the type of a field (see there).
 use copies::snapshot::SnapshotRecord;
 use copies::snapshot_jobs::Jobs;
+use recover::Leftover;
+
 use guard::OperationGuards;
 use space::pool::LockedRoot;
 use state::id::{NodeTag, VolumeId};
@@ -148,6 +156,14 @@ fn usage_problem(record: &VolumeRecord, used: u64, limited: bool) -> Option<Stri
     }
 }
 
+/// Both problems, or the one there is.
+fn joined(first: Option<String>, second: Option<String>) -> Option<String> {
+    match (first, second) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    }
+}
+
 /// How many volumes of one kind and publication state exist, and their summed capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CensusEntry {
@@ -165,8 +181,12 @@ pub struct Volumes {
     state: PathBuf,
     kubelet_dir: PathBuf,
     store: Store,
+    /// Arrow back up: the snapshot records are opened at start with the volume records, on
+    /// the same journal barrier, and checked before anything on the host changes (`open`).
     snapshots: Records<SnapshotRecord>,
-    /// Snapshot copies running in the background.
+    /// Snapshot copies running in the background. Arrow back up: a copy outlives the
+    /// CreateSnapshot that starts it (the next one waits for it, DeleteSnapshot cancels it),
+    /// so the node's one set of them lives here.
     jobs: Jobs,
     guards: OperationGuards,
     /// Usage of plain directories, walked at most once per burst of callers.
@@ -174,11 +194,13 @@ pub struct Volumes {
     /// Volumes the project-id audit found tampered with, until a clean audit (see `audit`).
     audits: space::audit::AuditBook,
     /// Volumes stats found above their size, for the overflow check.
-    overflow_noticed: overflow::Noticed,
+    overflow_noticed: space::overflows::Noticed,
     /// Signs the ids this node issues.
     node: NodeTag,
-    /// Data crashes left, found at start and removed once the socket serves.
-    leftovers: std::sync::Mutex<Vec<recover::Leftover>>,
+    /// Data crashes left, found at start and removed once the socket serves. Arrow back up:
+    /// `open` finds them (through `recover`) before the socket serves, and only later, from the
+    /// server, are they removed, so the queue must outlive `open` in the one value both see.
+    leftovers: std::sync::Mutex<Vec<Leftover>>,
 }
 
 /// The pools this node has: every `--pool`, and the `--optional-pool`s whose directory exists.
@@ -193,6 +215,66 @@ fn present_pools(pools: &[PoolConfig]) -> Vec<&PoolConfig> {
             present
         })
         .collect()
+}
+
+/// Locks every pool (for our lifetime); FAILED_PRECONDITION if two of them overlap.
+fn lock_pools(pools: &[&PoolConfig]) -> Result<Vec<LockedRoot>> {
+    let locked = pools
+        .iter()
+        .copied()
+        .map(LockedRoot::lock)
+        .collect::<Result<Vec<_>>>()?;
+    for (i, a) in locked.iter().enumerate() {
+        if let Some(b) = locked[..i]
+            .iter()
+            .find(|b| a.root.starts_with(&b.root) || b.root.starts_with(&a.root))
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "pools at {} and {} overlap",
+                a.root.display(),
+                b.root.display()
+            )));
+        }
+    }
+    Ok(locked)
+}
+
+/// The state journals' options: before a journal generation is dropped, the data of the
+/// volumes and snapshots it created or removed must be durable too (see `journal` and
+/// `create`), so every pool's filesystem is synced first.
+fn journal_options(locked: &[LockedRoot]) -> state::journal::Options {
+    let roots: Vec<PathBuf> = locked.iter().map(|p| p.root.clone()).collect();
+    state::journal::Options {
+        barrier: Some(Arc::new(move || {
+            roots
+                .iter()
+                .try_for_each(|root| crate::host::copy::sync_filesystem(root))
+        })),
+        ..state::journal::Options::default()
+    }
+}
+
+/// Opens each locked pool with the records of its volumes; a record naming a pool this node
+/// lacks is reported, and its volume stays unusable.
+fn open_pools(pools: &[&PoolConfig], locked: Vec<LockedRoot>, store: &Store) -> Result<Vec<Pool>> {
+    let all = store.all();
+    let mut opened = Vec::with_capacity(pools.len());
+    let project_ids = space::limits::Enforcement::project_ids(all.iter().map(|r| &**r));
+    for (config, root) in pools.iter().zip(locked) {
+        let records: Vec<&VolumeRecord> = all
+            .iter()
+            .map(|r| &**r)
+            .filter(|r| r.pool == config.name)
+            .collect();
+        opened.push(Pool::open(config, root, &records, &project_ids)?);
+    }
+    for record in all
+        .iter()
+        .filter(|r| !pools.iter().any(|p| p.name == r.pool))
+    {
+        tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this node does not have (not configured, or an optional pool whose directory is missing); it stays unusable until the pool is back");
+    }
+    Ok(opened)
 }
 
 impl Volumes {
@@ -212,35 +294,9 @@ impl Volumes {
             .context(|| format!("resolving {}", kubelet_dir.display()))?;
         let pools = present_pools(pools);
         // Every pool is locked before records are read (loading removes temp files).
-        let locked = pools
-            .iter()
-            .copied()
-            .map(LockedRoot::lock)
-            .collect::<Result<Vec<_>>>()?;
-        for (i, a) in locked.iter().enumerate() {
-            if let Some(b) = locked[..i]
-                .iter()
-                .find(|b| a.root.starts_with(&b.root) || b.root.starts_with(&a.root))
-            {
-                return Err(Error::FailedPrecondition(format!(
-                    "pools at {} and {} overlap",
-                    a.root.display(),
-                    b.root.display()
-                )));
-            }
-        }
+        let locked = lock_pools(&pools)?;
         let state = locked[0].root.join("state");
-        // Before a journal generation is dropped, the data of the volumes and snapshots it
-        // created or removed must be durable too (see `journal` and `create`).
-        let roots: Vec<PathBuf> = locked.iter().map(|p| p.root.clone()).collect();
-        let journal_options = state::journal::Options {
-            barrier: Some(Arc::new(move || {
-                roots
-                    .iter()
-                    .try_for_each(|root| crate::host::copy::sync_filesystem(root))
-            })),
-            ..state::journal::Options::default()
-        };
+        let journal_options = journal_options(&locked);
         let snapshot_state = state.join("snapshots");
         let journal_dir = state.join(state::store::JOURNAL_DIR);
         // State this release cannot read stops the start with nothing changed: opening changes
@@ -253,24 +309,7 @@ impl Volumes {
         let (snapshots, snapshot_report) =
             Records::open(&snapshot_state, &journal_dir, "snapshots", journal_options)
                 .context(|| format!("loading records from {}", snapshot_state.display()))?;
-        let all = store.all();
-        let mut opened = Vec::with_capacity(pools.len());
-        let project_ids = space::limits::Enforcement::project_ids(all.iter().map(|r| &**r));
-        for (config, root) in pools.iter().zip(locked) {
-            let records: Vec<&VolumeRecord> = all
-                .iter()
-                .map(|r| &**r)
-                .filter(|r| r.pool == config.name)
-                .collect();
-            opened.push(Pool::open(config, root, &records, &project_ids)?);
-        }
-        for record in all
-            .iter()
-            .filter(|r| !pools.iter().any(|p| p.name == r.pool))
-        {
-            tracing::error!(volume = %record.id, pool = %record.pool, "volume is in a pool this node does not have (not configured, or an optional pool whose directory is missing); it stays unusable until the pool is back");
-        }
-        drop(all);
+        let opened = open_pools(&pools, locked, &store)?;
         let volumes = Volumes {
             pools: opened,
             state,
@@ -281,7 +320,7 @@ impl Volumes {
             guards: OperationGuards::default(),
             usage_cache: space::throttle::UsageCache::default(),
             audits: space::audit::AuditBook::default(),
-            overflow_noticed: overflow::Noticed::default(),
+            overflow_noticed: space::overflows::Noticed::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };
@@ -455,7 +494,7 @@ impl Volumes {
             |err| Some(err.to_string()),
             |path| data_problem(record, &path).or_else(|| limit_problem(record, &path)),
         );
-        Condition::from_problem(stats::joined(self.audit_problem(&record.id), problem))
+        Condition::from_problem(joined(self.audit_problem(&record.id), problem))
     }
 
     /// Claims the per-volume operation slot (ABORTED for a concurrent second caller).

@@ -15,7 +15,6 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tracing::debug;
@@ -91,25 +90,6 @@ pub struct Overflowing {
     pub capacity_bytes: u64,
     /// The pods it is published for, as kubelet named them (none without `podInfoOnMount`).
     pub pods: Vec<PodRef>,
-}
-
-/// Volumes NodeGetVolumeStats found above their size since the check last looked.
-#[derive(Debug, Default)]
-pub struct Noticed {
-    ids: Mutex<HashSet<VolumeId>>,
-}
-
-impl Noticed {
-    fn add(&self, id: &VolumeId) {
-        self.ids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.clone());
-    }
-
-    fn take(&self) -> HashSet<VolumeId> {
-        std::mem::take(&mut *self.ids.lock().unwrap_or_else(|e| e.into_inner()))
-    }
 }
 
 /// The claim a record's parameters name, if both parts are valid object names.

@@ -7,7 +7,7 @@ use super::space::pool::Pool;
 use super::space::throttle::node_walks;
 use super::state::id::VolumeId;
 use super::state::record::{Publication, SizeLimit, VolumeKind, VolumeRecord};
-use super::{Condition, Volumes, data_problem, usage_problem};
+use super::{Condition, Volumes, data_problem, joined, usage_problem};
 use crate::error::{Error, IoContext, Result};
 use crate::host::tree::WalkError;
 use crate::host::{fsstat, usage};
@@ -169,13 +169,5 @@ impl Volumes {
                 unreadable.or_else(|| usage_problem(record, used, limited)),
             )),
         })
-    }
-}
-
-/// Both problems, or the one there is.
-pub(super) fn joined(first: Option<String>, second: Option<String>) -> Option<String> {
-    match (first, second) {
-        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-        (a, b) => a.or(b),
     }
 }

@@ -2,7 +2,8 @@
 //! being "default"), the books of what each pool promised its volumes (`accounting`), how a
 //! volume's size is enforced and measured (`limits`), the capacity rules a request must meet,
 //! the throttle that keeps tree walks from piling up, whether a pool is full, how it copies
-//! cheaply (`mechanism`), and the book of project-id audits (`audit`). Uses `state`.
+//! cheaply (`mechanism`), the book of project-id audits (`audit`), and the book of volumes
+//! measured above their size (`overflows`). Uses `state`.
 
 pub mod accounting;
 pub mod audit;
@@ -10,6 +11,7 @@ pub mod capacity;
 pub mod full;
 pub mod limits;
 pub mod mechanism;
+pub mod overflows;
 pub mod pool;
 pub mod throttle;
 

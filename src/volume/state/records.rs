@@ -115,16 +115,7 @@ impl<R: Record> Records<R> {
             loaded.removed_temp_files += 1;
         }
         // The files first: once the journal is open, its compaction may write them back.
-        for (id, parsed) in on_disk.records {
-            match parsed {
-                Ok(record) if *record.id() == id => index.insert(Arc::new(record)),
-                Ok(record) => loaded.unreadable.push((
-                    id.clone(),
-                    format!("record names a different id {}", record.id()),
-                )),
-                Err(err) => loaded.unreadable.push((id.clone(), err)),
-            }
-        }
+        index.add_files(on_disk.records, &mut loaded);
         let options = journal::Options {
             write_back: Some(write_back::<R>(dir)),
             ..options
@@ -134,37 +125,7 @@ impl<R: Record> Records<R> {
         // Replay: the last entry of a record wins. The files catch up when the journal's
         // compaction writes these entries back.
         for entry in &replay.entries {
-            let Some(id) = R::parse_id(&entry.id) else {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("the journal {name} names an invalid id {:?}", entry.id),
-                ));
-            };
-            loaded.unreadable.retain(|(bad, _)| *bad != id);
-            if let Some(old) = index.by_id.remove(&id) {
-                index.by_name.remove(old.name());
-            }
-            match entry.op {
-                Op::Create | Op::Update => {
-                    match serde_json::from_slice::<R>(&entry.json) {
-                        Ok(record) if *record.id() == id => index.insert(Arc::new(record)),
-                        Ok(_) => loaded
-                            .unreadable
-                            .push((id.clone(), "journal entry names another id".into())),
-                        Err(err) => loaded
-                            .unreadable
-                            .push((id.clone(), format!("journal entry: {err}"))),
-                    }
-                    if entry.op == Op::Create {
-                        loaded.created_recently.insert(id.clone());
-                    }
-                    loaded.removed_recently.remove(&id);
-                }
-                Op::Remove => {
-                    loaded.created_recently.remove(&id);
-                    loaded.removed_recently.insert(id.clone());
-                }
-            }
+            index.replay(entry, name, &mut loaded)?;
         }
         index.unreadable = loaded.unreadable.iter().map(|(id, _)| id.clone()).collect();
         let records = Records {
@@ -401,6 +362,57 @@ impl<R: Record> Index<R> {
         self.by_name
             .insert(record.name().to_string(), record.id().clone());
         self.by_id.insert(record.id().clone(), record);
+    }
+
+    /// Indexes the record files as read at load; those that cannot be used go to `loaded`.
+    fn add_files(&mut self, records: Vec<(R::Id, Result<R, String>)>, loaded: &mut Loaded<R::Id>) {
+        for (id, parsed) in records {
+            match parsed {
+                Ok(record) if *record.id() == id => self.insert(Arc::new(record)),
+                Ok(record) => loaded.unreadable.push((
+                    id.clone(),
+                    format!("record names a different id {}", record.id()),
+                )),
+                Err(err) => loaded.unreadable.push((id.clone(), err)),
+            }
+        }
+    }
+
+    /// Applies one entry of the journal `name` over the index, noting in `loaded` what it
+    /// says of its record (readable again, created or removed recently).
+    fn replay(&mut self, entry: &Entry, name: &str, loaded: &mut Loaded<R::Id>) -> io::Result<()> {
+        let Some(id) = R::parse_id(&entry.id) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("the journal {name} names an invalid id {:?}", entry.id),
+            ));
+        };
+        loaded.unreadable.retain(|(bad, _)| *bad != id);
+        if let Some(old) = self.by_id.remove(&id) {
+            self.by_name.remove(old.name());
+        }
+        match entry.op {
+            Op::Create | Op::Update => {
+                match serde_json::from_slice::<R>(&entry.json) {
+                    Ok(record) if *record.id() == id => self.insert(Arc::new(record)),
+                    Ok(_) => loaded
+                        .unreadable
+                        .push((id.clone(), "journal entry names another id".into())),
+                    Err(err) => loaded
+                        .unreadable
+                        .push((id.clone(), format!("journal entry: {err}"))),
+                }
+                if entry.op == Op::Create {
+                    loaded.created_recently.insert(id.clone());
+                }
+                loaded.removed_recently.remove(&id);
+            }
+            Op::Remove => {
+                loaded.created_recently.remove(&id);
+                loaded.removed_recently.insert(id.clone());
+            }
+        }
+        Ok(())
     }
 }
 
