@@ -359,38 +359,14 @@ pub enum ConfigError {
 
 impl Config {
     pub fn from_args(args: ServeArgs) -> Result<Config, ConfigError> {
+        // The checks run in this order, so that of several mistakes the same one is reported.
         let node_loss = node_loss(&args)?;
-        let orphan_check = match (args.orphan_check_interval, args.mode.works_on_host()) {
-            (0, _) => None,
-            (seconds, true) => Some(OrphanCheckConfig {
-                interval: Duration::from_secs(seconds),
-                report_namespace: match args.namespace.as_deref() {
-                    None => None,
-                    Some(ns) if is_object_name(ns) => Some(ns.to_string()),
-                    Some(ns) => {
-                        return Err(ConfigError::NodeLoss(format!(
-                            "--namespace {ns:?} is not a Kubernetes object name"
-                        )));
-                    }
-                },
-            }),
-            (_, false) => {
-                return Err(ConfigError::NodeLoss(
-                    "--orphan-check-interval runs only where the volumes are (--mode=all or node)"
-                        .into(),
-                ));
-            }
-        };
-        let overflow_check = match (args.overflow_check_interval, args.mode.works_on_host()) {
-            (0, _) => None,
-            (seconds, true) => Some(Duration::from_secs(seconds)),
-            (_, false) => {
-                return Err(ConfigError::NodeLoss(
-                    "--overflow-check-interval runs only where the volumes are (--mode=all or node)"
-                        .into(),
-                ));
-            }
-        };
+        let orphan_check = orphan_check(&args)?;
+        let overflow_check = host_interval(
+            "--overflow-check-interval",
+            args.overflow_check_interval,
+            args.mode,
+        )?;
         let restore_placement = args.restore_placement == Switch::On;
         let check_classes = args.check_classes == Switch::On;
         if (restore_placement || check_classes) && args.mode != Mode::Controller {
@@ -402,24 +378,14 @@ impl Config {
         if args.max_volumes_per_node < 0 {
             return Err(ConfigError::MaxVolumes);
         }
+        // Read here, before `args` is taken apart below; it checks nothing.
+        let metrics_limits = metrics_limits(&args);
         let paths = args.paths.validate(&args.enforcement, &args.overcommit)?;
         let endpoint = args
             .endpoint
             .unwrap_or_else(|| default_endpoint(&paths.kubelet_dir, &paths.driver_name));
         let socket_path = parse_unix_endpoint(&endpoint)?;
         let admin_socket = admin_socket(args.admin_socket, args.mode, &socket_path)?;
-        let defaults = MetricsLimits::default();
-        let metrics_limits = MetricsLimits {
-            header_timeout: args
-                .metrics_header_timeout_ms
-                .map_or(defaults.header_timeout, Duration::from_millis),
-            idle_timeout: args
-                .metrics_idle_timeout_ms
-                .map_or(defaults.idle_timeout, Duration::from_millis),
-            max_connections: args
-                .metrics_max_connections
-                .map_or(defaults.max_connections, |n| n as usize),
-        };
         // Controller mode has no volumes to audit: the default interval means nothing there.
         let project_audit_interval = (args.project_audit_interval > 0 && args.mode.works_on_host())
             .then(|| Duration::from_secs(args.project_audit_interval));
@@ -531,6 +497,60 @@ fn node_loss(args: &ServeArgs) -> Result<Option<NodeLossConfig>, ConfigError> {
         lease_namespace: named("--namespace", &args.namespace)?,
         identity: named("--identity", &args.identity)?,
     }))
+}
+
+/// The interval of a check that looks at this node's volumes (0: off); asking for it in a
+/// mode without volumes (controller) is refused rather than ignored.
+fn host_interval(flag: &str, seconds: u64, mode: Mode) -> Result<Option<Duration>, ConfigError> {
+    match (seconds, mode.works_on_host()) {
+        (0, _) => Ok(None),
+        (seconds, true) => Ok(Some(Duration::from_secs(seconds))),
+        (_, false) => Err(ConfigError::NodeLoss(format!(
+            "{flag} runs only where the volumes are (--mode=all or node)"
+        ))),
+    }
+}
+
+/// The orphan check's settings, when it runs: its interval, and the namespace where it keeps
+/// this node's report (if given, a valid object name).
+fn orphan_check(args: &ServeArgs) -> Result<Option<OrphanCheckConfig>, ConfigError> {
+    let interval = host_interval(
+        "--orphan-check-interval",
+        args.orphan_check_interval,
+        args.mode,
+    )?;
+    let Some(interval) = interval else {
+        return Ok(None);
+    };
+    let report_namespace = match args.namespace.as_deref() {
+        None => None,
+        Some(ns) if is_object_name(ns) => Some(ns.to_string()),
+        Some(ns) => {
+            return Err(ConfigError::NodeLoss(format!(
+                "--namespace {ns:?} is not a Kubernetes object name"
+            )));
+        }
+    };
+    Ok(Some(OrphanCheckConfig {
+        interval,
+        report_namespace,
+    }))
+}
+
+/// The metrics server's limits: the defaults, less what the hidden flags shorten.
+fn metrics_limits(args: &ServeArgs) -> MetricsLimits {
+    let defaults = MetricsLimits::default();
+    MetricsLimits {
+        header_timeout: args
+            .metrics_header_timeout_ms
+            .map_or(defaults.header_timeout, Duration::from_millis),
+        idle_timeout: args
+            .metrics_idle_timeout_ms
+            .map_or(defaults.idle_timeout, Duration::from_millis),
+        max_connections: args
+            .metrics_max_connections
+            .map_or(defaults.max_connections, |n| n as usize),
+    }
 }
 
 /// Validated flags of `stickyvol doctor`: the paths it checks, judged by the same rules as

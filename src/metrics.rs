@@ -250,15 +250,67 @@ pub struct Metrics {
     audits: Arc<AuditCollector>,
     connections_refused: Counter,
     connections_timed_out: Counter,
+    ready: Gauge,
+    loops: LoopMetrics,
+    /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
+    scrape: Mutex<()>,
+}
+
+/// The figures of the background loops: node loss, orphans, overflow and restore placement.
+struct LoopMetrics {
     node_loss_actions: Family<NodeLossLabels, Counter>,
     node_loss_leader: Gauge,
-    ready: Gauge,
     orphaned_volumes: Gauge,
     overflowing_volumes: Family<OnOverflowLabels, Gauge>,
     overflow_evictions: Family<ResultLabels, Counter>,
     restore_placements: Family<ResultLabels, Counter>,
-    /// Scrapes refresh the gauges, then encode: one at a time keeps the two steps consistent.
-    scrape: Mutex<()>,
+}
+
+impl LoopMetrics {
+    fn register(registry: &mut Registry) -> LoopMetrics {
+        LoopMetrics {
+            node_loss_actions: add(
+                registry,
+                "node_loss_actions",
+                "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv, \
+             drop_pv_finalizer; a node's orphan_to_lost_found) by result: done, failed \
+             (retried next round) or dry_run (decided and announced, not carried out)",
+            ),
+            node_loss_leader: add(
+                registry,
+                "node_loss_leader",
+                "1 while this replica holds the node-loss reconciler's Lease and acts",
+            ),
+            orphaned_volumes: add(
+                registry,
+                "orphaned_volumes",
+                "Volumes of this node whose PV was found gone, their data moved to lost+found",
+            ),
+            overflowing_volumes: add(
+                registry,
+                "overflowing_volumes",
+                "Published directory volumes without an enforced size measured above their \
+             size, by their class's onOverflow (evict, report), as the overflow check knows \
+             them: one that stats find above its size at once, one back within it from the \
+             next full round",
+            ),
+            overflow_evictions: add(
+                registry,
+                "overflow_evictions",
+                "Evictions the overflow check asked for, by result: evicted, refused (a \
+             PodDisruptionBudget; asked again next round), gone (the pod was gone or \
+             replaced), failed (asked again next round)",
+            ),
+            restore_placements: add(
+                registry,
+                "restore_placements",
+                "Restore and clone claims the controller looked at, by result: placed (sent to \
+             their source's node), refused (the node is gone, cordoned or NotReady, or a pod \
+             of the claim excludes it; looked at again), failed (the API call failed; \
+             retried)",
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -311,46 +363,8 @@ impl Metrics {
                 "Metrics connections closed for sending no whole request head in time, or moving \
                  no byte for too long",
             ),
-            node_loss_actions: add(
-                &mut registry,
-                "node_loss_actions",
-                "Node-loss actions (the reconciler's release_claim, delete_pods, delete_pv, \
-                 drop_pv_finalizer; a node's orphan_to_lost_found) by result: done, failed \
-                 (retried next round) or dry_run (decided and announced, not carried out)",
-            ),
-            node_loss_leader: add(
-                &mut registry,
-                "node_loss_leader",
-                "1 while this replica holds the node-loss reconciler's Lease and acts",
-            ),
-            orphaned_volumes: add(
-                &mut registry,
-                "orphaned_volumes",
-                "Volumes of this node whose PV was found gone, their data moved to lost+found",
-            ),
-            overflowing_volumes: add(
-                &mut registry,
-                "overflowing_volumes",
-                "Published directory volumes without an enforced size measured above their \
-                 size, by their class's onOverflow (evict, report), as the overflow check knows \
-                 them: one that stats find above its size at once, one back within it from the \
-                 next full round",
-            ),
-            overflow_evictions: add(
-                &mut registry,
-                "overflow_evictions",
-                "Evictions the overflow check asked for, by result: evicted, refused (a \
-                 PodDisruptionBudget; asked again next round), gone (the pod was gone or \
-                 replaced), failed (asked again next round)",
-            ),
-            restore_placements: add(
-                &mut registry,
-                "restore_placements",
-                "Restore and clone claims the controller looked at, by result: placed (sent to \
-                 their source's node), refused (the node is gone, cordoned or NotReady, or a pod \
-                 of the claim excludes it; looked at again), failed (the API call failed; \
-                 retried)",
-            ),
+            // After the metrics server's counters, as scrapes have always listed them.
+            loops: LoopMetrics::register(&mut registry),
             registry,
             scrape: Mutex::new(()),
         }
@@ -369,7 +383,8 @@ impl Metrics {
     /// How many node-loss actions were counted with these labels.
     #[cfg(test)]
     pub fn node_loss_count(&self, action: &str, result: &str) -> u64 {
-        self.node_loss_actions
+        self.loops
+            .node_loss_actions
             .get_or_create(&NodeLossLabels {
                 action: action.to_string(),
                 result: result.to_string(),
@@ -378,7 +393,8 @@ impl Metrics {
     }
 
     fn count_node_loss(&self, action: &'static str, result: &'static str) {
-        self.node_loss_actions
+        self.loops
+            .node_loss_actions
             .get_or_create(&NodeLossLabels {
                 action: action.to_string(),
                 result: result.to_string(),
@@ -389,7 +405,8 @@ impl Metrics {
     /// The overflow check's last full round: volumes overflowing, by their onOverflow.
     pub fn set_overflowing_volumes(&self, evict: usize, report: usize) {
         for (label, count) in [("evict", evict), ("report", report)] {
-            self.overflowing_volumes
+            self.loops
+                .overflowing_volumes
                 .get_or_create(&OnOverflowLabels {
                     on_overflow: label.into(),
                 })
@@ -399,7 +416,8 @@ impl Metrics {
 
     /// Counts one eviction the overflow check asked for (`result`: a fixed set of words).
     pub fn observe_overflow_eviction(&self, result: &'static str) {
-        self.overflow_evictions
+        self.loops
+            .overflow_evictions
             .get_or_create(&ResultLabels {
                 result: result.into(),
             })
@@ -408,7 +426,8 @@ impl Metrics {
 
     /// Counts one restore-placement outcome: placed, refused or failed.
     pub fn observe_restore_placement(&self, result: &'static str) {
-        self.restore_placements
+        self.loops
+            .restore_placements
             .get_or_create(&ResultLabels {
                 result: result.into(),
             })
@@ -416,7 +435,7 @@ impl Metrics {
     }
 
     pub fn set_node_loss_leader(&self, leading: bool) {
-        self.node_loss_leader.set(i64::from(leading));
+        self.loops.node_loss_leader.set(i64::from(leading));
     }
 
     /// Records one finished RPC.
@@ -458,7 +477,8 @@ impl Metrics {
             .map_or(true, |volumes| volumes.check_ready().is_ok());
         self.ready.set(i64::from(ready));
         if let Ok(volumes) = driver.volumes() {
-            self.orphaned_volumes
+            self.loops
+                .orphaned_volumes
                 .set(i64::try_from(volumes.orphaned_count()).unwrap_or(i64::MAX));
             *self
                 .journals

@@ -202,20 +202,27 @@ pub fn table(volumes: &[api::Volume]) -> String {
 /// What `stickyvol volume show` prints: every field, one per line, values aligned; the
 /// publications and snapshots as indented lists.
 pub fn details(v: &api::Volume) -> String {
-    fn size_line(bytes: u64) -> String {
-        format!("{} ({bytes} bytes)", human_size(bytes))
+    let top = volume_fields(v);
+    // The snapshots' count comes after the publications' list but aligns with the fields above.
+    let snapshots = ("snapshots", count_or_none(v.snapshots.len()));
+    let width = key_width(top.iter().chain(std::iter::once(&snapshots)));
+    let mut out = String::new();
+    for (key, value) in &top {
+        key_value_line(&mut out, "", key, value, width);
     }
-    fn yes_no(flag: bool) -> &'static str {
-        if flag { "yes" } else { "no" }
+    for p in &v.publications {
+        list_item(&mut out, &publication_fields(p));
     }
-    fn count_or_none(count: usize) -> String {
-        if count == 0 {
-            "none".into()
-        } else {
-            count.to_string()
-        }
+    key_value_line(&mut out, "", snapshots.0, &snapshots.1, width);
+    for s in &v.snapshots {
+        list_item(&mut out, &snapshot_fields(s));
     }
-    let top: Vec<(&str, String)> = vec![
+    out
+}
+
+/// The volume's own fields in `details`, down to the publications' count.
+fn volume_fields(v: &api::Volume) -> Vec<(&'static str, String)> {
+    vec![
         ("volume", v.volume_id.clone()),
         ("name", or_dash(&v.name).into()),
         ("pv", or_dash(&v.pv_name).into()),
@@ -246,45 +253,58 @@ pub fn details(v: &api::Volume) -> String {
         ("status", status(v).into()),
         ("condition", or_dash(&v.condition).into()),
         ("publications", count_or_none(v.publications.len())),
+    ]
+}
+
+/// One publication's list item in `details`: the staging mount or the pod, its target, and
+/// the device where it is a block volume.
+fn publication_fields(p: &api::Publication) -> Vec<(&'static str, String)> {
+    let mut fields = vec![
+        match p.staging {
+            true => (
+                "staged",
+                "the node's mount, which pods' targets bind".to_string(),
+            ),
+            false => ("pod", or_dash(&p.pod_uid).to_string()),
+        },
+        ("target", p.target_path.clone()),
+        ("readonly", yes_no(p.readonly).into()),
     ];
-    let snapshots = ("snapshots", count_or_none(v.snapshots.len()));
-    let width = key_width(top.iter().chain(std::iter::once(&snapshots)));
-    let mut out = String::new();
-    for (key, value) in &top {
-        key_value_line(&mut out, "", key, value, width);
+    if !p.device.is_empty() {
+        fields.push(("device", p.device.clone()));
     }
-    for p in &v.publications {
-        let mut fields = vec![
-            match p.staging {
-                true => (
-                    "staged",
-                    "the node's mount, which pods' targets bind".to_string(),
-                ),
-                false => ("pod", or_dash(&p.pod_uid).to_string()),
-            },
-            ("target", p.target_path.clone()),
-            ("readonly", yes_no(p.readonly).into()),
-        ];
-        if !p.device.is_empty() {
-            fields.push(("device", p.device.clone()));
-        }
-        list_item(&mut out, &fields);
+    fields
+}
+
+/// One snapshot's list item in `details`, its error only where it has one.
+fn snapshot_fields(s: &api::Snapshot) -> Vec<(&'static str, String)> {
+    let mut fields = vec![
+        ("id", s.snapshot_id.clone()),
+        ("name", or_dash(&s.name).into()),
+        ("size", size_line(u64::try_from(s.size_bytes).unwrap_or(0))),
+        ("ready", yes_no(s.ready).into()),
+        ("created", created(s.created_unix_ms)),
+    ];
+    if !s.error.is_empty() {
+        fields.push(("error", s.error.clone()));
     }
-    key_value_line(&mut out, "", snapshots.0, &snapshots.1, width);
-    for s in &v.snapshots {
-        let mut fields = vec![
-            ("id", s.snapshot_id.clone()),
-            ("name", or_dash(&s.name).into()),
-            ("size", size_line(u64::try_from(s.size_bytes).unwrap_or(0))),
-            ("ready", yes_no(s.ready).into()),
-            ("created", created(s.created_unix_ms)),
-        ];
-        if !s.error.is_empty() {
-            fields.push(("error", s.error.clone()));
-        }
-        list_item(&mut out, &fields);
+    fields
+}
+
+fn size_line(bytes: u64) -> String {
+    format!("{} ({bytes} bytes)", human_size(bytes))
+}
+
+fn yes_no(flag: bool) -> &'static str {
+    if flag { "yes" } else { "no" }
+}
+
+fn count_or_none(count: usize) -> String {
+    if count == 0 {
+        "none".into()
+    } else {
+        count.to_string()
     }
-    out
 }
 
 /// The width of the widest `key:`.

@@ -19,8 +19,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -274,13 +274,7 @@ fn measure_blocking(
         ".stickyvol-bench-plain-{}.img",
         uuid::Uuid::now_v7().simple()
     ));
-    let plain = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_DIRECT)
-        .open(&plain_path)
+    let plain = create_direct(&plain_path)
         .map_err(|e| format!("creating the plain file {}: {e}", plain_path.display()))?;
     let mut leftovers = Vec::new();
     let result = run_all(&device_file, &plain, &device, &plain_path, size, runtime);
@@ -327,16 +321,8 @@ fn run_all(
     let mut io_errors = Vec::new();
     let mut reports = Vec::new();
     for case in cases() {
-        eprintln!("{}…", case.name());
-        let (device_side, mut errors) = run_case(device_file, size, case, runtime);
-        io_errors.append(&mut errors);
-        let (plain_side, mut errors) = run_case(plain, size, case, runtime);
-        io_errors.append(&mut errors);
-        let ratio = if plain_side.mib_per_s > 0.0 {
-            device_side.mib_per_s / plain_side.mib_per_s
-        } else {
-            0.0
-        };
+        let (device_side, plain_side, ratio) =
+            run_case_on_both([device_file, plain], size, case, runtime, &mut io_errors);
         reports.push(CaseReport {
             name: case.name(),
             pattern: case.pattern,
@@ -349,6 +335,18 @@ fn run_all(
     }
     io_errors.truncate(10);
     Ok((fill, reports, io_errors))
+}
+
+/// A new file of ours (never one that is there already) for direct I/O, readable and writable
+/// by its owner alone.
+pub(crate) fn create_direct(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
 }
 
 /// Opens the published target for direct I/O, after checking it is a block device of at least
@@ -491,74 +489,131 @@ pub(crate) fn fill_once(file: &File, size: u64) -> io::Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
-/// Runs one case on `file` for `runtime`; the figures and the I/O errors met.
-pub(crate) fn run_case(
-    file: &File,
+/// Runs `case` on the first file and then on the second, adding their I/O errors to
+/// `io_errors`: both sides, and the first's MiB/s over the second's (0 if the second did none).
+pub(crate) fn run_case_on_both(
+    files: [&File; 2],
     size: u64,
     case: Case,
     runtime: Duration,
-) -> (Side, Vec<String>) {
-    let blocks = size / case.block_size as u64;
-    let cursor = AtomicU64::new(0);
-    let start = Barrier::new(case.queue_depth + 1);
-    let begun = std::sync::OnceLock::new();
-    let results: Vec<(Vec<u64>, u64, Option<String>)> = std::thread::scope(|scope| {
+    io_errors: &mut Vec<String>,
+) -> (Side, Side, f64) {
+    eprintln!("{}…", case.name());
+    let (first, mut errors) = run_case(files[0], size, case, runtime);
+    io_errors.append(&mut errors);
+    let (second, mut errors) = run_case(files[1], size, case, runtime);
+    io_errors.append(&mut errors);
+    let ratio = if second.mib_per_s > 0.0 {
+        first.mib_per_s / second.mib_per_s
+    } else {
+        0.0
+    };
+    (first, second, ratio)
+}
+
+/// Runs one case on `file` for `runtime`; the figures and the I/O errors met.
+fn run_case(file: &File, size: u64, case: Case, runtime: Duration) -> (Side, Vec<String>) {
+    let shared = CaseRun {
+        file,
+        case,
+        blocks: size / case.block_size as u64,
+        runtime,
+        cursor: AtomicU64::new(0),
+        start: Barrier::new(case.queue_depth + 1),
+        begun: OnceLock::new(),
+    };
+    let results: Vec<ThreadResult> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..case.queue_depth)
             .map(|thread| {
-                let (cursor, start, begun) = (&cursor, &start, &begun);
-                scope.spawn(move || {
-                    let mut buf = AlignedBuf::new(case.block_size, thread as u64 + 1);
-                    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ ((thread as u64 + 1) * 0x1000_0001);
-                    let mut latencies = Vec::with_capacity(1 << 16);
-                    let mut error = None;
-                    start.wait();
-                    let began: &Instant = begun.get_or_init(Instant::now);
-                    let until = *began + runtime;
-                    loop {
-                        let block = if case.pattern.random() {
-                            rng = xorshift(rng);
-                            rng % blocks
-                        } else {
-                            cursor.fetch_add(1, Ordering::Relaxed) % blocks
-                        };
-                        let offset = block * case.block_size as u64;
-                        let op = Instant::now();
-                        let done = if case.pattern.writes() {
-                            file.write_at(buf.get(), offset)
-                        } else {
-                            file.read_at(buf.get(), offset)
-                        };
-                        let finished = Instant::now();
-                        match done {
-                            Ok(n) if n == case.block_size => {
-                                latencies.push((finished - op).as_nanos() as u64);
-                            }
-                            Ok(n) => {
-                                error = Some(format!(
-                                    "{}: short transfer of {n} bytes at {offset}",
-                                    case.name()
-                                ));
-                                break;
-                            }
-                            Err(e) => {
-                                error = Some(format!("{}: at offset {offset}: {e}", case.name()));
-                                break;
-                            }
-                        }
-                        if finished >= until {
-                            break;
-                        }
-                    }
-                    (latencies, finished_at_nanos(began), error)
-                })
+                let shared = &shared;
+                scope.spawn(move || shared.thread(thread as u64 + 1))
             })
             .collect();
-        start.wait();
+        shared.start.wait();
         workers
             .into_iter()
             .map(|w| w.join().expect("an I/O thread panicked"))
             .collect()
     });
+    side(case, results)
+}
+
+/// What the threads of one case share.
+struct CaseRun<'a> {
+    file: &'a File,
+    case: Case,
+    blocks: u64,
+    runtime: Duration,
+    /// The next block of a sequential case, taken in turn by every thread.
+    cursor: AtomicU64,
+    /// Lets every thread and the caller start together, buffers made.
+    start: Barrier,
+    /// When the first thread began: all stop `runtime` after it.
+    begun: OnceLock<Instant>,
+}
+
+/// One thread's latencies (ns), when it finished (ns after the start), and the error that
+/// stopped it.
+type ThreadResult = (Vec<u64>, u64, Option<String>);
+
+impl CaseRun<'_> {
+    /// One thread of the case: transfers a block at a time until the runtime is over or one
+    /// fails. `seed` (1 and up) makes its buffer's data and its random offsets its own.
+    fn thread(&self, seed: u64) -> ThreadResult {
+        let case = self.case;
+        let mut buf = AlignedBuf::new(case.block_size, seed);
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (seed * 0x1000_0001);
+        let mut latencies = Vec::with_capacity(1 << 16);
+        let mut error = None;
+        self.start.wait();
+        let began: &Instant = self.begun.get_or_init(Instant::now);
+        let until = *began + self.runtime;
+        loop {
+            let offset = self.next_block(&mut rng) * case.block_size as u64;
+            let op = Instant::now();
+            let done = if case.pattern.writes() {
+                self.file.write_at(buf.get(), offset)
+            } else {
+                self.file.read_at(buf.get(), offset)
+            };
+            let finished = Instant::now();
+            match done {
+                Ok(n) if n == case.block_size => {
+                    latencies.push((finished - op).as_nanos() as u64);
+                }
+                Ok(n) => {
+                    error = Some(format!(
+                        "{}: short transfer of {n} bytes at {offset}",
+                        case.name()
+                    ));
+                    break;
+                }
+                Err(e) => {
+                    error = Some(format!("{}: at offset {offset}: {e}", case.name()));
+                    break;
+                }
+            }
+            if finished >= until {
+                break;
+            }
+        }
+        (latencies, finished_at_nanos(began), error)
+    }
+
+    /// The block a thread transfers next: drawn from its `rng`, or the shared cursor's.
+    fn next_block(&self, rng: &mut u64) -> u64 {
+        if self.case.pattern.random() {
+            *rng = xorshift(*rng);
+            *rng % self.blocks
+        } else {
+            self.cursor.fetch_add(1, Ordering::Relaxed) % self.blocks
+        }
+    }
+}
+
+/// One side's figures from its threads' results, and the errors that stopped them. The wall
+/// time is the last thread's.
+fn side(case: Case, results: Vec<ThreadResult>) -> (Side, Vec<String>) {
     let mut latencies = Vec::new();
     let mut wall_ns = 0;
     let mut errors = Vec::new();
@@ -652,15 +707,25 @@ pub fn text(r: &BlockIoReport) -> String {
         out,
         "(latencies in µs per operation; ratio = device / plain file throughput)"
     );
-    for e in &r.io_errors {
+    push_errors(&mut out, &r.io_errors, &r.rpcs);
+    out
+}
+
+/// The end of a report's text: the first I/O errors, then the calls that failed.
+pub(crate) fn push_errors(
+    out: &mut String,
+    io_errors: &[String],
+    rpcs: &std::collections::BTreeMap<&'static str, RpcSummary>,
+) {
+    use std::fmt::Write as _;
+    for e in io_errors {
         let _ = writeln!(out, "I/O error: {e}");
     }
-    let errors = crate::report::error_lines_of(&r.rpcs);
+    let errors = crate::report::error_lines_of(rpcs);
     if !errors.is_empty() {
-        out += "errors:\n";
-        out += &errors;
+        *out += "errors:\n";
+        *out += &errors;
     }
-    out
 }
 
 fn opt(v: Option<u64>) -> String {

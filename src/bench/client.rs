@@ -9,6 +9,7 @@ use stickyvol::csi;
 use stickyvol::csi::controller_client::ControllerClient;
 use stickyvol::csi::identity_client::IdentityClient;
 use stickyvol::csi::node_client::NodeClient;
+use stickyvol::csi::plugin_capability::service::Type as ServiceType;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
@@ -92,90 +93,37 @@ pub struct DriverInfo {
 /// Reads GetPluginInfo, GetPluginCapabilities, ControllerGetCapabilities, NodeGetCapabilities
 /// and NodeGetInfo; each call is recorded in `recorder`.
 pub async fn discover(csi: &Csi, recorder: &mut Recorder) -> Result<DriverInfo, String> {
-    use csi::controller_service_capability::{Type as ControllerType, rpc};
-    use csi::node_service_capability::{Type as NodeType, rpc as node_rpc};
-    use csi::plugin_capability::{Type as PluginType, service};
-    let failed =
-        |what: &str, status: Status| format!("{what}: {:?}: {}", status.code(), status.message());
-
-    let info = timed(
+    use csi::controller_service_capability::rpc;
+    use csi::node_service_capability::rpc as node_rpc;
+    let info = ask(
         recorder,
         Rpc::GetPluginInfo,
         csi.identity
             .clone()
             .get_plugin_info(csi.request(csi::GetPluginInfoRequest {})),
     )
-    .await
-    .map_err(|s| failed("GetPluginInfo", s))?;
-    let plugin = timed(
-        recorder,
-        Rpc::GetPluginCapabilities,
-        csi.identity
-            .clone()
-            .get_plugin_capabilities(csi.request(csi::GetPluginCapabilitiesRequest {})),
-    )
-    .await
-    .map_err(|s| failed("GetPluginCapabilities", s))?;
-    let plugin_services: Vec<i32> = plugin
-        .capabilities
-        .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(PluginType::Service(s)) => Some(s.r#type),
-            _ => None,
-        })
-        .collect();
-    let controller_service = plugin_services.contains(&(service::Type::ControllerService as i32));
+    .await?;
+    let services = plugin_services(csi, recorder).await?;
+    let controller_service = services.contains(&(ServiceType::ControllerService as i32));
     let topology_constraints =
-        plugin_services.contains(&(service::Type::VolumeAccessibilityConstraints as i32));
-
-    let mut controller_caps = Vec::new();
-    if controller_service {
-        let caps = timed(
-            recorder,
-            Rpc::ControllerGetCapabilities,
-            csi.controller
-                .clone()
-                .controller_get_capabilities(csi.request(csi::ControllerGetCapabilitiesRequest {})),
-        )
-        .await
-        .map_err(|s| failed("ControllerGetCapabilities", s))?;
-        controller_caps = caps
-            .capabilities
-            .iter()
-            .filter_map(|c| match &c.r#type {
-                Some(ControllerType::Rpc(r)) => Some(r.r#type),
-                _ => None,
-            })
-            .collect();
-    }
-    let node_caps = timed(
-        recorder,
-        Rpc::NodeGetCapabilities,
-        csi.node
-            .clone()
-            .node_get_capabilities(csi.request(csi::NodeGetCapabilitiesRequest {})),
-    )
-    .await
-    .map_err(|s| failed("NodeGetCapabilities", s))?;
-    let node_has = |t: node_rpc::Type| {
-        node_caps
-            .capabilities
-            .iter()
-            .any(|c| matches!(&c.r#type, Some(NodeType::Rpc(r)) if r.r#type == t as i32))
+        services.contains(&(ServiceType::VolumeAccessibilityConstraints as i32));
+    // A driver without the controller service is not asked for its capabilities.
+    let controller_caps = match controller_service {
+        true => controller_rpcs(csi, recorder).await?,
+        false => Vec::new(),
     };
-    let stage_unstage = node_has(node_rpc::Type::StageUnstageVolume);
-    let get_volume_stats = node_has(node_rpc::Type::GetVolumeStats);
-    let node = timed(
+    let node_caps = node_rpcs(csi, recorder).await?;
+    let node = ask(
         recorder,
         Rpc::NodeGetInfo,
         csi.node
             .clone()
             .node_get_info(csi.request(csi::NodeGetInfoRequest {})),
     )
-    .await
-    .map_err(|s| failed("NodeGetInfo", s))?;
+    .await?;
 
     let has = |t: rpc::Type| controller_caps.contains(&(t as i32));
+    let node_has = |t: node_rpc::Type| node_caps.contains(&(t as i32));
     Ok(DriverInfo {
         name: info.name,
         vendor_version: info.vendor_version,
@@ -187,9 +135,81 @@ pub async fn discover(csi: &Csi, recorder: &mut Recorder) -> Result<DriverInfo, 
         controller_service,
         create_delete_volume: has(rpc::Type::CreateDeleteVolume),
         controller_publish: has(rpc::Type::PublishUnpublishVolume),
-        stage_unstage,
-        get_volume_stats,
+        stage_unstage: node_has(node_rpc::Type::StageUnstageVolume),
+        get_volume_stats: node_has(node_rpc::Type::GetVolumeStats),
     })
+}
+
+/// One call of `discover`, timed and recorded; a failure names the call and the driver's code.
+async fn ask<T, F>(recorder: &mut Recorder, rpc: Rpc, call: F) -> Result<T, String>
+where
+    F: Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    timed(recorder, rpc, call)
+        .await
+        .map_err(|status| format!("{}: {:?}: {}", rpc.name(), status.code(), status.message()))
+}
+
+/// The `type` of every capability of a list that is a `$variant` (a service, or an RPC): each
+/// CSI service has a capability type of its own, alike but for the names.
+macro_rules! listed {
+    ($capabilities:expr, $variant:path) => {
+        $capabilities
+            .iter()
+            .filter_map(|c| match &c.r#type {
+                Some($variant(kind)) => Some(kind.r#type),
+                _ => None,
+            })
+            .collect::<Vec<i32>>()
+    };
+}
+
+/// The services GetPluginCapabilities lists (`ServiceType` values).
+async fn plugin_services(csi: &Csi, recorder: &mut Recorder) -> Result<Vec<i32>, String> {
+    let plugin = ask(
+        recorder,
+        Rpc::GetPluginCapabilities,
+        csi.identity
+            .clone()
+            .get_plugin_capabilities(csi.request(csi::GetPluginCapabilitiesRequest {})),
+    )
+    .await?;
+    Ok(listed!(
+        plugin.capabilities,
+        csi::plugin_capability::Type::Service
+    ))
+}
+
+/// The RPCs ControllerGetCapabilities lists.
+async fn controller_rpcs(csi: &Csi, recorder: &mut Recorder) -> Result<Vec<i32>, String> {
+    let caps = ask(
+        recorder,
+        Rpc::ControllerGetCapabilities,
+        csi.controller
+            .clone()
+            .controller_get_capabilities(csi.request(csi::ControllerGetCapabilitiesRequest {})),
+    )
+    .await?;
+    Ok(listed!(
+        caps.capabilities,
+        csi::controller_service_capability::Type::Rpc
+    ))
+}
+
+/// The RPCs NodeGetCapabilities lists.
+async fn node_rpcs(csi: &Csi, recorder: &mut Recorder) -> Result<Vec<i32>, String> {
+    let caps = ask(
+        recorder,
+        Rpc::NodeGetCapabilities,
+        csi.node
+            .clone()
+            .node_get_capabilities(csi.request(csi::NodeGetCapabilitiesRequest {})),
+    )
+    .await?;
+    Ok(listed!(
+        caps.capabilities,
+        csi::node_service_capability::Type::Rpc
+    ))
 }
 
 /// Probe's answer: ready unless it says `ready: false`.

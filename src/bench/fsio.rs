@@ -4,14 +4,13 @@
 //! device cost. Both volumes are staged and published as kubelet would; the cases are
 //! `block-io`'s.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::blockio::{Side, cases, fill_once, run_case};
+use crate::blockio::{Side, cases, create_direct, fill_once, push_errors, run_case_on_both};
 use crate::cli::FsIoArgs;
 use crate::client::DriverInfo;
 use crate::paths::MadeDirs;
@@ -147,13 +146,7 @@ fn measure(targets: &[PathBuf; 2], size: i64, runtime: Duration) -> Result<Measu
 }
 
 fn open(path: &Path, size: u64) -> Result<File, Fatal> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
+    let file = create_direct(path)
         .map_err(|e| format!("creating {} for direct I/O: {e}", path.display()))?;
     file.set_len(size)
         .map_err(|e| format!("sizing {}: {e}", path.display()))?;
@@ -175,16 +168,8 @@ fn run_all(
     let mut io_errors = Vec::new();
     let mut reports = Vec::new();
     for case in cases() {
-        eprintln!("{}…", case.name());
-        let (image, mut errors) = run_case(&files[0], size, case, runtime);
-        io_errors.append(&mut errors);
-        let (directory, mut errors) = run_case(&files[1], size, case, runtime);
-        io_errors.append(&mut errors);
-        let ratio = if directory.mib_per_s > 0.0 {
-            image.mib_per_s / directory.mib_per_s
-        } else {
-            0.0
-        };
+        let (image, directory, ratio) =
+            run_case_on_both([&files[0], &files[1]], size, case, runtime, &mut io_errors);
         reports.push(FsIoCase {
             name: case.name(),
             block_size: case.block_size,
@@ -234,13 +219,6 @@ pub fn text(r: &FsIoReport) -> String {
         out,
         "(latencies in µs; ratio = image / directory throughput)"
     );
-    for e in &r.io_errors {
-        let _ = writeln!(out, "I/O error: {e}");
-    }
-    let errors = crate::report::error_lines_of(&r.rpcs);
-    if !errors.is_empty() {
-        out += "errors:\n";
-        out += &errors;
-    }
+    push_errors(&mut out, &r.io_errors, &r.rpcs);
     out
 }

@@ -139,22 +139,37 @@ async fn measure(
     (volume_id, path): (String, PathBuf),
     bystander: (csi::Volume, String),
 ) -> Result<Measured, Fatal> {
-    eprintln!("making {} files in the volume…", args.files);
-    let files = args.files;
-    let root = path.clone();
-    let started = Instant::now();
-    tokio::task::spawn_blocking(move || fill(&root, files))
-        .await
-        .map_err(|e| format!("the fill thread failed: {e}"))?
-        .map_err(|e| format!("making files in {}: {e}", path.display()))?;
-    let fill = started.elapsed();
-
+    let fill = fill_volume(args.files, &path).await?;
     let mut idle = Recorder::default();
     for _ in 0..IDLE_PROBES {
         probe(target, &mut idle).await;
         tokio::time::sleep(args.probe_interval).await;
     }
+    let flood = flood(args, target, volume_id, &path, bystander).await?;
+    Ok(Measured { fill, idle, flood })
+}
 
+/// Makes `files` files in the published volume at `path`, as a pod would: the time it took.
+async fn fill_volume(files: usize, path: &Path) -> Result<Duration, Fatal> {
+    eprintln!("making {files} files in the volume…");
+    let root = path.to_path_buf();
+    let started = Instant::now();
+    tokio::task::spawn_blocking(move || fill(&root, files))
+        .await
+        .map_err(|e| format!("the fill thread failed: {e}"))?
+        .map_err(|e| format!("making files in {}: {e}", path.display()))?;
+    Ok(started.elapsed())
+}
+
+/// For `--runtime`: the stats callers, the prober and the bystander's cycles at once; every
+/// call they made, or what their cycles left behind.
+async fn flood(
+    args: &StatsFloodArgs,
+    target: &Arc<Target>,
+    volume_id: String,
+    path: &Path,
+    bystander: (csi::Volume, String),
+) -> Result<Recorder, Fatal> {
     eprintln!(
         "flooding with {} NodeGetVolumeStats callers for {:.1} s…",
         args.callers,
@@ -163,45 +178,11 @@ async fn measure(
     let until = Instant::now() + args.runtime;
     let mut tasks = JoinSet::new();
     for _ in 0..args.callers {
-        let (t, id, path) = (target.clone(), volume_id.clone(), path_string(&path));
-        tasks.spawn(async move {
-            let mut recorder = Recorder::default();
-            while Instant::now() < until {
-                let mut node = t.csi.node.clone();
-                let call =
-                    node.node_get_volume_stats(t.csi.request(csi::NodeGetVolumeStatsRequest {
-                        volume_id: id.clone(),
-                        volume_path: path.clone(),
-                        staging_target_path: String::new(),
-                    }));
-                let _ = timed(&mut recorder, Rpc::NodeGetVolumeStats, call).await;
-            }
-            (recorder, Vec::new())
-        });
+        let (t, id, path) = (target.clone(), volume_id.clone(), path_string(path));
+        tasks.spawn(stats_caller(t, id, path, until));
     }
-    let (t, interval) = (target.clone(), args.probe_interval);
-    tasks.spawn(async move {
-        let mut recorder = Recorder::default();
-        while Instant::now() < until {
-            probe(&t, &mut recorder).await;
-            tokio::time::sleep(interval).await;
-        }
-        (recorder, Vec::new())
-    });
-    let t = target.clone();
-    tasks.spawn(async move {
-        let (volume, name) = bystander;
-        let mut recorder = Recorder::default();
-        let mut problems = Vec::new();
-        while Instant::now() < until {
-            let mut dirs = MadeDirs::default();
-            let (attachment, _) = t.attach(&volume, &name, &mut dirs, &mut recorder).await;
-            t.detach(&attachment, &mut recorder).await;
-            problems.extend(dirs.remove_apart().await);
-            tokio::time::sleep(BYSTANDER_PERIOD).await;
-        }
-        (recorder, problems)
-    });
+    tasks.spawn(prober(target.clone(), args.probe_interval, until));
+    tasks.spawn(bystander_cycles(target.clone(), bystander, until));
     let mut flood = Recorder::default();
     let mut problems = Vec::new();
     while let Some(joined) = tasks.join_next().await {
@@ -212,7 +193,57 @@ async fn measure(
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }
-    Ok(Measured { fill, idle, flood })
+    Ok(flood)
+}
+
+/// Calls NodeGetVolumeStats on the volume back to back until `until`. Like every task of the
+/// flood, it returns its calls and (here none) the problems it left.
+async fn stats_caller(
+    t: Arc<Target>,
+    id: String,
+    path: String,
+    until: Instant,
+) -> (Recorder, Vec<String>) {
+    let mut recorder = Recorder::default();
+    while Instant::now() < until {
+        let mut node = t.csi.node.clone();
+        let call = node.node_get_volume_stats(t.csi.request(csi::NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: path.clone(),
+            staging_target_path: String::new(),
+        }));
+        let _ = timed(&mut recorder, Rpc::NodeGetVolumeStats, call).await;
+    }
+    (recorder, Vec::new())
+}
+
+/// Calls Probe every `interval` until `until`, as the livenessprobe sidecar does.
+async fn prober(t: Arc<Target>, interval: Duration, until: Instant) -> (Recorder, Vec<String>) {
+    let mut recorder = Recorder::default();
+    while Instant::now() < until {
+        probe(&t, &mut recorder).await;
+        tokio::time::sleep(interval).await;
+    }
+    (recorder, Vec::new())
+}
+
+/// Publishes and unpublishes the second volume every `BYSTANDER_PERIOD` until `until`: a pod
+/// starting beside the busy one. The problems are directories it could not remove.
+async fn bystander_cycles(
+    t: Arc<Target>,
+    (volume, name): (csi::Volume, String),
+    until: Instant,
+) -> (Recorder, Vec<String>) {
+    let mut recorder = Recorder::default();
+    let mut problems = Vec::new();
+    while Instant::now() < until {
+        let mut dirs = MadeDirs::default();
+        let (attachment, _) = t.attach(&volume, &name, &mut dirs, &mut recorder).await;
+        t.detach(&attachment, &mut recorder).await;
+        problems.extend(dirs.remove_apart().await);
+        tokio::time::sleep(BYSTANDER_PERIOD).await;
+    }
+    (recorder, problems)
 }
 
 async fn probe(target: &Target, recorder: &mut Recorder) {

@@ -42,6 +42,20 @@ pub(crate) struct Target {
 }
 
 impl Target {
+    /// The same target reached through `csi` (the driver started again).
+    fn with_csi(&self, csi: Csi) -> Target {
+        Target {
+            csi,
+            info: self.info.clone(),
+            layout: self.layout.clone(),
+            access: self.access,
+            size: self.size,
+            fs_type: self.fs_type.clone(),
+            parameters: self.parameters.clone(),
+            run_id: self.run_id.clone(),
+        }
+    }
+
     /// Volumes made from now on get `fs_type` (empty: the driver's default).
     pub(crate) fn set_fs_type(&mut self, fs_type: &str) {
         self.fs_type = fs_type.to_string();
@@ -618,53 +632,20 @@ pub async fn lifecycle(args: &LifecycleArgs) -> Result<LifecycleReport, Fatal> {
     let (session, target, discovery, mut base_dirs) = ready_to_work(session, common).await?;
     let target = Arc::new(target);
     let mut errors_total = discovery.errors();
-
-    let mut preload_phase = None;
-    let mut preloaded = Vec::new();
-    if common.preload > 0 {
-        eprintln!("preloading {} volumes…", common.preload);
-        let (ids, phase, errors) =
-            preload(&target, common.preload, args.concurrency as usize).await;
-        preloaded = ids;
-        preload_phase = Some(phase);
-        errors_total += errors;
-    }
+    let (preloaded, preload_phase, errors) =
+        preload_if_asked(&target, common.preload, args.concurrency as usize).await;
+    errors_total += errors;
     memory.after_preload_rss_kib = session.rss_kib();
 
-    eprintln!(
-        "running {} {} cycles with {} client(s)…",
-        args.volumes,
-        common.access_type.as_str(),
-        args.concurrency
-    );
-    let started = Instant::now();
-    let t = target.clone();
-    let (outcomes, recorder) = run_workers(
-        args.concurrency as usize,
-        args.volumes,
-        move |i, mut recorder| {
-            let t = t.clone();
-            async move {
-                let outcome = t.cycle(i, &mut recorder).await;
-                (outcome, recorder)
-            }
-        },
-    )
-    .await;
-    let wall = started.elapsed();
+    let (outcomes, recorder, wall) = measured_cycles(args, &target).await;
     memory.end_rss_kib = session.rss_kib();
     memory.peak_rss_kib = session.peak_kib();
     errors_total += recorder.errors();
     let completed = outcomes.iter().filter(|o| o.completed).count();
     let mut leftovers: Vec<String> = outcomes.into_iter().flat_map(|o| o.problems).collect();
 
-    let mut cleanup_phase = None;
-    if !preloaded.is_empty() && !common.keep_preload {
-        eprintln!("deleting {} preloaded volumes…", preloaded.len());
-        let (phase, errors) = delete_all(&target, preloaded).await;
-        cleanup_phase = Some(phase);
-        errors_total += errors;
-    }
+    let (cleanup_phase, errors) = delete_preload(&target, preloaded, common).await;
+    errors_total += errors;
     leftovers.extend(base_dirs.remove());
     if let Err(err) = session.close().await {
         leftovers.push(err);
@@ -691,6 +672,74 @@ pub async fn lifecycle(args: &LifecycleArgs) -> Result<LifecycleReport, Fatal> {
         leftovers,
         recorder,
     })
+}
+
+/// `--preload`: volumes made `width` at a time before what is measured (none without it):
+/// their ids, the phase if there was one, and its failed calls.
+async fn preload_if_asked(
+    target: &Arc<Target>,
+    count: usize,
+    width: usize,
+) -> (Vec<String>, Option<Phase>, u64) {
+    if count == 0 {
+        return (Vec::new(), None, 0);
+    }
+    eprintln!("preloading {count} volumes…");
+    let (ids, phase, errors) = preload(target, count, width).await;
+    (ids, Some(phase), errors)
+}
+
+/// The measured part of `lifecycle`: `--volumes` cycles by `--concurrency` clients; each
+/// cycle's outcome, their calls and the wall time.
+async fn measured_cycles(
+    args: &LifecycleArgs,
+    target: &Arc<Target>,
+) -> (Vec<CycleOutcome>, Recorder, Duration) {
+    eprintln!(
+        "running {} {} cycles with {} client(s)…",
+        args.volumes,
+        args.common.access_type.as_str(),
+        args.concurrency
+    );
+    let started = Instant::now();
+    let t = target.clone();
+    let (outcomes, recorder) = run_workers(
+        args.concurrency as usize,
+        args.volumes,
+        move |i, mut recorder| {
+            let t = t.clone();
+            async move {
+                let outcome = t.cycle(i, &mut recorder).await;
+                (outcome, recorder)
+            }
+        },
+    )
+    .await;
+    (outcomes, recorder, started.elapsed())
+}
+
+/// Whether the preloaded volumes are deleted at the end: unless none are left or
+/// `--keep-preload` keeps them. Says so on stderr when they are.
+fn deleting_preload(preloaded: &[String], common: &Common) -> bool {
+    let delete = !preloaded.is_empty() && !common.keep_preload;
+    if delete {
+        eprintln!("deleting {} preloaded volumes…", preloaded.len());
+    }
+    delete
+}
+
+/// Deletes the preloaded volumes (see `deleting_preload`): the phase if there was one, and
+/// its failed calls.
+async fn delete_preload(
+    target: &Arc<Target>,
+    preloaded: Vec<String>,
+    common: &Common,
+) -> (Option<Phase>, u64) {
+    if !deleting_preload(&preloaded, common) {
+        return (None, 0);
+    }
+    let (phase, errors) = delete_all(target, preloaded).await;
+    (Some(phase), errors)
 }
 
 #[derive(Debug, Serialize)]
@@ -733,66 +782,17 @@ pub async fn startup(args: &StartupArgs) -> Result<StartupReport, Fatal> {
     let target = Arc::new(target);
     let mut errors_total = discovery.errors();
     let mut leftovers = Vec::new();
-    let mut preload_phase = None;
-    let mut preloaded = Vec::new();
-    if common.preload > 0 {
-        eprintln!("preloading {} volumes…", common.preload);
-        let (ids, phase, errors) = preload(&target, common.preload, BULK_WIDTH).await;
-        preloaded = ids;
-        preload_phase = Some(phase);
-        errors_total += errors;
-    }
+    let (preloaded, preload_phase, errors) =
+        preload_if_asked(&target, common.preload, BULK_WIDTH).await;
+    errors_total += errors;
+    // Every run starts the driver afresh: the one that preloaded is stopped first.
     if let Err(err) = session.close().await {
         leftovers.push(format!("after the preload: {err}"));
     }
-
-    let mut runs = Vec::new();
-    for run in 1..=args.runs {
-        let (mut process, ready) = match start(command, common).await {
-            Ok(started) => started,
-            Err(err) => {
-                leftovers.push(format!("run {run}: {err}"));
-                break;
-            }
-        };
-        let rss_kib = status_kib(ready.pid, "VmRSS");
-        eprintln!(
-            "run {run}: ready after {:.1} ms, RSS {}",
-            ready.elapsed.as_secs_f64() * 1e3,
-            crate::report::kib(rss_kib)
-        );
-        runs.push(StartupRun {
-            ready_us: ready.elapsed.as_micros() as u64,
-            rss_kib,
-        });
-        drop(ready.channel);
-        if let Err(err) = process.stop().await {
-            leftovers.push(format!("run {run}: {err}"));
-        }
-    }
-
-    let mut cleanup_phase = None;
-    if !preloaded.is_empty() && !common.keep_preload {
-        eprintln!("deleting {} preloaded volumes…", preloaded.len());
-        let (mut process, ready) = start(command, common).await?;
-        let cleaner = Arc::new(Target {
-            csi: Csi::new(ready.channel, common.deadline),
-            info: target.info.clone(),
-            layout: target.layout.clone(),
-            access: target.access,
-            size: target.size,
-            fs_type: target.fs_type.clone(),
-            parameters: target.parameters.clone(),
-            run_id: target.run_id.clone(),
-        });
-        let (phase, errors) = delete_all(&cleaner, preloaded).await;
-        cleanup_phase = Some(phase);
-        errors_total += errors;
-        drop(cleaner);
-        if let Err(err) = process.stop().await {
-            leftovers.push(err);
-        }
-    }
+    let runs = timed_starts(command, common, args.runs, &mut leftovers).await;
+    let (cleanup_phase, errors) =
+        delete_preload_restarted(command, common, &target, preloaded, &mut leftovers).await?;
+    errors_total += errors;
     let ready: Vec<u64> = runs.iter().map(|r| r.ready_us).collect();
     let rss: Vec<u64> = runs.iter().filter_map(|r| r.rss_kib).collect();
     Ok(StartupReport {
@@ -809,4 +809,61 @@ pub async fn startup(args: &StartupArgs) -> Result<StartupReport, Fatal> {
         errors_total,
         leftovers,
     })
+}
+
+/// Starts the driver `runs` times, each until ready and then stopped: how long it took and
+/// its RSS then. A start that fails ends the runs; it and failed stops go to `leftovers`.
+async fn timed_starts(
+    command: &str,
+    common: &Common,
+    runs: u32,
+    leftovers: &mut Vec<String>,
+) -> Vec<StartupRun> {
+    let mut timed = Vec::new();
+    for run in 1..=runs {
+        let (mut process, ready) = match start(command, common).await {
+            Ok(started) => started,
+            Err(err) => {
+                leftovers.push(format!("run {run}: {err}"));
+                break;
+            }
+        };
+        let rss_kib = status_kib(ready.pid, "VmRSS");
+        eprintln!(
+            "run {run}: ready after {:.1} ms, RSS {}",
+            ready.elapsed.as_secs_f64() * 1e3,
+            crate::report::kib(rss_kib)
+        );
+        timed.push(StartupRun {
+            ready_us: ready.elapsed.as_micros() as u64,
+            rss_kib,
+        });
+        drop(ready.channel);
+        if let Err(err) = process.stop().await {
+            leftovers.push(format!("run {run}: {err}"));
+        }
+    }
+    timed
+}
+
+/// `delete_preload` for `startup`, whose runs left no driver running: one is started for the
+/// deletes and stopped after them.
+async fn delete_preload_restarted(
+    command: &str,
+    common: &Common,
+    target: &Target,
+    preloaded: Vec<String>,
+    leftovers: &mut Vec<String>,
+) -> Result<(Option<Phase>, u64), Fatal> {
+    if !deleting_preload(&preloaded, common) {
+        return Ok((None, 0));
+    }
+    let (mut process, ready) = start(command, common).await?;
+    let cleaner = Arc::new(target.with_csi(Csi::new(ready.channel, common.deadline)));
+    let (phase, errors) = delete_all(&cleaner, preloaded).await;
+    drop(cleaner);
+    if let Err(err) = process.stop().await {
+        leftovers.push(err);
+    }
+    Ok((Some(phase), errors))
 }

@@ -256,69 +256,36 @@ pub async fn cluster(args: &ClusterArgs) -> Result<ClusterReport, String> {
 async fn run(args: &ClusterArgs, dir: &Path) -> Result<ClusterReport, String> {
     let store = Arc::new(Store::new());
     populate(&store, args.nodes, args.pvs);
-    let node = objects::node_name(PLUGIN_NODE);
-    let node_args = format!(
-        "--mode=all --node-id={node} --data-dir={} --kubelet-dir={} --run-dir={} --admin-socket={} --namespace=stickyvol",
-        dir.join("data").display(),
-        dir.join("kubelet").display(),
-        dir.join("run").display(),
-        dir.join("admin/node.sock").display(),
-    );
+    let node_args = plugin_base_args(dir);
     make_plugin_volumes(args, dir, &store, &node_args).await?;
-    let (controller_address, controller_counters) = apiserver::serve(store.clone())
-        .await
-        .map_err(|e| format!("listening: {e}"))?;
-    let (node_address, node_counters) = apiserver::serve(store.clone())
-        .await
-        .map_err(|e| format!("listening: {e}"))?;
+    // A listener for each driver, so that each one's requests and bytes are counted apart.
+    let (controller_address, controller_counters) = listen(&store).await?;
+    let (node_address, node_counters) = listen(&store).await?;
     tokio::spawn(update_nodes(
         store.clone(),
         args.nodes,
         args.node_update_period,
     ));
-    let env = |name, address| -> Result<String, String> {
-        Ok(format!(
-            "KUBECONFIG={}",
-            kubeconfig(dir, name, address)?.display()
-        ))
-    };
     let controller_args = "--mode=controller --node-loss=on --node-id=sim-controller --namespace=stickyvol --identity=stickyvol-controller-0";
-    let (mut controller, controller_pid, _) = start(
-        &args.stickyvol,
-        dir,
-        "controller",
-        &env("controller", controller_address)?,
-        controller_args,
-    )
-    .await?;
+    let (mut controller, controller_pid) =
+        start_against(args, dir, "controller", controller_address, controller_args).await?;
     let plugin_args = format!(
         "{node_args} --orphan-check-interval={}",
         args.orphan_check_interval
     );
-    let (mut plugin, plugin_pid, _) = start(
-        &args.stickyvol,
-        dir,
-        "node",
-        &env("node", node_address)?,
-        &plugin_args,
+    let (mut plugin, plugin_pid) =
+        start_against(args, dir, "node", node_address, &plugin_args).await?;
+    let (controller_usage, node_usage, window) = steady_state(
+        args,
+        (controller_pid, &controller_counters),
+        (plugin_pid, &node_counters),
     )
-    .await?;
-    eprintln!(
-        "cluster: {} nodes, {} PVs; settling for {:?}",
-        args.nodes, args.pvs, args.settle
-    );
-    tokio::time::sleep(args.settle).await;
-    let (c0, n0) = (controller_counters.read(), node_counters.read());
-    let started = Instant::now();
-    eprintln!("cluster: measuring for {:?}", args.window);
-    tokio::time::sleep(args.window).await;
-    let window = started.elapsed();
-    let controller_usage = usage(controller_pid, c0, controller_counters.read(), window);
-    let node_usage = usage(plugin_pid, n0, node_counters.read(), window);
+    .await;
     let (node_deleted_to_release_s, taint_to_release_s) = node_loss(&store, DEADLINE).await;
     let mut report = ClusterReport {
         nodes: args.nodes,
         pvs: args.pvs,
+        // The peaks are read again: node loss may have raised them.
         controller: Usage {
             peak_rss_kib: peak_rss(controller_pid),
             ..controller_usage
@@ -345,6 +312,61 @@ async fn run(args: &ClusterArgs, dir: &Path) -> Result<ClusterReport, String> {
         report.errors_total += 1;
     }
     Ok(report)
+}
+
+/// The node plugin's flags for paths and identity, its directories all in `dir`.
+fn plugin_base_args(dir: &Path) -> String {
+    let node = objects::node_name(PLUGIN_NODE);
+    format!(
+        "--mode=all --node-id={node} --data-dir={} --kubelet-dir={} --run-dir={} --admin-socket={} --namespace=stickyvol",
+        dir.join("data").display(),
+        dir.join("kubelet").display(),
+        dir.join("run").display(),
+        dir.join("admin/node.sock").display(),
+    )
+}
+
+/// A simulated API server on `store`: its address and what it counts.
+async fn listen(store: &Arc<Store>) -> Result<(SocketAddr, Arc<apiserver::Counters>), String> {
+    apiserver::serve(store.clone())
+        .await
+        .map_err(|e| format!("listening: {e}"))
+}
+
+/// Starts the driver `name` with `args` against the API server at `address` (a kubeconfig of
+/// its own names it): the process and its pid.
+async fn start_against(
+    cluster: &ClusterArgs,
+    dir: &Path,
+    name: &str,
+    address: SocketAddr,
+    args: &str,
+) -> Result<(DriverProcess, u32), String> {
+    let env = format!("KUBECONFIG={}", kubeconfig(dir, name, address)?.display());
+    let (process, pid, _) = start(&cluster.stickyvol, dir, name, &env, args).await?;
+    Ok((process, pid))
+}
+
+/// Lets both drivers settle, then counts for `--window` what each asks of its API server:
+/// their usage and the window's length.
+async fn steady_state(
+    args: &ClusterArgs,
+    controller: (u32, &apiserver::Counters),
+    node: (u32, &apiserver::Counters),
+) -> (Usage, Usage, Duration) {
+    eprintln!(
+        "cluster: {} nodes, {} PVs; settling for {:?}",
+        args.nodes, args.pvs, args.settle
+    );
+    tokio::time::sleep(args.settle).await;
+    let (c0, n0) = (controller.1.read(), node.1.read());
+    let started = Instant::now();
+    eprintln!("cluster: measuring for {:?}", args.window);
+    tokio::time::sleep(args.window).await;
+    let window = started.elapsed();
+    let controller_usage = usage(controller.0, c0, controller.1.read(), window);
+    let node_usage = usage(node.0, n0, node.1.read(), window);
+    (controller_usage, node_usage, window)
 }
 
 fn mib(bytes: f64) -> f64 {
