@@ -6,6 +6,7 @@
 //! names the parameter (a typo must not silently mean the default for one reader and fail for
 //! another).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,12 @@ impl OnNodeLoss {
             Some("release") => Ok(Self::Release),
             Some(other) => Err(not(PARAM_ON_NODE_LOSS, other, "keep or release")),
         }
+    }
+
+    /// The policy of a class with these parameters, read alone: a mistake in another key does
+    /// not turn a class's `release` into `keep` (CreateVolume and the class check name it).
+    pub fn of_class(parameters: &BTreeMap<String, String>) -> Result<Self, String> {
+        Self::parse(parameters.get(PARAM_ON_NODE_LOSS).map(String::as_str))
     }
 
     pub fn as_str(self) -> &'static str {
