@@ -19,8 +19,8 @@ use prost::Message;
 use stickyvol::class;
 use stickyvol::csi;
 use stickyvol::error::Error;
-use stickyvol::host::mount;
 use stickyvol::faces::request::{self, Capability};
+use stickyvol::host::mount;
 use stickyvol::volume::state::id::{SnapshotId, VolumeId};
 use stickyvol::volume::state::record::VolumeKind;
 
@@ -159,10 +159,7 @@ fn check_parameters(params: &HashMap<String, String>) {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     );
     for (key, value) in [
-        (
-            class::PARAM_REQUIRE_ENFORCEMENT,
-            parsed.require_enforcement,
-        ),
+        (class::PARAM_REQUIRE_ENFORCEMENT, parsed.require_enforcement),
         (class::PARAM_SHARED_ACCESS, parsed.shared_access),
     ] {
         assert_eq!(value, params.get(key).is_some_and(|v| v == "true"));
