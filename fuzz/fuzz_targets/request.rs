@@ -16,10 +16,11 @@ use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
+use stickyvol::class;
 use stickyvol::csi;
 use stickyvol::error::Error;
-use stickyvol::host::mount;
 use stickyvol::faces::request::{self, Capability};
+use stickyvol::host::mount;
 use stickyvol::volume::state::id::{SnapshotId, VolumeId};
 use stickyvol::volume::state::record::VolumeKind;
 
@@ -134,42 +135,39 @@ fn check_mount_flags(options: &[String]) {
 }
 
 fn check_parameters(params: &HashMap<String, String>) {
-    let Ok(class) = request::parameters(params) else {
+    let Ok(parsed) = request::parameters(params) else {
         return;
     };
     let raw: BTreeMap<_, _> = params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    assert_eq!(class.raw, raw);
+    assert_eq!(parsed.raw, raw);
     for key in params.keys() {
         assert!(
-            request::KNOWN_PARAMETERS.contains(&key.as_str())
-                || key.starts_with(request::PROVISIONER_PARAMETER_PREFIX),
+            class::ACCEPTED.contains(&key.as_str())
+                || key.starts_with(class::PROVISIONER_PARAMETER_PREFIX),
             "{key:?}"
         );
     }
-    match params.get(request::PARAM_POOL) {
-        Some(pool) => assert_eq!(&class.pool, pool),
-        None => assert_eq!(class.pool, "default"),
+    match params.get(class::PARAM_POOL) {
+        Some(pool) => assert_eq!(&parsed.pool, pool),
+        None => assert_eq!(parsed.pool, "default"),
     }
-    assert!((1..=63).contains(&class.pool.len()));
+    assert!((1..=63).contains(&parsed.pool.len()));
     assert!(
-        class
+        parsed
             .pool
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     );
     for (key, value) in [
-        (
-            request::PARAM_REQUIRE_ENFORCEMENT,
-            class.require_enforcement,
-        ),
-        (request::PARAM_SHARED_ACCESS, class.shared_access),
+        (class::PARAM_REQUIRE_ENFORCEMENT, parsed.require_enforcement),
+        (class::PARAM_SHARED_ACCESS, parsed.shared_access),
     ] {
         assert_eq!(value, params.get(key).is_some_and(|v| v == "true"));
     }
     assert_eq!(
-        class.on_overflow.as_str(),
+        parsed.on_overflow.as_str(),
         params
-            .get(request::PARAM_ON_OVERFLOW)
+            .get(class::PARAM_ON_OVERFLOW)
             .map_or("evict", String::as_str)
     );
 }
@@ -299,7 +297,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(
                     params
                         .keys()
-                        .all(|k| k.starts_with(request::PROVISIONER_PARAMETER_PREFIX))
+                        .all(|k| k.starts_with(class::PROVISIONER_PARAMETER_PREFIX))
                 );
             }
         }

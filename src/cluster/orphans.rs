@@ -274,6 +274,7 @@ pub fn run(command: ClusterCommand) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::class::OnNodeLoss;
     use crate::cluster::controller::nodeloss::decide::{ClassView, ObjectRef, PvView};
 
     #[test]
@@ -281,7 +282,7 @@ mod tests {
         let class = |name: &str, policy: &str| ClassView {
             name: name.into(),
             provisioner: "d".into(),
-            parameters: [("onNodeLoss".to_string(), policy.to_string())].into(),
+            on_node_loss: OnNodeLoss::parse(Some(policy)),
         };
         let pv = |name: &str, class: &str, claim: Option<&str>| PvView {
             name: name.into(),

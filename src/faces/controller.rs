@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
+use crate::class::ClassParameters;
 use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{Rpc, rpc};
 use crate::csi::{self, list_volumes_response as list};
@@ -321,9 +322,9 @@ impl Controller for ControllerService {
         let req = request.into_inner();
         let parameters = request::parameters(&req.parameters).unwrap_or_else(|err| {
             // Refusing would leave the class without capacity objects, and the scheduler would
-            // blame space: CreateVolume names the mistake instead (see `lenient_parameters`).
+            // blame space: CreateVolume names the mistake instead (see `ClassParameters::lenient`).
             debug!(error = %err, "GetCapacity of a class with a mistake: answered without it");
-            request::lenient_parameters(&req.parameters)
+            ClassParameters::lenient(&req.parameters)
         });
         let caps = req
             .volume_capabilities

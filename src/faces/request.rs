@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use crate::config::{DEFAULT_POOL, is_pool_name};
+use crate::class::{self, ClassParameters, PROVISIONER_PARAMETER_PREFIX};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
@@ -15,65 +15,8 @@ use crate::csi::volume_content_source::Type as SourceType;
 use crate::error::{Error, Result};
 use crate::host::mount;
 pub use crate::volume::capability::Capability;
-use crate::volume::overflow::OnOverflow;
-/// StorageClass parameter: `evict` (the default) or `report` when a directory volume on a pool
-/// that cannot limit sizes grows past its size.
-pub use crate::volume::overflow::PARAM_ON_OVERFLOW;
 use crate::volume::state::id::{SnapshotId, VolumeId};
-use crate::volume::state::record::{
-    AccessMode, Allocation, ContentSource, FsType, PodRef, VolumeKind,
-};
-
-/// StorageClass parameter keys external-provisioner adds or passes through (PVC/PV names,
-/// secret references, fstype); accepted and ignored.
-pub const PROVISIONER_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
-
-/// StorageClass key csi-provisioner turns into the capability's fs_type (an image volume's
-/// filesystem); GetCapacity may see it among the parameters.
-pub const PARAM_FS_TYPE: &str = "csi.storage.k8s.io/fstype";
-
-/// StorageClass parameter: the pool (`--pool NAME=PATH`) that holds the volume.
-pub const PARAM_POOL: &str = "pool";
-/// StorageClass parameter: `thin` (sparse, the default) or `thick` (fallocated) block files.
-pub const PARAM_BLOCK_ALLOCATION: &str = "blockAllocation";
-/// StorageClass parameter: `"true"` refuses filesystem volumes on pools that cannot limit sizes.
-pub const PARAM_REQUIRE_ENFORCEMENT: &str = "requireEnforcement";
-use crate::class::OnNodeLoss;
-/// StorageClass parameter: `keep` (the default) or `release` claims whose node is lost.
-pub use crate::class::PARAM_ON_NODE_LOSS;
-/// StorageClass parameter: `"true"` lets claims ask ReadWriteMany / ReadOnlyMany.
-pub use crate::volume::capability::PARAM_SHARED_ACCESS;
-
-/// StorageClass parameters stickyvol itself understands; anything else is refused so a typo
-/// never goes unnoticed.
-pub const KNOWN_PARAMETERS: &[&str] = &[
-    PARAM_POOL,
-    PARAM_BLOCK_ALLOCATION,
-    PARAM_REQUIRE_ENFORCEMENT,
-    PARAM_SHARED_ACCESS,
-    PARAM_ON_NODE_LOSS,
-    PARAM_ON_OVERFLOW,
-];
-
-/// Validated StorageClass parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClassParameters {
-    /// Every parameter as given (records keep them for idempotency checks).
-    pub raw: BTreeMap<String, String>,
-    pub pool: String,
-    pub allocation: Allocation,
-    pub require_enforcement: bool,
-    /// Multi-node access modes are accepted (the volume still lives on one node).
-    pub shared_access: bool,
-    /// Read by the node-loss reconciler from the class; checked here so a bad value is refused
-    /// when the first claim is provisioned, not found when a node is lost.
-    pub on_node_loss: OnNodeLoss,
-    /// The class's volumes are image volumes with this filesystem, when the parameters say so
-    /// (the capability says it too, and is what CreateVolume follows).
-    pub image_fs: Option<FsType>,
-    /// Read by the node's overflow check from the record's parameters; checked here likewise.
-    pub on_overflow: OnOverflow,
-}
+use crate::volume::state::record::{AccessMode, ContentSource, PodRef, VolumeKind};
 
 pub fn required<'a>(field: &str, value: &'a str) -> Result<&'a str> {
     if value.is_empty() {
@@ -152,28 +95,10 @@ pub fn csi_content_source(source: &ContentSource) -> csi::VolumeContentSource {
     }
 }
 
-/// Most parameters a class may pass, and most bytes of their keys and values together: what
-/// the Kubernetes API allows a StorageClass. They are kept in the volume's record, whose journal
-/// entry must stay far below the journal's frame limit even with every byte JSON-escaped.
-pub const MAX_PARAMETERS: usize = 512;
-pub const MAX_PARAMETER_BYTES: usize = 256 << 10;
-
-/// Refuses a parameter map larger than the bounds above.
-fn bounded(what: &str, params: &HashMap<String, String>) -> Result<()> {
-    let bytes: usize = params.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if params.len() > MAX_PARAMETERS || bytes > MAX_PARAMETER_BYTES {
-        return Err(Error::InvalidArgument(format!(
-            "{what} parameters: {} keys of {bytes} bytes; at most {MAX_PARAMETERS} keys of {MAX_PARAMETER_BYTES} bytes are accepted",
-            params.len()
-        )));
-    }
-    Ok(())
-}
-
 /// VolumeSnapshotClass parameters: none of our own yet; csi-snapshotter's `csi.storage.k8s.io/*`
 /// keys pass, anything else is refused so a typo never goes unnoticed.
 pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
-    bounded("VolumeSnapshotClass", params)?;
+    class::bounded("VolumeSnapshotClass", params).map_err(Error::InvalidArgument)?;
     let mut keys: Vec<_> = params.keys().collect();
     keys.sort();
     if let Some(key) = keys
@@ -233,15 +158,10 @@ pub fn capability(cap: Option<&csi::VolumeCapability>) -> Result<Capability> {
 /// A mount capability's kind: no fs_type is a directory volume, a filesystem we can make is
 /// an image volume holding it.
 fn mount_kind(fs_type: &str) -> Result<VolumeKind> {
-    if fs_type.is_empty() {
-        return Ok(VolumeKind::Filesystem);
+    match class::image_fs(fs_type).map_err(Error::InvalidArgument)? {
+        Some(fs) => Ok(VolumeKind::Image(fs)),
+        None => Ok(VolumeKind::Filesystem),
     }
-    FsType::parse(fs_type).map(VolumeKind::Image).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "fs_type {fs_type:?} is not one stickyvol makes; accepted: {} (an image volume), or none (a directory)",
-            FsType::ALL.map(FsType::name).join(", ")
-        ))
-    })
 }
 
 /// Parses a non-empty list of capabilities that must all ask for the same access type.
@@ -283,79 +203,10 @@ pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
     Ok(accepted)
 }
 
-/// Validates StorageClass parameters: provisioner-added keys pass, ours are checked, others refused.
-/// The parameters of a class with mistakes, without them: each key kept only if it is valid on
-/// its own. GetCapacity answers with these, so that a class with a misspelt key still gets
-/// capacity where its pool is (the scheduler then picks a node, and CreateVolume's
-/// INVALID_ARGUMENT, which names the key, reaches the claim), while a class whose pool a node
-/// lacks still gets none there.
-pub fn lenient_parameters(params: &HashMap<String, String>) -> ClassParameters {
-    let valid: HashMap<String, String> = params
-        .iter()
-        .filter(|(k, v)| parameters(&HashMap::from([((*k).clone(), (*v).clone())])).is_ok())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    parameters(&valid)
-        .or_else(|_| parameters(&HashMap::new()))
-        .expect("no parameters are valid parameters")
-}
-
+/// StorageClass parameters (CreateVolume, ValidateVolumeCapabilities, GetCapacity): a mistake
+/// is INVALID_ARGUMENT naming the key (see `ClassParameters::parse`).
 pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
-    bounded("StorageClass", params)?;
-    let mut keys: Vec<_> = params.keys().collect();
-    keys.sort();
-    for key in keys {
-        if !key.starts_with(PROVISIONER_PARAMETER_PREFIX)
-            && !KNOWN_PARAMETERS.contains(&key.as_str())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "unknown StorageClass parameter {key:?} (stickyvol accepts {} and {PROVISIONER_PARAMETER_PREFIX}* keys)",
-                KNOWN_PARAMETERS.join(", ")
-            )));
-        }
-    }
-    let invalid = |key: &str, value: &str, expected: &str| {
-        Err(Error::InvalidArgument(format!(
-            "StorageClass parameter {key}: {value:?} is not {expected}"
-        )))
-    };
-    let pool = match params.get(PARAM_POOL) {
-        None => DEFAULT_POOL.to_string(),
-        Some(name) if is_pool_name(name) => name.clone(),
-        Some(name) => return invalid(PARAM_POOL, name, "a pool name (1-63 of [a-z0-9-])"),
-    };
-    let allocation = match params.get(PARAM_BLOCK_ALLOCATION).map(String::as_str) {
-        None | Some("thin") => Allocation::Thin,
-        Some("thick") => Allocation::Thick,
-        Some(other) => return invalid(PARAM_BLOCK_ALLOCATION, other, "thin or thick"),
-    };
-    let flag = |key: &str| match params.get(key).map(String::as_str) {
-        None | Some("false") => Ok(false),
-        Some("true") => Ok(true),
-        Some(other) => Err(Error::InvalidArgument(format!(
-            "StorageClass parameter {key}: {other:?} is not \"true\" or \"false\""
-        ))),
-    };
-    let require_enforcement = flag(PARAM_REQUIRE_ENFORCEMENT)?;
-    let shared_access = flag(PARAM_SHARED_ACCESS)?;
-    let on_node_loss = OnNodeLoss::parse(params.get(PARAM_ON_NODE_LOSS).map(String::as_str))
-        .map_err(Error::InvalidArgument)?;
-    let image_fs = match params.get(PARAM_FS_TYPE) {
-        None => None,
-        Some(fs) => mount_kind(fs)?.image_fs(),
-    };
-    let on_overflow = OnOverflow::parse(params.get(PARAM_ON_OVERFLOW).map(String::as_str))
-        .map_err(Error::InvalidArgument)?;
-    Ok(ClassParameters {
-        raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        image_fs,
-        pool,
-        allocation,
-        require_enforcement,
-        shared_access,
-        on_node_loss,
-        on_overflow,
-    })
+    ClassParameters::parse(params).map_err(Error::InvalidArgument)
 }
 
 /// volume_context keys kubelet adds to NodePublishVolume when the CSIDriver has
@@ -468,6 +319,7 @@ pub fn topology_allows(requisite: &[csi::Topology], key: &str, node_id: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volume::state::record::FsType;
     use proptest::prelude::*;
 
     #[test]
@@ -605,11 +457,9 @@ mod tests {
                 capability(Some(&mount_cap(CsiMode::SingleNodeWriter, &[], fs_type))).unwrap_err();
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{fs_type:?}");
         }
-        let mut params = HashMap::new();
-        params.insert(PARAM_FS_TYPE.to_string(), "xfs".to_string());
-        assert_eq!(parameters(&params).unwrap().image_fs, Some(FsType::Xfs));
-        params.insert(PARAM_FS_TYPE.to_string(), "zfs".to_string());
-        assert!(parameters(&params).is_err());
+        let params = HashMap::from([(class::PARAM_FS_TYPE.to_string(), "zfs".to_string())]);
+        let err = parameters(&params).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
     }
 
     #[test]
@@ -623,107 +473,24 @@ mod tests {
     }
 
     #[test]
-    fn parameters_refuse_unknown_keys_and_pass_provisioner_keys() {
-        let mut params = HashMap::new();
-        params.insert(
-            "csi.storage.k8s.io/pvc/name".to_string(),
-            "data".to_string(),
-        );
-        assert!(parameters(&params).is_ok());
-        params.insert("sizeLimit".to_string(), "1".to_string());
-        let err = parameters(&params).unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(err.to_string().contains("sizeLimit"));
-    }
-
-    #[test]
-    fn parameter_maps_are_bounded_in_count_and_bytes() {
+    fn class_mistakes_and_oversized_parameter_maps_are_invalid_arguments() {
         let key = |i: usize| format!("{PROVISIONER_PARAMETER_PREFIX}k{i}");
-        let at_most: HashMap<_, _> = (0..MAX_PARAMETERS).map(|i| (key(i), "v".into())).collect();
+        let at_most: HashMap<_, _> = (0..class::MAX_PARAMETERS)
+            .map(|i| (key(i), "v".into()))
+            .collect();
         assert!(parameters(&at_most).is_ok());
         assert!(snapshot_parameters(&at_most).is_ok());
         let mut too_many = at_most.clone();
-        too_many.insert(key(MAX_PARAMETERS), "v".into());
+        too_many.insert(key(class::MAX_PARAMETERS), "v".into());
+        let misspelt = HashMap::from([("sizeLimit".to_string(), "1".to_string())]);
         for err in [
             parameters(&too_many).err().unwrap(),
             snapshot_parameters(&too_many).err().unwrap(),
+            parameters(&misspelt).err().unwrap(),
+            snapshot_parameters(&misspelt).err().unwrap(),
         ] {
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
         }
-        let value = |len| HashMap::from([(key(0), "x".repeat(len - key(0).len()))]);
-        assert!(parameters(&value(MAX_PARAMETER_BYTES)).is_ok());
-        let err = parameters(&value(MAX_PARAMETER_BYTES + 1)).err().unwrap();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
-    }
-
-    #[test]
-    fn class_parameters_are_typed_with_defaults() {
-        let given = |pairs: &[(&str, &str)]| {
-            parameters(
-                &pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            )
-        };
-        let plain = given(&[]).unwrap();
-        assert_eq!(
-            (
-                plain.pool.as_str(),
-                plain.allocation,
-                plain.require_enforcement
-            ),
-            ("default", Allocation::Thin, false)
-        );
-        let set = given(&[
-            ("pool", "nvme-1"),
-            ("blockAllocation", "thick"),
-            ("requireEnforcement", "true"),
-        ])
-        .unwrap();
-        assert_eq!(
-            (set.pool.as_str(), set.allocation, set.require_enforcement),
-            ("nvme-1", Allocation::Thick, true)
-        );
-        assert_eq!(set.raw.len(), 3);
-        assert_eq!(plain.on_node_loss, OnNodeLoss::Keep);
-        assert_eq!(
-            given(&[("onNodeLoss", "release")]).unwrap().on_node_loss,
-            OnNodeLoss::Release
-        );
-        for bad in [
-            ("pool", "NVMe"),
-            ("pool", "../x"),
-            ("pool", ""),
-            ("blockAllocation", "sparse"),
-            ("requireEnforcement", "yes"),
-            ("onNodeLoss", "delete"),
-            ("onNodeLoss", ""),
-            ("onOverflow", "Evict"),
-            ("onOverflow", "delete"),
-            ("onOverflow", ""),
-        ] {
-            let err = given(&[bad]).unwrap_err();
-            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad:?}");
-            assert!(err.to_string().contains(bad.0), "{err}");
-        }
-    }
-
-    #[test]
-    fn on_overflow_evicts_unless_the_class_says_report() {
-        let given = |pairs: &[(&str, &str)]| {
-            parameters(
-                &pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            )
-            .unwrap()
-            .on_overflow
-        };
-        assert_eq!(given(&[]), OnOverflow::Evict);
-        assert_eq!(given(&[("onOverflow", "evict")]), OnOverflow::Evict);
-        assert_eq!(given(&[("onOverflow", "report")]), OnOverflow::Report);
     }
 
     #[test]

@@ -3,11 +3,9 @@
 
 use sys_mount::MountFlags;
 
+use crate::class::PARAM_SHARED_ACCESS;
 use crate::host::mount;
 use crate::volume::state::record::{AccessMode, VolumeKind};
-
-/// The StorageClass parameter that makes a volume shareable (multi-node access modes).
-pub const PARAM_SHARED_ACCESS: &str = "sharedAccess";
 
 /// One requested way of using a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,6 @@
 //! (its record's `SizeLimit`) is never looked at, so a pool that enforces sizes never evicts.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::time::Duration;
 
 use tracing::debug;
@@ -23,52 +22,7 @@ use super::Volumes;
 use super::inventory::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
 use super::state::id::VolumeId;
 use super::state::record::{PodRef, VolumeKind, VolumeRecord};
-
-/// StorageClass parameter key.
-pub const PARAM_ON_OVERFLOW: &str = "onOverflow";
-
-/// What happens when a volume without an enforced size is found above it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum OnOverflow {
-    /// Its pods are evicted (through the Eviction API), as kubelet evicts an emptyDir's pod.
-    #[default]
-    Evict,
-    /// Reported only: the volume's condition, a metric and an Event on its claim.
-    Report,
-}
-
-impl OnOverflow {
-    /// Absent means `evict`; anything but `evict` or `report` is refused.
-    pub fn parse(value: Option<&str>) -> Result<Self, String> {
-        match value {
-            None | Some("evict") => Ok(Self::Evict),
-            Some("report") => Ok(Self::Report),
-            Some(other) => Err(format!(
-                "StorageClass parameter {PARAM_ON_OVERFLOW}: {other:?} is not evict or report"
-            )),
-        }
-    }
-
-    /// The policy a record was created with. CreateVolume refused bad values; one that is bad
-    /// anyway (a record edited by hand) evicts nothing.
-    pub fn of(record: &VolumeRecord) -> Self {
-        Self::parse(record.parameters.get(PARAM_ON_OVERFLOW).map(String::as_str))
-            .unwrap_or(Self::Report)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Evict => "evict",
-            Self::Report => "report",
-        }
-    }
-}
-
-impl fmt::Display for OnOverflow {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::class::{OnOverflow, PARAM_ON_OVERFLOW};
 
 /// A claim, as the provisioner named it in CreateVolume's parameters (`--extra-create-metadata`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +55,13 @@ fn claim_of(record: &VolumeRecord) -> Option<ClaimRef> {
         namespace: namespace.clone(),
         name: name.clone(),
     })
+}
+
+/// The policy a record was created with. CreateVolume refused bad values; one that is bad
+/// anyway (a record edited by hand) evicts nothing.
+fn on_overflow_of(record: &VolumeRecord) -> OnOverflow {
+    OnOverflow::parse(record.parameters.get(PARAM_ON_OVERFLOW).map(String::as_str))
+        .unwrap_or(OnOverflow::Report)
 }
 
 /// Whether the check looks at `record` at all: a published directory without an enforced size.
@@ -161,7 +122,7 @@ impl Volumes {
                 id: id.clone(),
                 pv_name: record.name.clone(),
                 claim: claim_of(&record),
-                on_overflow: OnOverflow::of(&record),
+                on_overflow: on_overflow_of(&record),
                 used_bytes: used,
                 capacity_bytes: capacity,
                 pods: record
@@ -172,21 +133,5 @@ impl Volumes {
             });
         }
         found
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn evict_is_the_default_and_only_two_values_are_accepted() {
-        assert_eq!(OnOverflow::parse(None), Ok(OnOverflow::Evict));
-        assert_eq!(OnOverflow::parse(Some("evict")), Ok(OnOverflow::Evict));
-        assert_eq!(OnOverflow::parse(Some("report")), Ok(OnOverflow::Report));
-        for bad in ["", "Evict", "delete", "report ", "true"] {
-            let err = OnOverflow::parse(Some(bad)).unwrap_err();
-            assert!(err.contains(PARAM_ON_OVERFLOW), "{err}");
-        }
     }
 }

@@ -2,7 +2,7 @@
 //! with the rules CreateVolume applies, and one with a mistake (a misspelt key, a value not
 //! allowed) gets a Warning Event naming it and what is allowed, where `kubectl describe
 //! storageclass` shows it. Claims of such a class also fail to provision with the same message
-//! (GetCapacity answers for it anyway, see `request::lenient_parameters`). Watched, so a class is
+//! (GetCapacity answers for it anyway, see `ClassParameters::lenient`). Watched, so a class is
 //! checked when it is made or changed, and once at start.
 
 use std::collections::HashMap;
@@ -16,10 +16,10 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{info, warn};
 
+use crate::class::ClassParameters;
 use crate::cluster::kit::client::{self, Retries};
 use crate::cluster::kit::events::{self, Kind, Recorder, Said};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
-use crate::faces::request;
 
 /// Who writes our Events.
 pub const REPORTING_CONTROLLER: &str = "stickyvol.csi.io/class-check";
@@ -35,9 +35,7 @@ pub fn mistake(class: &StorageClass, driver: &str) -> Option<String> {
         .unwrap_or_default()
         .into_iter()
         .collect();
-    request::parameters(&parameters)
-        .err()
-        .map(|err| err.to_string())
+    ClassParameters::parse(&parameters).err()
 }
 
 /// The class, as its Event's `regarding`.

@@ -50,25 +50,8 @@ impl VolumeKind {
     }
 }
 
-/// How a block volume's file holds its space.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Allocation {
-    /// Sparse: blocks are allocated as the workload writes (the promise is kept by accounting).
-    #[default]
-    Thin,
-    /// Fallocated at creation and on growth: writes can never fail for lack of space.
-    Thick,
-}
-
-impl Allocation {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Allocation::Thin => "thin",
-            Allocation::Thick => "thick",
-        }
-    }
-}
+/// How a block volume's file holds its space: the class's `blockAllocation`, kept.
+pub use crate::class::Allocation;
 
 /// What keeps a volume within its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -312,7 +312,8 @@ mod tests {
     /// writes and reads back, however its bytes are escaped.
     #[test]
     fn the_largest_record_a_request_can_make_fits_a_journal_frame() {
-        use crate::faces::request::{MAX_NAME_BYTES, MAX_PARAMETER_BYTES};
+        use crate::class::MAX_PARAMETER_BYTES;
+        use crate::faces::request::MAX_NAME_BYTES;
         use crate::volume::state::journal_file::MAX_PAYLOAD;
         let mut big = record(&"\u{1}".repeat(MAX_NAME_BYTES));
         let key = "csi.storage.k8s.io/pv/name".to_string();

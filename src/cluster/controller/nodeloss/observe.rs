@@ -1,12 +1,15 @@
 //! The API objects the reconciler reads, turned into `decide`'s views: only the fields the rules
 //! use, so the rules never depend on the client's types.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, VolumeNodeAffinity};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::decide::provenance::{OwnerView, TemplateView};
 use super::decide::{ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView, StatefulSetView};
+use crate::class::OnNodeLoss;
 use crate::cluster::kit::names::PROVISIONER_FINALIZER;
 use crate::cluster::kit::slim::{self, Pod, StatefulSet};
 
@@ -182,7 +185,7 @@ pub fn class(class: &StorageClass) -> ClassView {
     ClassView {
         name: class.metadata.name.clone().unwrap_or_default(),
         provisioner: class.provisioner.clone(),
-        parameters: class.parameters.clone().unwrap_or_default(),
+        on_node_loss: OnNodeLoss::of_class(class.parameters.as_ref().unwrap_or(&BTreeMap::new())),
     }
 }
 

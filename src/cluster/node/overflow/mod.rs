@@ -25,12 +25,13 @@ use std::time::Duration;
 use kube::Client;
 use tracing::{info, warn};
 
+use crate::class::OnOverflow;
 use crate::cluster::kit::client::Retries;
 use crate::cluster::kit::events::Recorder;
 use crate::cluster::kit::task::{Inputs, Loop, NodeWork, Shutdown};
 use crate::metrics::Metrics;
 use crate::volume::Volumes;
-use crate::volume::overflow::{OnOverflow, Overflowing};
+use crate::volume::overflow::Overflowing;
 use crate::volume::state::id::VolumeId;
 use crate::volume::state::record::PodRef;
 use api::Evicted;

@@ -114,11 +114,12 @@ pub struct StatefulSetView {
     pub templates: Vec<TemplateView>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClassView {
     pub name: String,
     pub provisioner: String,
-    pub parameters: BTreeMap<String, String>,
+    /// The class's `onNodeLoss`, parsed when the class was seen (the message names a bad value).
+    pub on_node_loss: Result<OnNodeLoss, String>,
 }
 
 /// What the API server showed, complete (the loop builds one only after every list arrived).
@@ -349,7 +350,9 @@ fn policy_of(snapshot: &Snapshot, pv: &PvView, driver: &str) -> Result<OnNodeLos
     if class.provisioner != driver {
         return Err(Reason::ClassOfAnotherProvisioner);
     }
-    OnNodeLoss::parse(class.parameters.get(PARAM_ON_NODE_LOSS).map(String::as_str))
+    class
+        .on_node_loss
+        .clone()
         .map_err(Reason::ClassParameterInvalid)
 }
 
@@ -479,10 +482,7 @@ mod tests {
         ClassView {
             name: name.into(),
             provisioner: DRIVER.into(),
-            parameters: on_node_loss
-                .map(|v| (PARAM_ON_NODE_LOSS.to_string(), v.to_string()))
-                .into_iter()
-                .collect(),
+            on_node_loss: OnNodeLoss::parse(on_node_loss),
         }
     }
 
