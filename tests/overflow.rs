@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::apistub::{self, status};
+use common::scratchfs::ScratchFs;
+use common::*;
 use nix::fcntl::{OFlag, open, openat};
 use nix::sys::stat::{Mode as FileMode, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
-use common::scratchfs::ScratchFs;
-use common::*;
 use serde_json::{Value, json};
 
 const CLAIM_NS: &str = "shop";
