@@ -179,6 +179,18 @@ async fn an_image_volume_is_made_sparse_formatted_staged_once_and_bound_into_eac
     assert_eq!(devices.len(), 1, "one device per staged volume");
     assert!(loopdev::uses_direct_io(&devices[0]).unwrap());
     assert!(is_mount_root(&staging) && is_mount_root(&first));
+    // What a pod wrote into the image never runs setuid nor reaches a device: on the staged
+    // mount and on each pod's bind of it.
+    for mount in [&staging, &first] {
+        let entries = mounts_at(mount);
+        assert!(
+            entries
+                .iter()
+                .all(|e| has_option(e, "nosuid") && has_option(e, "nodev")),
+            "{}: {entries:?}",
+            mount.display()
+        );
+    }
 
     // Idempotent: kubelet retries stage and publish after an uncertain answer.
     stage(&driver, &volume, &staging, ext4()).await.unwrap();

@@ -162,8 +162,10 @@ impl Volumes {
                 .context(|| format!("attaching a loop device to volume {id}"))?,
         };
         // A pod may have written anything into its filesystem: nodev keeps device nodes in it
-        // from reaching the host's devices.
-        let mut flags = MountFlags::NODEV;
+        // from reaching the host's devices, nosuid keeps a setuid binary planted in it (in the
+        // image's bytes, or through an import) from running as its owner, root included. Each
+        // pod's bind of the staged mount inherits both.
+        let mut flags = MountFlags::NODEV | MountFlags::NOSUID;
         if readonly {
             flags |= MountFlags::RDONLY;
         }
