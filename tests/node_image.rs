@@ -669,6 +669,35 @@ async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_v
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
 }
 
+/// The freeze a snapshot or clone holds ends on every way out of the copy: a copy that panics
+/// thaws the filesystem as it unwinds, and its writers go on.
+#[tokio::test]
+async fn a_freeze_ends_when_the_frozen_work_panics() {
+    let driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let frozen = stickyvol::host::fsimage::Frozen::freeze(File::open(&staging).unwrap()).unwrap();
+    let writer = {
+        let file = target.join("waits-for-the-thaw");
+        std::thread::spawn(move || fs::write(file, b"written"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !writer.is_finished(),
+        "a frozen filesystem holds its writers"
+    );
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _frozen = frozen;
+        panic!("the copy failed midway");
+    }));
+    assert!(unwound.is_err());
+    eventually("the writer goes on once the unwinding thaws", || {
+        writer.is_finished()
+    })
+    .await;
+    writer.join().unwrap().unwrap();
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}
+
 #[tokio::test]
 async fn a_driver_killed_while_a_snapshot_froze_the_filesystem_thaws_it_at_start() {
     let mut driver = TestDriver::start().await;

@@ -408,7 +408,8 @@ impl Volumes {
         // A real descriptor (not O_PATH): FIFREEZE is an ioctl on the mount's root.
         let root = std::fs::File::open(&staged.target)
             .context(|| format!("opening {}", staged.target.display()))?;
-        fsimage::freeze(root.as_fd()).context(|| {
+        // Thawed when dropped: a panic in the copy thaws it too.
+        let frozen = fsimage::Frozen::freeze(root).context(|| {
             format!(
                 "freezing the filesystem of volume {} at {}",
                 record.id,
@@ -416,7 +417,7 @@ impl Volumes {
             )
         })?;
         let copied = copy();
-        if let Err(err) = fsimage::thaw(root.as_fd()) {
+        if let Err(err) = frozen.thaw() {
             // Left frozen, every writer of the volume would hang: say so loudly.
             tracing::error!(volume = %record.id, staging = %staged.target.display(), error = %err, "could not thaw the filesystem after copying it; its writers are blocked until `fsfreeze -u` is run on the node");
             return Err(Error::host(
