@@ -471,6 +471,8 @@ impl Volumes {
                 fs.name()
             )
         });
+        let starved = self.pool_of(record)?.starves(id, file.allocated, file.size);
+        let problem = super::joined(problem, starved);
         Ok(VolumeStats {
             bytes: Amounts {
                 total: space.total_bytes,

@@ -104,7 +104,7 @@ impl Volumes {
                         available: capacity.saturating_sub(file.allocated),
                     },
                     inodes: None,
-                    condition: Condition::from_problem(None),
+                    condition: Condition::from_problem(pool.starves(id, file.allocated, file.size)),
                 })
             }
         }
