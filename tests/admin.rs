@@ -16,6 +16,7 @@ use std::process::{Command, Output, Stdio};
 use common::fidelity::*;
 use common::*;
 use serde_json::Value;
+use stickyvol::host::archive;
 
 const OTHER_NODE: &str = "other-node";
 
@@ -499,6 +500,82 @@ async fn an_image_volume_moves_with_its_filesystem() {
         b"with its filesystem"
     );
     unpublish_and_unstage(&node_b, &target, &staging, &published).await;
+}
+
+/// The node's kernel mounts an image volume's filesystem: an image volume takes only an export
+/// of an image volume of its own filesystem, never a block volume's raw bytes (a tenant wrote
+/// them, and could have crafted a filesystem that attacks the kernel's parser), nor an older
+/// stream that does not say what it holds; a block volume takes no image volume's filesystem.
+#[tokio::test]
+async fn an_image_volume_takes_only_an_export_of_its_own_filesystem() {
+    let node_a = TestDriver::start().await;
+    let node_b = other_node().await;
+    let mut ext4 = mount_cap(Mode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut ext4.access_type {
+        m.fs_type = "ext4".into();
+    }
+    let block_of = |driver: &TestDriver| {
+        driver.create(create_request(
+            &new_name(),
+            block_cap(Mode::SingleNodeWriter),
+            32 * MIB,
+        ))
+    };
+    let block = block_of(&node_a).await;
+    let block_stream = stream_file(&node_a, "block.svx");
+    export_ok(&node_a, &block.volume_id, &block_stream);
+    let image = node_a
+        .create(create_request(&new_name(), ext4.clone(), 32 * MIB))
+        .await;
+    let image_stream = stream_file(&node_a, "image.svx");
+    export_ok(&node_a, &image.volume_id, &image_stream);
+    // The same image, as a release before streams said what their image holds wrote it.
+    let older = stream_file(&node_a, "older.svx");
+    let mut header =
+        archive::image_header(&host_path(&image), "sv-older", archive::ImageOf::Raw).unwrap();
+    header.image = None;
+    archive::export(
+        &host_path(&image),
+        &header,
+        &mut File::create(&older).unwrap(),
+    )
+    .unwrap();
+
+    let ext4_target = node_b
+        .create(create_request(&new_name(), ext4.clone(), 32 * MIB))
+        .await;
+    let refused = import_failing(
+        &node_b,
+        &ext4_target.volume_id,
+        &block_stream,
+        &["--replace"],
+    );
+    assert!(refused.contains("a block volume's raw bytes"), "{refused}");
+    let refused = import_failing(&node_b, &ext4_target.volume_id, &older, &["--replace"]);
+    assert!(refused.contains("older release"), "{refused}");
+    let block_target = block_of(&node_b).await;
+    let refused = import_failing(
+        &node_b,
+        &block_target.volume_id,
+        &image_stream,
+        &["--replace"],
+    );
+    assert!(refused.contains("ext4 filesystem"), "{refused}");
+
+    // What fits is taken: the image into its kind, raw bytes (new or older) into a block volume.
+    for (target, stream) in [
+        (&ext4_target, &image_stream),
+        (&block_target, &block_stream),
+        (&block_target, &older),
+    ] {
+        let out = import_from(&node_b, &target.volume_id, stream, &["--replace"]);
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            stream.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// NodeStageVolume at a fresh staging path, then NodePublishVolume at a fresh target.

@@ -130,3 +130,52 @@ async fn the_driver_survives_a_full_xfs_pool() {
 async fn the_driver_survives_a_full_btrfs_pool() {
     survives_a_full_filesystem("btrfs", 256 * MIB as u64).await;
 }
+
+/// A thin block volume gets its blocks as the pod writes them: on a pool whose filesystem
+/// something else filled, those writes fail with ENOSPC. Its condition says so at once, and is
+/// healthy again once space is freed.
+#[tokio::test]
+async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
+    // XFS: its smallest filesystem (300 MiB) holds the volume and leaves room to fill.
+    let fs = ScratchFs::new("xfs", 400 << 20, &["-q"], "");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.mount_point.join("data");
+    driver.add_args(["--enforcement", "default=none"]);
+    driver.start_again().await;
+    let block = block_cap(Mode::SingleNodeWriter);
+    let volume = driver
+        .create(create_request(&new_name(), block.clone(), 64 * MIB))
+        .await;
+    let device = driver.publish_at_new_target(&volume, block).await;
+    let condition = |driver: &TestDriver| {
+        let (id, path) = (volume.volume_id.clone(), path_str(&device));
+        async move {
+            let stats = driver.stats(&id, &path).await.unwrap();
+            stats.volume_condition.unwrap()
+        }
+    };
+    assert!(!condition(&driver).await.abnormal);
+
+    let filler = fs.mount_point.join("filler");
+    fill_to_the_last_block(&filler);
+    let starved = condition(&driver).await;
+    assert!(
+        starved.abnormal
+            && starved.message.contains("is full")
+            && starved.message.contains("ENOSPC"),
+        "{starved:?}"
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // XFS returns an unlinked file's blocks in the background.
+    while condition(&driver).await.abnormal {
+        assert!(
+            Instant::now() < deadline,
+            "still abnormal after the space was freed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    driver.unpublish_ok(&volume, &device).await;
+    driver.delete(&volume.volume_id).await.unwrap();
+}

@@ -336,7 +336,8 @@ fn an_image_keeps_its_data_and_its_holes() {
         (60 * MIB, 8192),
     ];
     sparse_file(&image, 64 * MIB, &at);
-    let header = archive::image_header(&image, "sv-block").unwrap();
+    let header = archive::image_header(&image, "sv-block", archive::ImageOf::Raw).unwrap();
+    assert_eq!(header.image, Some(archive::ImageOf::Raw));
     assert_eq!(header.kind, Kind::Image);
     assert_eq!(header.size_bytes, 64 * MIB);
     assert!(header.allocated_bytes >= 3 * MIB && header.allocated_bytes < 4 * MIB);

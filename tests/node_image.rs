@@ -179,6 +179,18 @@ async fn an_image_volume_is_made_sparse_formatted_staged_once_and_bound_into_eac
     assert_eq!(devices.len(), 1, "one device per staged volume");
     assert!(loopdev::uses_direct_io(&devices[0]).unwrap());
     assert!(is_mount_root(&staging) && is_mount_root(&first));
+    // What a pod wrote into the image never runs setuid nor reaches a device: on the staged
+    // mount and on each pod's bind of it.
+    for mount in [&staging, &first] {
+        let entries = mounts_at(mount);
+        assert!(
+            entries
+                .iter()
+                .all(|e| has_option(e, "nosuid") && has_option(e, "nodev")),
+            "{}: {entries:?}",
+            mount.display()
+        );
+    }
 
     // Idempotent: kubelet retries stage and publish after an uncertain answer.
     stage(&driver, &volume, &staging, ext4()).await.unwrap();
@@ -655,6 +667,35 @@ async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_v
     tear_down(&driver, &restored, &restored_staging, &[&restored_target]).await;
     tear_down(&driver, &volume, &staging, &[&target]).await;
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+}
+
+/// The freeze a snapshot or clone holds ends on every way out of the copy: a copy that panics
+/// thaws the filesystem as it unwinds, and its writers go on.
+#[tokio::test]
+async fn a_freeze_ends_when_the_frozen_work_panics() {
+    let driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let frozen = stickyvol::host::fsimage::Frozen::freeze(File::open(&staging).unwrap()).unwrap();
+    let writer = {
+        let file = target.join("waits-for-the-thaw");
+        std::thread::spawn(move || fs::write(file, b"written"))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !writer.is_finished(),
+        "a frozen filesystem holds its writers"
+    );
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _frozen = frozen;
+        panic!("the copy failed midway");
+    }));
+    assert!(unwound.is_err());
+    eventually("the writer goes on once the unwinding thaws", || {
+        writer.is_finished()
+    })
+    .await;
+    writer.join().unwrap().unwrap();
+    tear_down(&driver, &volume, &staging, &[&target]).await;
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,9 @@ use std::time::{Duration, Instant};
 use common::apistub::{self, status};
 use common::scratchfs::ScratchFs;
 use common::*;
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::{Mode as FileMode, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 use serde_json::{Value, json};
 
 const CLAIM_NS: &str = "shop";
@@ -508,5 +512,102 @@ async fn a_pool_that_enforces_sizes_never_evicts() {
         );
     }
     assert!(driver.log_text().contains("overflow check starting"));
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+/// `tree::MAX_DEPTH`: walks enter no deeper, so no measurement of a deeper tree succeeds.
+const MAX_DEPTH: usize = stickyvol::host::tree::MAX_DEPTH;
+
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+/// A chain of directories `d` below a volume's mount, made level by level as a pod can (the
+/// whole path is far beyond PATH_MAX). Removed the same way when dropped, even by a failed
+/// test: the driver's cleanup could not remove it through paths.
+struct Chain {
+    top: PathBuf,
+    depth: usize,
+}
+
+impl Chain {
+    fn make(top: &Path, depth: usize) -> Chain {
+        let mut dir = open(top, dir_flags(), FileMode::empty()).unwrap();
+        let mut chain = Chain {
+            top: top.to_path_buf(),
+            depth: 0,
+        };
+        for _ in 0..depth {
+            mkdirat(dir.as_fd(), "d", FileMode::S_IRWXU).unwrap();
+            chain.depth += 1;
+            dir = openat(dir.as_fd(), "d", dir_flags(), FileMode::empty()).unwrap();
+        }
+        chain
+    }
+}
+
+impl Drop for Chain {
+    fn drop(&mut self) {
+        let Ok(mut dir) = open(&self.top, dir_flags(), FileMode::empty()) else {
+            return;
+        };
+        // Down to the deepest level, then up, removing each level from its parent. No panic
+        // here: this may run while a failed test unwinds.
+        let mut depth = 0;
+        while depth < self.depth {
+            match openat(dir.as_fd(), "d", dir_flags(), FileMode::empty()) {
+                Ok(child) => dir = child,
+                Err(_) => break,
+            }
+            depth += 1;
+        }
+        for _ in 0..depth {
+            let Ok(parent) = openat(dir.as_fd(), "..", dir_flags(), FileMode::empty()) else {
+                return;
+            };
+            dir = parent;
+            if let Err(err) = unlinkat(dir.as_fd(), "d", UnlinkatFlags::RemoveDir) {
+                eprintln!("removing the chain of directories: {err}");
+                return;
+            }
+        }
+    }
+}
+
+/// A tenant cannot hide from the check by making its tree unmeasurable: a volume no walk can
+/// measure (a chain of directories deeper than walks enter) counts as above its size.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_too_deep_to_measure_has_its_pod_evicted() {
+    let setup = start(&[]).await;
+    let driver = &setup.driver;
+    let volume = volume_of_claim(&setup, "deep", &[]).await;
+    let target = publish_for_pod(driver, &volume, "climber").await;
+    write(&target, "small", SIZE / 4);
+    let chain = Chain::make(&target, MAX_DEPTH + 4);
+
+    until(&setup.api, "the eviction and its event", |api| {
+        api.events.iter().any(|e| e["reason"] == "OverflowEvicted")
+    })
+    .await;
+    assert_eq!(evicted_pods(&setup.api), ["climber"]);
+    assert_eq!(reasons(&setup.api), ["VolumeOverflow", "OverflowEvicted"]);
+    let note = setup.api.lock().unwrap().events[0]["note"].to_string();
+    assert!(
+        note.contains("cannot be measured")
+            && note.contains(&format!("more than {MAX_DEPTH} levels deep"))
+            && note.contains("evicting shop/climber"),
+        "{note}"
+    );
+    assert!(
+        driver.log_text().contains("cannot be measured"),
+        "the log says why"
+    );
+    // Kubelet's volume health says so too.
+    let condition = measure(driver, &volume, &target).await;
+    assert!(
+        condition.abnormal && condition.message.contains("not measured"),
+        "{condition:?}"
+    );
+    drop(chain);
     driver.unpublish_ok(&volume, &target).await;
 }

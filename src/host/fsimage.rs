@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -207,6 +207,42 @@ pub fn freeze(root: BorrowedFd<'_>) -> io::Result<()> {
 
 pub fn thaw(root: BorrowedFd<'_>) -> io::Result<()> {
     fs_ioctl(root, FITHAW)
+}
+
+/// A filesystem frozen for as long as this lives: dropped, it thaws, on every way out of the
+/// frozen work, a panic included (a filesystem left frozen hangs every writer of it until
+/// someone runs `fsfreeze -u`). `thaw` says whether the thaw worked; a drop can only log.
+#[derive(Debug)]
+pub struct Frozen {
+    root: std::fs::File,
+    thawed: bool,
+}
+
+impl Frozen {
+    /// Freezes the filesystem whose mount root `root` is (a real descriptor, not O_PATH:
+    /// FIFREEZE is an ioctl on it).
+    pub fn freeze(root: std::fs::File) -> io::Result<Frozen> {
+        freeze(root.as_fd())?;
+        Ok(Frozen {
+            root,
+            thawed: false,
+        })
+    }
+
+    pub fn thaw(mut self) -> io::Result<()> {
+        self.thawed = true;
+        thaw(self.root.as_fd())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if !self.thawed
+            && let Err(err) = thaw(self.root.as_fd())
+        {
+            tracing::error!(error = %err, "could not thaw a filesystem frozen for a copy that did not finish; its writers are blocked until `fsfreeze -u` is run on the node or the driver restarts");
+        }
+    }
 }
 
 fn fs_ioctl(root: BorrowedFd<'_>, request: libc::c_ulong) -> io::Result<()> {

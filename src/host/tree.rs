@@ -118,6 +118,29 @@ pub enum WalkError {
     },
 }
 
+impl WalkError {
+    /// Why the tree's owner made this walk fail, in short, if they did (deeper or larger than
+    /// we walk, or past another bound of ours): walking again fails for as long as they like.
+    /// None for the host's own failures, data that is gone, and a directory moved during one
+    /// walk (an application's ordinary rename must not count against it).
+    pub fn tree_made(&self) -> Option<String> {
+        match self {
+            WalkError::TooDeep { limit, .. } => Some(format!(
+                "holds directories more than {limit} levels deep, more than stickyvol walks"
+            )),
+            WalkError::Budget {
+                entries, seconds, ..
+            } => Some(format!(
+                "its walk stopped after {entries} entries in {seconds} s, its budget: the tree is \
+                 larger than stickyvol walks, or is being reshaped while it is walked"
+            )),
+            WalkError::Io { source, .. } => is_beyond_limit(source).then(|| source.to_string()),
+            // Measurements skip mounts, and a tenant cannot mount in its volume.
+            WalkError::MountPoint(_) => None,
+        }
+    }
+}
+
 /// Callbacks of a walk. `parent` is an open descriptor of the directory holding `name`.
 pub trait Visitor {
     /// Called for every entry below the root, before descending into it if it is a directory.

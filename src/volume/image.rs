@@ -162,8 +162,10 @@ impl Volumes {
                 .context(|| format!("attaching a loop device to volume {id}"))?,
         };
         // A pod may have written anything into its filesystem: nodev keeps device nodes in it
-        // from reaching the host's devices.
-        let mut flags = MountFlags::NODEV;
+        // from reaching the host's devices, nosuid keeps a setuid binary planted in it (in the
+        // image's bytes, or through an import) from running as its owner, root included. Each
+        // pod's bind of the staged mount inherits both.
+        let mut flags = MountFlags::NODEV | MountFlags::NOSUID;
         if readonly {
             flags |= MountFlags::RDONLY;
         }
@@ -406,7 +408,8 @@ impl Volumes {
         // A real descriptor (not O_PATH): FIFREEZE is an ioctl on the mount's root.
         let root = std::fs::File::open(&staged.target)
             .context(|| format!("opening {}", staged.target.display()))?;
-        fsimage::freeze(root.as_fd()).context(|| {
+        // Thawed when dropped: a panic in the copy thaws it too.
+        let frozen = fsimage::Frozen::freeze(root).context(|| {
             format!(
                 "freezing the filesystem of volume {} at {}",
                 record.id,
@@ -414,7 +417,7 @@ impl Volumes {
             )
         })?;
         let copied = copy();
-        if let Err(err) = fsimage::thaw(root.as_fd()) {
+        if let Err(err) = frozen.thaw() {
             // Left frozen, every writer of the volume would hang: say so loudly.
             tracing::error!(volume = %record.id, staging = %staged.target.display(), error = %err, "could not thaw the filesystem after copying it; its writers are blocked until `fsfreeze -u` is run on the node");
             return Err(Error::host(
@@ -468,6 +471,8 @@ impl Volumes {
                 fs.name()
             )
         });
+        let starved = self.pool_of(record)?.starves(id, file.allocated, file.size);
+        let problem = super::joined(problem, starved);
         Ok(VolumeStats {
             bytes: Amounts {
                 total: space.total_bytes,

@@ -481,7 +481,8 @@ impl Volumes {
     }
 
     /// Healthy unless the volume's data is missing or of the wrong type, its size limit is
-    /// gone or exceeded, or its last project-id audit found files outside its project.
+    /// gone or exceeded, its last walk could not measure it, or its last project-id audit found
+    /// files outside its project.
     pub fn condition(&self, record: &VolumeRecord) -> Condition {
         if let Some(orphaned) = &record.orphaned {
             return Condition::from_problem(Some(format!(
@@ -494,6 +495,17 @@ impl Volumes {
             |err| Some(err.to_string()),
             |path| data_problem(record, &path).or_else(|| limit_problem(record, &path)),
         );
+        // O(1): no walk here, but the last one's failure of the tree's making is still true.
+        let unmeasured = self
+            .usage_cache
+            .unmeasurable_within(&record.id, std::time::Duration::MAX)
+            .map(|why| {
+                format!(
+                    "the usage of volume {} cannot be measured: {why}",
+                    record.id
+                )
+            });
+        let problem = joined(problem, unmeasured);
         Condition::from_problem(joined(self.audit_problem(&record.id), problem))
     }
 

@@ -12,6 +12,11 @@
 //! stats: at most one walk per volume per interval, none while kubelet's stats are as frequent.
 //! Unpublished volumes are never walked here: no pod uses them. A volume whose size is enforced
 //! (its record's `SizeLimit`) is never looked at, so a pool that enforces sizes never evicts.
+//!
+//! A volume no walk can measure because of what its tenant made of it (directories deeper than
+//! walks enter, a tree past a walk's budget of entries or time) counts as above its size: otherwise a tenant would hide from the check by making its tree unmeasurable, and
+//! fill the pool. A walk that fails for the host's reasons (data gone, an io error) is skipped:
+//! stats report those as the volume's condition.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -20,6 +25,7 @@ use tracing::debug;
 
 use super::Volumes;
 use super::inventory::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
+use super::space::pool::Pool;
 use super::state::id::VolumeId;
 use super::state::record::{PodRef, VolumeKind, VolumeRecord};
 use crate::class::{OnOverflow, PARAM_ON_OVERFLOW};
@@ -31,7 +37,7 @@ pub struct ClaimRef {
     pub name: String,
 }
 
-/// A published volume measured above its size.
+/// A published volume measured above its size, or that cannot be measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Overflowing {
     pub id: VolumeId,
@@ -40,7 +46,11 @@ pub struct Overflowing {
     /// None when the parameters do not name a valid one.
     pub claim: Option<ClaimRef>,
     pub on_overflow: OnOverflow,
+    /// What it was measured to use; when `unmeasured`, the last figure known (0: none), which
+    /// says nothing of now but is all there is, and is what the pool's accounting holds.
     pub used_bytes: u64,
+    /// Why its tree cannot be measured (its owner made it so): it counts as above its size.
+    pub unmeasured: Option<String>,
     pub capacity_bytes: u64,
     /// The pods it is published for, as kubelet named them (none without `podInfoOnMount`).
     pub pods: Vec<PodRef>,
@@ -80,14 +90,54 @@ impl Volumes {
         }
     }
 
+    /// Called by NodeGetVolumeStats when its walk could not measure `record` for a reason of
+    /// its tree's making: such a volume counts as above its size.
+    pub(super) fn notice_unmeasured(&self, record: &VolumeRecord) {
+        if watched(record) {
+            self.overflow_noticed.add(&record.id);
+        }
+    }
+
+    /// What the check knows of `record`'s usage: (bytes, None) measured by a walk no older than
+    /// `cadence` or now; (last bytes known, Some(why)) when its tree's owner keeps walks from
+    /// measuring it; None when it was not measured for another reason (skipped).
+    fn usage_for_check(
+        &self,
+        pool: &Pool,
+        record: &VolumeRecord,
+        cadence: Duration,
+    ) -> Option<(u64, Option<String>)> {
+        let id = &record.id;
+        let last_known = || pool.used_of(id).unwrap_or(0);
+        if let Some(usage) = self.usage_cache.measured_within(id, cadence) {
+            return Some((usage.bytes, None));
+        }
+        // Stats found it unmeasurable moments ago: that walk is not worth repeating.
+        if let Some(why) = self.usage_cache.unmeasurable_within(id, cadence) {
+            return Some((last_known(), Some(why)));
+        }
+        match self.walked_usage(pool, id, &pool.data_path(id, record.kind)) {
+            Ok(usage) => Some((usage.bytes, None)),
+            Err(err) => match err.tree_made() {
+                Some(why) => Some((last_known(), Some(why))),
+                None => {
+                    // Stats report the same failure as the volume's condition.
+                    debug!(volume = %id, error = %err, "overflow check: usage not measured");
+                    None
+                }
+            },
+        }
+    }
+
     /// The volumes NodeGetVolumeStats found above their size since the last call.
     pub fn take_noticed_overflows(&self) -> HashSet<VolumeId> {
         self.overflow_noticed.take()
     }
 
-    /// Published volumes without an enforced size that use more than their size (all of them,
-    /// or those in `only`), each measured by a walk no older than `cadence` (reused) or walked
-    /// now, through the stats' cache and slots. Blocking: run it off the async threads.
+    /// Published volumes without an enforced size that use more than their size, or that their
+    /// tree's owner keeps walks from measuring (all of them, or those in `only`), each measured
+    /// by a walk no older than `cadence` (reused) or walked now, through the stats' cache and
+    /// slots. Blocking: run it off the async threads.
     pub fn overflowing(
         &self,
         cadence: Duration,
@@ -102,21 +152,15 @@ impl Volumes {
                 continue;
             };
             let id = &record.id;
-            let used = match self.usage_cache.measured_within(id, cadence) {
-                Some(usage) => usage.bytes,
-                None => match self.walked_usage(pool, id, &pool.data_path(id, record.kind)) {
-                    Ok(usage) => usage.bytes,
-                    Err(err) => {
-                        // Stats report the same failure as the volume's condition.
-                        debug!(volume = %id, error = %err, "overflow check: usage not measured");
-                        continue;
-                    }
-                },
-            };
-            pool.set_used(id, used);
-            let capacity = record.capacity_bytes as u64;
-            if used <= capacity {
+            let Some((used, unmeasured)) = self.usage_for_check(pool, &record, cadence) else {
                 continue;
+            };
+            let capacity = record.capacity_bytes as u64;
+            if unmeasured.is_none() {
+                pool.set_used(id, used);
+                if used <= capacity {
+                    continue;
+                }
             }
             found.push(Overflowing {
                 id: id.clone(),
@@ -124,6 +168,7 @@ impl Volumes {
                 claim: claim_of(&record),
                 on_overflow: on_overflow_of(&record),
                 used_bytes: used,
+                unmeasured,
                 capacity_bytes: capacity,
                 pods: record
                     .publications

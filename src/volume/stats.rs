@@ -42,7 +42,7 @@ impl Volumes {
             path: data.to_path_buf(),
             source: std::io::Error::from_raw_os_error(libc::ECANCELED),
         };
-        self.usage_cache.get_or_walk(
+        let walked = self.usage_cache.get_or_walk(
             id,
             || {
                 let Some(_slot) = pool.walks.take() else {
@@ -54,7 +54,11 @@ impl Volumes {
                 usage::measure(data)
             },
             gone,
-        )
+        );
+        if let Err(Some(why)) = walked.as_ref().map_err(WalkError::tree_made) {
+            self.usage_cache.note_unmeasurable(id, why);
+        }
+        walked
     }
 
     /// Stats of volume `id` as published at `path` (NOT_FOUND if it is not published there).
@@ -100,7 +104,7 @@ impl Volumes {
                         available: capacity.saturating_sub(file.allocated),
                     },
                     inodes: None,
-                    condition: Condition::from_problem(None),
+                    condition: Condition::from_problem(pool.starves(id, file.allocated, file.size)),
                 })
             }
         }
@@ -119,16 +123,19 @@ impl Volumes {
         let capacity = record.capacity_bytes as u64;
         let space = fsstat::space(&publication.target)
             .context(|| format!("statvfs {}", publication.target.display()))?;
-        // A walk that spent its budget (a tree larger than we walk, or reshaped while walked)
-        // gives the last figure and shows the volume abnormal, saying why, rather than an error
-        // kubelet would retry at once.
+        // A walk its tree's owner made fail (a tree deeper or larger than we walk, or reshaped
+        // while walked) gives the last figure and shows the volume abnormal, saying why, rather
+        // than an error kubelet would retry at once; the overflow check counts it as above its size.
         let walk = || match self.walked_usage(pool, id, data) {
             Ok(m) => Ok((m.bytes, Some(m.inodes), None)),
-            Err(err @ WalkError::Budget { .. }) => Ok((
-                pool.used_of(id).unwrap_or(0),
-                None,
-                Some(format!("the usage of volume {id} was not measured: {err}")),
-            )),
+            Err(err) if err.tree_made().is_some() => {
+                self.notice_unmeasured(record);
+                Ok((
+                    pool.used_of(id).unwrap_or(0),
+                    None,
+                    Some(format!("the usage of volume {id} was not measured: {err}")),
+                ))
+            }
             Err(err) => Err(Error::volume_walk(id, "measuring", err)),
         };
         let mut unreadable = None;

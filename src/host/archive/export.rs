@@ -18,7 +18,7 @@ use nix::fcntl::readlinkat;
 use super::format::{
     DATA_CHUNK, FrameWriter, TARGET_MAX, Tag, put_meta, put_name, put_u32, put_u64,
 };
-use super::{ArchiveError, Header, Kind, Summary};
+use super::{ArchiveError, Header, ImageOf, Kind, Summary};
 use crate::host::copy::{
     Naming, failed_at, next_data, open_dir, open_regular, open_source_file, source_meta,
 };
@@ -38,7 +38,13 @@ fn later_names(stat: &Stat) -> u32 {
     stat.links.saturating_sub(1)
 }
 
-fn header(kind: Kind, allocated_bytes: u64, size_bytes: u64, source: &str) -> Header {
+fn header(
+    kind: Kind,
+    allocated_bytes: u64,
+    size_bytes: u64,
+    source: &str,
+    image: Option<ImageOf>,
+) -> Header {
     let created_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
@@ -48,6 +54,7 @@ fn header(kind: Kind, allocated_bytes: u64, size_bytes: u64, source: &str) -> He
         size_bytes,
         source: source.to_owned(),
         created_unix_ms,
+        image,
     }
 }
 
@@ -77,14 +84,26 @@ pub fn tree_header(root: &Path, source: &str) -> Result<Header, ArchiveError> {
         linked: LinkBook::new(),
     };
     tree::walk(root, AtMountPoint::Refuse, &mut sizer)?;
-    Ok(header(Kind::Tree, sizer.allocated, sizer.size, source))
+    Ok(header(
+        Kind::Tree,
+        sizer.allocated,
+        sizer.size,
+        source,
+        None,
+    ))
 }
 
 /// Same as [`tree_header`] for a block volume's image file.
-pub fn image_header(file: &Path, source: &str) -> Result<Header, ArchiveError> {
+pub fn image_header(file: &Path, source: &str, image: ImageOf) -> Result<Header, ArchiveError> {
     let (_, stat) = open_regular(file, OpenOptions::new().read(true), libc::O_NONBLOCK)?;
     let allocated = stat.blocks().saturating_mul(512);
-    Ok(header(Kind::Image, allocated, stat.len(), source))
+    Ok(header(
+        Kind::Image,
+        allocated,
+        stat.len(),
+        source,
+        Some(image),
+    ))
 }
 
 /// Writes the whole stream for `header` (from [`tree_header`] or [`image_header`]) of `path`

@@ -577,6 +577,7 @@ mod tests {
             size_bytes: 2,
             source: "sv-test".into(),
             created_unix_ms: 3,
+            image: None,
         }
     }
 

@@ -516,6 +516,7 @@ mod tests {
             size_bytes: 0,
             source: "fuzz".into(),
             created_unix_ms: 0,
+            image: None,
         };
         let targets = [outside.to_path_buf(), outside.join("victim"), "..".into()];
         let mut out = Vec::new();

@@ -66,6 +66,7 @@ pub use export::{export, image_header, tree_header};
 pub use format::MAX_PAYLOAD;
 pub use import::Importer;
 
+use super::fsimage::FsType;
 use super::tree::WalkError;
 
 /// Capacity an import charges each entry it creates (file, directory, link, symlink, special
@@ -90,6 +91,16 @@ pub enum Kind {
     Image,
 }
 
+/// What an image stream's bytes are: a raw block device's, or a filesystem a node will mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageOf {
+    /// A block volume's bytes: handed to a pod as a device, never mounted by the node.
+    Raw,
+    /// An image volume's filesystem, which the node's kernel mounts.
+    Filesystem(FsType),
+}
+
 /// What a stream declares about itself, up front.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Header {
@@ -103,6 +114,11 @@ pub struct Header {
     /// The volume the stream was made from (informational), e.g. "sv-…".
     pub source: String,
     pub created_unix_ms: u64,
+    /// Image streams: what the image holds. Absent from streams of releases before it was
+    /// added (and from tree streams), which are therefore never imported into an image volume:
+    /// the node would mount bytes nobody said were a filesystem of that kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageOf>,
 }
 
 /// Counts of a finished export or import.

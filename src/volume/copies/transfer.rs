@@ -25,7 +25,7 @@ use super::cow;
 use super::in_flight::{CopyKind, copies_in_flight};
 use super::snapshot::remove_snapshot_data;
 use crate::error::{Error, IoContext, Result};
-use crate::host::archive::{self, ArchiveError, Header, Importer, Kind, Summary};
+use crate::host::archive::{self, ArchiveError, Header, ImageOf, Importer, Kind, Summary};
 use crate::host::{copy, safe_delete};
 use crate::volume::Volumes;
 use crate::volume::guard::OperationGuard;
@@ -85,6 +85,15 @@ fn kind_of(kind: VolumeKind) -> Kind {
     }
 }
 
+/// What an image stream of a volume of `kind` holds (None: a tree).
+fn image_of(kind: VolumeKind) -> Option<ImageOf> {
+    match kind {
+        VolumeKind::Filesystem => None,
+        VolumeKind::Block => Some(ImageOf::Raw),
+        VolumeKind::Image(fs) => Some(ImageOf::Filesystem(fs)),
+    }
+}
+
 impl Volumes {
     /// Prepares an export of volume `id` (see the module comment for what it reads).
     pub fn open_export(&self, id: &VolumeId) -> Result<ExportSource> {
@@ -94,8 +103,9 @@ impl Volumes {
         let header_of = |path: &Path| {
             match record.kind {
                 VolumeKind::Filesystem => archive::tree_header(path, id.as_str()),
-                VolumeKind::Block | VolumeKind::Image(_) => {
-                    archive::image_header(path, id.as_str())
+                VolumeKind::Block => archive::image_header(path, id.as_str(), ImageOf::Raw),
+                VolumeKind::Image(fs) => {
+                    archive::image_header(path, id.as_str(), ImageOf::Filesystem(fs))
                 }
             }
             .map_err(|err| archive_failure(id, "reading", err))
@@ -309,6 +319,7 @@ fn check_fits(record: &VolumeRecord, header: &Header) -> Result<()> {
             record.kind.as_str()
         )));
     }
+    check_image_of(record, header)?;
     let capacity = record.capacity_bytes as u64;
     let needed = match header.kind {
         Kind::Tree => header.allocated_bytes,
@@ -321,6 +332,41 @@ fn check_fits(record: &VolumeRecord, header: &Header) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// An image stream's bytes against the volume's kind: an image volume's filesystem is mounted
+/// by the node's kernel, so it takes only a stream that says it holds that very filesystem; a
+/// block volume takes raw bytes (from older releases too, which did not say), never a
+/// filesystem of an image volume. Refused before anything is written.
+fn check_image_of(record: &VolumeRecord, header: &Header) -> Result<()> {
+    let (Some(wanted), Kind::Image) = (image_of(record.kind), header.kind) else {
+        return Ok(());
+    };
+    let fits = match header.image {
+        Some(found) => found == wanted,
+        None => wanted == ImageOf::Raw,
+    };
+    if fits {
+        return Ok(());
+    }
+    let id = &record.id;
+    let found = match header.image {
+        None => {
+            "raw bytes (an export of an older release, which does not say what its image holds)"
+                .to_string()
+        }
+        Some(ImageOf::Raw) => "a block volume's raw bytes".to_string(),
+        Some(ImageOf::Filesystem(fs)) => format!("an image volume's {} filesystem", fs.name()),
+    };
+    let wanted = match wanted {
+        ImageOf::Raw => "a block volume's raw bytes".to_string(),
+        ImageOf::Filesystem(fs) => format!("an {} image volume's export", fs.name()),
+    };
+    Err(Error::InvalidArgument(format!(
+        "the stream (from {}) holds {found}, but volume {id} is a {} volume and takes only {wanted}: the node mounts an image volume's filesystem, and must never mount bytes nobody said were one; export the source again with this release, into a volume of the same kind and filesystem",
+        header.source,
+        record.kind.as_str()
+    )))
 }
 
 /// Whether the volume holds anything: an entry in its directory, or data in its image.

@@ -130,6 +130,8 @@ struct FlightState {
     finished: u64,
     /// What the last finished walk found (None if it failed).
     last: Option<Usage>,
+    /// Why the last finished walk failed, when the tree's owner made it fail (`note_unmeasurable`).
+    unmeasurable: Option<String>,
     /// When that walk finished.
     landed_at: Option<Instant>,
 }
@@ -172,6 +174,7 @@ impl UsageCache {
         state.walking = false;
         state.finished += 1;
         state.last = result.as_ref().ok().copied();
+        state.unmeasurable = None;
         state.landed_at = Some(Instant::now());
         flight.landed.notify_all();
         result
@@ -180,15 +183,41 @@ impl UsageCache {
     /// What a walk of `id` that finished within `max_age` found, without walking (None: no
     /// such walk, or it failed).
     pub fn measured_within(&self, id: &VolumeId, max_age: Duration) -> Option<Usage> {
-        let flight = self
-            .flights
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)?
-            .clone();
+        let flight = self.flight(id)?;
         let state = flight.state.lock().unwrap_or_else(|e| e.into_inner());
         let fresh = state.landed_at?.elapsed() <= max_age;
         state.last.filter(|_| fresh)
+    }
+
+    /// Notes why the walk of `id` that just failed cannot succeed while the tree stays as its
+    /// owner made it, so that others reuse the failure within a while rather than walk again
+    /// (a walk that spent its budget took minutes).
+    pub fn note_unmeasurable(&self, id: &VolumeId, why: String) {
+        let Some(flight) = self.flight(id) else {
+            return;
+        };
+        let mut state = flight.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Unless a walk landed since with a figure.
+        if state.last.is_none() {
+            state.unmeasurable = Some(why);
+        }
+    }
+
+    /// Why the last walk of `id`, if it finished within `max_age`, could not measure it, when
+    /// the tree's owner made it fail (None: no such walk, or it measured, or it failed otherwise).
+    pub fn unmeasurable_within(&self, id: &VolumeId, max_age: Duration) -> Option<String> {
+        let flight = self.flight(id)?;
+        let state = flight.state.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = state.landed_at?.elapsed() <= max_age;
+        state.unmeasurable.clone().filter(|_| fresh)
+    }
+
+    fn flight(&self, id: &VolumeId) -> Option<Arc<Flight>> {
+        self.flights
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
     }
 
     /// Forgets a deleted volume.
@@ -424,6 +453,29 @@ mod tests {
         );
         gate.open();
         assert_eq!(walker.join().unwrap(), Ok(Usage::default()));
+    }
+
+    #[test]
+    fn a_failure_of_the_trees_making_is_remembered_until_a_walk_measures() {
+        let cache = UsageCache::default();
+        let id = VolumeId::generate(&crate::volume::state::id::NodeTag::of("test"));
+        let day = Duration::from_secs(86_400);
+        let _ = cache.get_or_walk(&id, || Err::<Usage, _>(()), || ());
+        assert_eq!(cache.unmeasurable_within(&id, day), None, "not noted");
+        cache.note_unmeasurable(&id, "too deep".into());
+        assert_eq!(
+            cache.unmeasurable_within(&id, day).as_deref(),
+            Some("too deep")
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(
+            cache.unmeasurable_within(&id, Duration::from_millis(1)),
+            None
+        );
+        let _ = cache.get_or_walk(&id, || Ok::<_, ()>(Usage::default()), || ());
+        assert_eq!(cache.unmeasurable_within(&id, day), None, "measured since");
+        cache.note_unmeasurable(&id, "late".into());
+        assert_eq!(cache.unmeasurable_within(&id, day), None, "a figure wins");
     }
 
     #[test]

@@ -90,23 +90,44 @@ fn pod_list(pods: &[PodRef]) -> String {
     named.join(", ")
 }
 
+/// Why a volume counts as overflowing: what it uses, or why it cannot be measured.
+fn why_overflowing(volume: &Overflowing) -> String {
+    match &volume.unmeasured {
+        None => format!(
+            "uses {} bytes, more than its size of {} bytes",
+            volume.used_bytes, volume.capacity_bytes
+        ),
+        // A tenant must not escape the check by making its tree unmeasurable.
+        Some(why) => format!(
+            "cannot be measured: {why}; treated as above its size of {} bytes",
+            volume.capacity_bytes
+        ),
+    }
+}
+
 /// The first Event about an overflowing volume: what it uses, and what follows.
 fn overflow_message(volume: &Overflowing) -> String {
     let what = format!(
-        "volume {} (PV {}) uses {} bytes, more than its size of {} bytes; its pool cannot limit sizes",
-        volume.id, volume.pv_name, volume.used_bytes, volume.capacity_bytes
+        "volume {} (PV {}) {}; its pool cannot limit sizes",
+        volume.id,
+        volume.pv_name,
+        why_overflowing(volume)
     );
+    let fix = match volume.unmeasured {
+        None => "free space in it or expand the claim",
+        Some(_) => {
+            "make its tree measurable again (shallower, smaller, or left still while walked)"
+        }
+    };
     match (volume.on_overflow, volume.pods.is_empty()) {
         (OnOverflow::Report, _) => {
-            format!(
-                "{what}. onOverflow: report: no pod is evicted; free space in it or expand the claim"
-            )
+            format!("{what}. onOverflow: report: no pod is evicted; {fix}")
         }
         (OnOverflow::Evict, true) => format!(
             "{what}. onOverflow: evict, but kubelet named no pod for it (CSIDriver podInfoOnMount off when it was mounted?): nothing evicted"
         ),
         (OnOverflow::Evict, false) => format!(
-            "{what}. onOverflow: evict: evicting {}, as kubelet evicts a pod whose emptyDir passes its sizeLimit; the data stays: free space in it or expand the claim before a pod uses it again",
+            "{what}. onOverflow: evict: evicting {}, as kubelet evicts a pod whose emptyDir passes its sizeLimit; the data stays: {fix} before a pod uses it again",
             pod_list(&volume.pods)
         ),
     }
@@ -124,7 +145,14 @@ async fn act(
     let seen = tracker.volumes.entry(volume.id.clone()).or_default();
     seen.on_overflow = Some(volume.on_overflow);
     if new {
-        warn!(volume = %volume.id, pv = %volume.pv_name, used = volume.used_bytes, size = volume.capacity_bytes, on_overflow = %volume.on_overflow, pods = volume.pods.len(), "overflow check: volume above its size");
+        match &volume.unmeasured {
+            None => {
+                warn!(volume = %volume.id, pv = %volume.pv_name, used = volume.used_bytes, size = volume.capacity_bytes, on_overflow = %volume.on_overflow, pods = volume.pods.len(), "overflow check: volume above its size")
+            }
+            Some(why) => {
+                warn!(volume = %volume.id, pv = %volume.pv_name, why, last_used = volume.used_bytes, size = volume.capacity_bytes, on_overflow = %volume.on_overflow, pods = volume.pods.len(), "overflow check: volume cannot be measured; treated as above its size")
+            }
+        }
         if let Some(claim) = &volume.claim {
             seen.claim_uid = api::claim_uid(client, claim, &volume.pv_name).await;
             let uid = seen.claim_uid.as_deref();
@@ -167,8 +195,11 @@ fn outcome_event(
             Some((
                 "OverflowEvicted",
                 format!(
-                    "evicted pod {}/{}: volume {} uses {} bytes, more than its size of {} bytes",
-                    pod.namespace, pod.name, volume.id, volume.used_bytes, volume.capacity_bytes
+                    "evicted pod {}/{}: volume {} {}",
+                    pod.namespace,
+                    pod.name,
+                    volume.id,
+                    why_overflowing(volume)
                 ),
             ))
         }
@@ -330,6 +361,7 @@ mod tests {
             claim: None,
             on_overflow,
             used_bytes: 20,
+            unmeasured: None,
             capacity_bytes: 10,
             pods,
         }
@@ -350,5 +382,28 @@ mod tests {
         let many = overflow_message(&volume(OnOverflow::Evict, (0..8).map(pod).collect()));
         assert!(many.contains("ns/p4, and 3 more"), "{many}");
         assert!(!many.contains("ns/p5"), "{many}");
+    }
+
+    #[test]
+    fn the_first_event_says_plainly_when_a_volume_cannot_be_measured() {
+        let mut deep = volume(OnOverflow::Evict, vec![pod(1)]);
+        deep.used_bytes = 0;
+        deep.unmeasured = Some("holds directories more than 4096 levels deep".into());
+        let message = overflow_message(&deep);
+        assert!(
+            message.contains(&format!(
+                "volume {} (PV pvc-1) cannot be measured: holds directories more than 4096 levels deep; treated as above its size of 10 bytes",
+                deep.id
+            )),
+            "{message}"
+        );
+        assert!(message.contains("evicting ns/p1"), "{message}");
+        assert!(!message.contains("uses 0 bytes"), "{message}");
+        deep.on_overflow = OnOverflow::Report;
+        let report = overflow_message(&deep);
+        assert!(
+            report.contains("cannot be measured") && report.contains("no pod is evicted"),
+            "{report}"
+        );
     }
 }
