@@ -514,13 +514,6 @@ async fn an_image_volume_takes_only_an_export_of_its_own_filesystem() {
     if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut ext4.access_type {
         m.fs_type = "ext4".into();
     }
-    let block_of = |driver: &TestDriver| {
-        driver.create(create_request(
-            &new_name(),
-            block_cap(Mode::SingleNodeWriter),
-            32 * MIB,
-        ))
-    };
     let block = block_of(&node_a).await;
     let block_stream = stream_file(&node_a, "block.svx");
     export_ok(&node_a, &block.volume_id, &block_stream);
@@ -576,6 +569,14 @@ async fn an_image_volume_takes_only_an_export_of_its_own_filesystem() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A thin block volume of 32 MiB on `driver`.
+async fn block_of(driver: &TestDriver) -> csi::Volume {
+    let cap = block_cap(Mode::SingleNodeWriter);
+    driver
+        .create(create_request(&new_name(), cap, 32 * MIB))
+        .await
 }
 
 /// NodeStageVolume at a fresh staging path, then NodePublishVolume at a fresh target.

@@ -147,18 +147,12 @@ async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
         .create(create_request(&new_name(), block.clone(), 64 * MIB))
         .await;
     let device = driver.publish_at_new_target(&volume, block).await;
-    let condition = |driver: &TestDriver| {
-        let (id, path) = (volume.volume_id.clone(), path_str(&device));
-        async move {
-            let stats = driver.stats(&id, &path).await.unwrap();
-            stats.volume_condition.unwrap()
-        }
-    };
-    assert!(!condition(&driver).await.abnormal);
+    let (id, path) = (volume.volume_id.as_str(), path_str(&device));
+    assert!(!condition(&driver, id, &path).await.abnormal);
 
     let filler = fs.mount_point.join("filler");
     fill_to_the_last_block(&filler);
-    let starved = condition(&driver).await;
+    let starved = condition(&driver, id, &path).await;
     assert!(
         starved.abnormal
             && starved.message.contains("is full")
@@ -169,7 +163,7 @@ async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
     std::fs::remove_file(&filler).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     // XFS returns an unlinked file's blocks in the background.
-    while condition(&driver).await.abnormal {
+    while condition(&driver, id, &path).await.abnormal {
         assert!(
             Instant::now() < deadline,
             "still abnormal after the space was freed"
@@ -178,4 +172,9 @@ async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
     }
     driver.unpublish_ok(&volume, &device).await;
     driver.delete(&volume.volume_id).await.unwrap();
+}
+
+async fn condition(driver: &TestDriver, id: &str, path: &str) -> csi::VolumeCondition {
+    let stats = driver.stats(id, path).await.unwrap();
+    stats.volume_condition.unwrap()
 }
