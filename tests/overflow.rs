@@ -130,6 +130,15 @@ fn claim(api: &Shared, name: &str, pv: &str) {
 
 /// A volume as the provisioner creates it for claim `shop/<claim>`, with `extra` parameters.
 async fn volume_of_claim(setup: &Setup, claim_name: &str, extra: &[(&str, &str)]) -> csi::Volume {
+    volume_of_claim_sized(setup, claim_name, extra, SIZE).await
+}
+
+async fn volume_of_claim_sized(
+    setup: &Setup,
+    claim_name: &str,
+    extra: &[(&str, &str)],
+    size: i64,
+) -> csi::Volume {
     let pv = new_name();
     claim(&setup.api, claim_name, &pv);
     let mut pairs = vec![
@@ -142,7 +151,7 @@ async fn volume_of_claim(setup: &Setup, claim_name: &str, extra: &[(&str, &str)]
         .driver
         .create(csi::CreateVolumeRequest {
             parameters: params(&pairs),
-            ..create_request(&pv, mount_cap(Mode::SingleNodeWriter), SIZE)
+            ..create_request(&pv, mount_cap(Mode::SingleNodeWriter), size)
         })
         .await
 }
@@ -580,7 +589,10 @@ impl Drop for Chain {
 async fn a_volume_too_deep_to_measure_has_its_pod_evicted() {
     let setup = start(&[]).await;
     let driver = &setup.driver;
-    let volume = volume_of_claim(&setup, "deep", &[]).await;
+    // Roomy enough that the chain's own blocks (4,100 directories, a block each) and the data
+    // stay within its size while a walk still gets to the bottom: an overflow found by size
+    // before the chain is deep is another test's.
+    let volume = volume_of_claim_sized(&setup, "deep", &[], 4 * SIZE).await;
     let target = publish_for_pod(driver, &volume, "climber").await;
     write(&target, "small", SIZE / 4);
     let chain = Chain::make(&target, MAX_DEPTH + 4);
