@@ -139,6 +139,7 @@ async fn serve_on(
     })
     .await?;
     drop(volumes);
+    info!(loops = ?background.names(), "background loops started");
     // Where the volumes are, for `stickyvol volumes` and `stickyvol volume …`.
     let (stop_admin, admin) = admin_listener::start(admin, driver.clone(), metrics.clone())?;
     let shutdown = stop_admin.after(shutdown);

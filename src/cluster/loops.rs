@@ -34,15 +34,18 @@ pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
         // Directory volumes above a size their pool cannot enforce: evicted or reported.
         overflow::start(inputs, shutdown).await?,
     ];
-    let loops = made
-        .into_iter()
-        .flatten()
-        .map(|made| (made.name, made.grace, tokio::spawn(made.run)))
-        .collect();
-    Ok(Running { stop, loops })
+    Ok(Running::spawn(stop, made.into_iter().flatten()))
 }
 
 impl Running {
+    fn spawn(stop: Stop, made: impl IntoIterator<Item = Loop>) -> Running {
+        let loops = made
+            .into_iter()
+            .map(|made| (made.name, made.grace, tokio::spawn(made.run)))
+            .collect();
+        Running { stop, loops }
+    }
+
     /// Tells every loop to stop, then gives each its grace to end before aborting it.
     pub async fn stop(self) {
         self.stop.tell();
@@ -64,5 +67,41 @@ impl Running {
     /// The names of the loops running, in the order they started.
     pub fn names(&self) -> Vec<&'static str> {
         self.loops.iter().map(|(name, ..)| *name).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_stop_tells_every_loop_waits_its_grace_and_aborts_the_rest() {
+        let (stop, shutdown) = Shutdown::new();
+        let cleaned = Arc::new(AtomicBool::new(false));
+        let cleaning = cleaned.clone();
+        let told = shutdown.clone();
+        let graceful = Loop::new("graceful", Duration::from_secs(5), async move {
+            told.wait().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            cleaning.store(true, Ordering::SeqCst);
+        });
+        let deaf = Loop::new("deaf", Duration::from_millis(100), std::future::pending());
+        let watch = Loop::new("watch", Duration::ZERO, shutdown.wait());
+        let running = Running::spawn(stop, [graceful, deaf, watch]);
+        assert_eq!(running.names(), ["graceful", "deaf", "watch"]);
+        let started = std::time::Instant::now();
+        running.stop().await;
+        assert!(
+            cleaned.load(Ordering::SeqCst),
+            "the graceful loop finished its work"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "a loop that never ends is aborted after its grace: {:?}",
+            started.elapsed()
+        );
     }
 }
