@@ -3,10 +3,10 @@
 ServiceAccount may do is exactly what nodeLoss.mode and restorePlacement need, and the node
 plugin's ConfigMap rights are held to its own report by the ValidatingAdmissionPolicy.
 
-    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES]]
+    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES [OVERFLOW]]]
 
-MODE is off, dry-run or on; DRIVER the driverName rendered; PLACEMENT (restorePlacement) and
-CLASSES (checkClasses) on (default) or off.
+MODE is off, dry-run or on; DRIVER the driverName rendered; PLACEMENT (restorePlacement),
+CLASSES (checkClasses) and OVERFLOW (overflowCheckInterval > 0) on (default) or off.
 """
 import sys
 
@@ -15,6 +15,7 @@ import yaml
 rendered, mode, driver = sys.argv[1:4]
 placement = sys.argv[4] if len(sys.argv) > 4 else "on"
 class_check = sys.argv[5] if len(sys.argv) > 5 else "on"
+overflow = sys.argv[6] if len(sys.argv) > 6 else "on"
 failures = []
 
 
@@ -120,8 +121,9 @@ check(node_nodes == rules("*", "", ["nodes"], ["get", "list", "watch"]),
 # The node plugin's evictions (the overflow check): pods/eviction create, no pod deletes, no pod
 # reads beyond its namespace, and the policy holding it to pods named by uid.
 pod_grants = {g for g in node if g[2].startswith("pods")}
-check(pod_grants == rules("*", "", ["pods/eviction"], ["create"]) | rules(ns, "", ["pods"], ["get"]),
-      f"the node plugin evicts pods and reads only its namespace's: {sorted(pod_grants)}")
+evicting = rules("*", "", ["pods/eviction"], ["create"]) if overflow == "on" else set()
+check(pod_grants == evicting | rules(ns, "", ["pods"], ["get"]),
+      f"overflow check {overflow}: the node plugin evicts pods only with it on, and reads only its namespace's: {sorted(pod_grants)}")
 evictions = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
              and o["metadata"]["name"] == "stickyvol-overflow-evictions"]
 eviction_binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
