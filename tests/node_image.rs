@@ -669,6 +669,18 @@ async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_v
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
 }
 
+/// A thread writing into `target`'s frozen filesystem, checked to be held there.
+fn blocked_writer(target: &Path) -> std::thread::JoinHandle<io::Result<()>> {
+    let file = target.join("waits-for-the-thaw");
+    let writer = std::thread::spawn(move || fs::write(file, b"written"));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !writer.is_finished(),
+        "a frozen filesystem holds its writers"
+    );
+    writer
+}
+
 /// The freeze a snapshot or clone holds ends on every way out of the copy: a copy that panics
 /// thaws the filesystem as it unwinds, and its writers go on.
 #[tokio::test]
@@ -676,15 +688,7 @@ async fn a_freeze_ends_when_the_frozen_work_panics() {
     let driver = TestDriver::start().await;
     let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
     let frozen = stickyvol::host::fsimage::Frozen::freeze(File::open(&staging).unwrap()).unwrap();
-    let writer = {
-        let file = target.join("waits-for-the-thaw");
-        std::thread::spawn(move || fs::write(file, b"written"))
-    };
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(
-        !writer.is_finished(),
-        "a frozen filesystem holds its writers"
-    );
+    let writer = blocked_writer(&target);
     let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
         let _frozen = frozen;
         panic!("the copy failed midway");
@@ -707,15 +711,7 @@ async fn a_driver_killed_while_a_snapshot_froze_the_filesystem_thaws_it_at_start
     stickyvol::host::fsimage::freeze(std::os::fd::AsFd::as_fd(&root)).unwrap();
     drop(root);
     driver.kill9();
-    let writer = {
-        let file = target.join("waits-for-the-thaw");
-        std::thread::spawn(move || fs::write(file, b"written"))
-    };
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(
-        !writer.is_finished(),
-        "a frozen filesystem holds its writers"
-    );
+    let writer = blocked_writer(&target);
     driver.start_again().await;
     eventually(
         "the writer goes on once the start thaws the filesystem",

@@ -614,10 +614,17 @@ async fn a_volume_too_deep_to_measure_has_its_pod_evicted() {
         driver.log_text().contains("cannot be measured"),
         "the log says why"
     );
-    // Kubelet's volume health says so too.
+    // Kubelet's volume health says so too, and so does ControllerGetVolume (no walk there:
+    // the failure is remembered).
     let condition = measure(driver, &volume, &target).await;
     assert!(
         condition.abnormal && condition.message.contains("not measured"),
+        "{condition:?}"
+    );
+    let got = driver.get_volume(&volume.volume_id).await.unwrap();
+    let condition = got.status.unwrap().volume_condition.unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("cannot be measured"),
         "{condition:?}"
     );
     drop(chain);

@@ -14,8 +14,9 @@
 //! (its record's `SizeLimit`) is never looked at, so a pool that enforces sizes never evicts.
 //!
 //! A volume no walk can measure because of what its tenant made of it (directories deeper than
-//! walks enter, a tree past a walk's budget of entries or time) counts as above its size: otherwise a tenant would hide from the check by making its tree unmeasurable, and
-//! fill the pool. A walk that fails for the host's reasons (data gone, an io error) is skipped:
+//! walks enter, a tree past a walk's budget of entries or time) counts as above its size:
+//! otherwise a tenant would hide from the check by making its tree unmeasurable, and fill the
+//! pool. A walk that fails for the host's reasons (data gone, an io error) is skipped:
 //! stats report those as the volume's condition.
 
 use std::collections::HashSet;

@@ -78,7 +78,7 @@ impl Recorder {
     }
 
     /// The Event as it is sent.
-    pub fn event(&self, regarding: ObjectReference, said: &Said<'_>) -> Event {
+    fn event(&self, regarding: ObjectReference, said: &Said<'_>) -> Event {
         let namespace =
             (regarding.namespace.clone()).unwrap_or_else(|| CLUSTER_SCOPED_NAMESPACE.into());
         Event {
