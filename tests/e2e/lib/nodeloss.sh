@@ -23,23 +23,33 @@ ready() {
 # bring_back: starts the second node and waits until it is Ready. A kubelet whose Node was
 # deleted registers it again only some time after it starts (a minute here), and if that is after
 # its CSINode setup gave up, it stays NotReady ("failed to initialize CSINode") until restarted:
-# restarted once then, as a person would.
+# restarted once then, as a person would (not before a minute: the message also shows while
+# kubelet still retries). A node not Ready in time is described: its conditions and kubelet's
+# last words.
 bring_back() {
     cluster start "$LOST" >/dev/null || return 1
-    until_ready "$LOST" 120 && return 0
-    local why
-    why=$(k get node "$LOST" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}' 2>/dev/null)
-    [[ $why == *CSINode* ]] || { until_ready "$LOST" 120; return; }
-    log "$LOST: kubelet gave up on its CSINode ($why); restarting it"
-    cluster restart-kubelet "$LOST"
-    until_ready "$LOST" 180
-}
-until_ready() {
-    local deadline=$((SECONDS + $(wait_limit "$2")))
-    until ready "$1"; do
-        ((SECONDS < deadline)) || return 1
+    local limit started=$SECONDS restarted=0 why
+    limit=$(wait_limit 360)
+    until ready "$LOST"; do
+        if ((SECONDS - started >= limit)); then
+            log "$LOST not Ready $limit s after it started: $(node_story "$LOST")"
+            return 1
+        fi
+        why=$(k get node "$LOST" -o jsonpath='{.status.conditions[?(@.type=="Ready")].message}' 2>/dev/null)
+        if ((!restarted && SECONDS - started >= 60)) && [[ $why == *CSINode* ]]; then
+            log "$LOST: kubelet gave up on its CSINode ($why); restarting it"
+            cluster restart-kubelet "$LOST"
+            restarted=1
+        fi
         sleep 1
     done
+}
+# node_story NODE: what the API server says of NODE, and the end of its kubelet's log.
+node_story() {
+    k get node "$1" -o jsonpath='{range .status.conditions[*]}{.type}={.status} ({.reason}: {.message}){"\n"}{end}' 2>&1 ||
+        true
+    echo "kubelet's last lines:"
+    tail -n 15 "$E2E_STATE/nodes/$1/logs/kubelet.log" 2>&1 || true
 }
 defer 'k delete storageclass "$CLASS" --ignore-not-found >/dev/null'
 defer give_node_back

@@ -78,14 +78,31 @@ drivers=$((${#E2E_NODES[@]} + 1))
 until_ok 120 "every driver pod scraped (up == $drivers)" '[[ $(targets_up) == "$drivers" ]]'
 
 step "$FULL_NODE's pool filled past 90%: StickyvolPoolNearlyFull fires"
-# Node 2's pool is an XFS filesystem of 4 GB (about 3,950 MiB free when empty): 3,650 MiB leave
-# under 8% free (3,450 MiB left 12.7%, seen), within the claim's size (no overflow eviction).
-claim fill 3700Mi
+# Node 2's pool is an XFS filesystem of 4 GB. Sized from what it has free now: the fill leaves
+# 7% of it free (the alert fires under 10%), within the claim's size (no overflow eviction).
+pool=/var/lib/kubelet/volumes/stickyvol.csi.io
+read -r total_mib free_mib < <(cluster exec "$FULL_NODE" df -B1M --output=size,avail "$pool" | tail -1)
+fill_mib=$((free_mib - total_mib * 7 / 100))
+claim_mib=$((fill_mib + 32))
+# The scheduler takes the claim only once the node's CSIStorageCapacity says it fits (the
+# provisioner polls every minute); if it never does, say what the pool holds.
+pool_contents() {
+    echo "CSIStorageCapacity of $FULL_NODE: $(capacity_of stickyvol "$FULL_NODE"); pool $(cluster exec "$FULL_NODE" df -B1M --output=size,avail "$pool" | tail -1) MiB (size, free)"
+    k -n "$DRIVER_NS" exec "$(driver_pod "$FULL_NODE")" -c stickyvol -- stickyvol volumes 2>&1
+    k get pv -o wide 2>&1
+}
+capacity_holds() { (($(to_bytes "$(capacity_of stickyvol "$FULL_NODE")") >= claim_mib << 20)); }
+deadline=$((SECONDS + 150))
+until capacity_holds; do
+    ((SECONDS < deadline)) || fail "no capacity of ${claim_mib} MiB on $FULL_NODE after 150 s: $(pool_contents)"
+    sleep 2
+done
+claim fill "${claim_mib}Mi"
 pod filler fill "$FULL_NODE"
 wait_pod_running filler 120
 t0=$(date +%s)
-pexec filler dd if=/dev/zero of=/data/fill bs=1M count=3650 conv=fsync 2>/dev/null ||
-    fail "could not fill the pool"
+pexec filler dd if=/dev/zero of=/data/fill bs=1M count="$fill_mib" conv=fsync 2>/dev/null ||
+    fail "could not fill the pool with $fill_mib MiB: $(pool_contents)"
 firing() {
     api alerts | python3 -c '
 import json, sys
