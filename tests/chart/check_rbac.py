@@ -139,6 +139,30 @@ if evictions and eviction_binding:
     check(any("preconditions.uid" in v["expression"] for v in spec["validations"]),
           "the eviction policy wants the pod's uid")
 
+# The node plugin's PVs, claims and snapshot contents: RBAC grants them cluster-wide, the policy
+# holds each node to its own (pinned with the driver's topology key, of the driver's name).
+volumes = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+           and o["metadata"]["name"] == "stickyvol-node-volumes"]
+volumes_binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                   and o["spec"]["policyName"] == "stickyvol-node-volumes"]
+check(len(volumes) == 1 and len(volumes_binding) == 1, "the node volumes policy and its binding are rendered")
+if volumes and volumes_binding:
+    spec = volumes[0]["spec"]
+    check(spec["failurePolicy"] == "Fail", "the node volumes policy fails closed")
+    check(volumes_binding[0]["spec"]["validationActions"] == ["Deny"], "the node volumes binding denies")
+    seen = {(g, r, op) for rule in spec["matchConstraints"]["resourceRules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for op in rule["operations"]}
+    written = {(g[1], g[2]) for g in node if g[3] in ("create", "update", "patch", "delete")
+               and g[2] in ("persistentvolumes", "persistentvolumeclaims", "volumesnapshotcontents",
+                            "volumesnapshotcontents/status")}
+    check(all((group, resource, op) in seen for group, resource in written
+              for op in ("CREATE", "UPDATE", "DELETE")),
+          f"the node volumes policy sees every write RBAC grants: {sorted(written)}")
+    expressions = " ".join(v["expression"] for v in spec["validations"])
+    check(f"pv.spec.csi.driver == '{driver}'" in expressions
+          and f"'topology.{driver}/node'" in expressions,
+          f"the node volumes policy names {driver} and its topology key")
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)

@@ -117,6 +117,29 @@ pexec() {
     shift
     kn exec "$pod" -- "$@"
 }
+# as_node_plugin NODE KUBECTL-ARGS...: kubectl with the token kubelet gave the driver's pod on
+# NODE, alone (the admin's client certificate would authenticate first); its output on stdout
+# and stderr. The token is never logged.
+as_node_plugin() {
+    local node=$1 token server
+    shift
+    token=$(k -n "$DRIVER_NS" exec "$(driver_pod "$node")" -c stickyvol -- \
+        cat /var/run/secrets/kubernetes.io/serviceaccount/token) || return 1
+    server=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+    "$KUBECTL" --kubeconfig=/dev/null --server="$server" --certificate-authority="$PKI/ca.crt" \
+        --token="$token" "$@" 2>&1
+}
+# refused_to NODE WHY WHAT KUBECTL-ARGS...: fails unless the node plugin on NODE is refused
+# WHAT, with WHY in the refusal.
+refused_to() {
+    local node=$1 why=$2 what=$3 out
+    shift 3
+    if out=$(as_node_plugin "$node" "$@"); then
+        fail "the node plugin on $node could $what"
+    fi
+    grep -qF -- "$why" <<<"$out" || fail "the node plugin on $node was refused $what, but not for '$why': $out"
+}
+
 # The driver's DaemonSet pod on NODE, not one being deleted: the DaemonSet makes the replacement
 # while the old pod still terminates. Empty while there is none.
 driver_pod() {

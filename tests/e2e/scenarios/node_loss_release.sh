@@ -67,17 +67,8 @@ REPORT=stickyvol.csi.io-orphans-$LOST
     fail "the report $REPORT is not owned by Node $LOST"
 
 step "the driver on $LIVE cannot delete $LOST's report (ValidatingAdmissionPolicy)"
-# With the token kubelet gave the other node's driver, alone (the admin's client certificate
-# would authenticate first). Never logged.
-other=$(ready_driver_pod "$LIVE")
-token=$(k -n "$DRIVER_NS" exec "$other" -c stickyvol -- cat /var/run/secrets/kubernetes.io/serviceaccount/token)
-server=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-if refusal=$("$KUBECTL" --kubeconfig=/dev/null --server="$server" --certificate-authority="$PKI/ca.crt" \
-    --token="$token" -n "$DRIVER_NS" delete configmap "$REPORT" 2>&1); then
-    fail "the driver on $LIVE deleted $LOST's report"
-fi
-grep -qF "a node writes only its own report" <<<"$refusal" ||
-    fail "the delete was refused, but not by the report policy: $refusal"
+refused_to "$LIVE" "a node writes only its own report" "delete $LOST's report" \
+    -n "$DRIVER_NS" delete configmap "$REPORT"
 k -n "$DRIVER_NS" get configmap "$REPORT" >/dev/null || fail "the report $REPORT is gone"
 
 step "the operator removes it by hand; the report goes"

@@ -1,5 +1,7 @@
-# A VolumeSnapshot of a claim becomes ready; a claim restored from it and a clone of the claim
-# land on the source's node with its data.
+# A VolumeSnapshot of a claim becomes ready; the other node's plugin, with its own credentials,
+# may not delete the claim's PV, relabel the snapshot's content (restores would follow the label)
+# or patch another driver's PV, while the owner's plugin may; a claim restored from the snapshot
+# and a clone of the claim land on the source's node with its data.
 # e2e-lane: growth
 source "$(dirname "$0")/../lib/scenario.sh"
 
@@ -12,6 +14,35 @@ until_true 30 "the writer wrote" pexec writer test -s /data/file
 step "snapshot"
 snapshot snap source
 pexec writer sh -c 'echo changed-after > /data/file'
+
+step "the other node's plugin cannot touch this node's PV, claim or snapshot content"
+# With the credentials each node plugin holds (rbac-node.yaml, stickyvol-node-volumes), as
+# server-side dry runs: the owner's plugin may, the other node's may not.
+other=$(other_node "$node")
+content=$(kn get volumesnapshot snap -o jsonpath='{.status.boundVolumeSnapshotContentName}')
+source_pv=$(pv_of source)
+label='{"metadata": {"labels": {"e2e": "x"}}}'
+refused_to "$other" "pinned to its own node" "delete $node's PV" delete pv "$source_pv" --dry-run=server
+refused_to "$other" "managed by its own node" "pull restores of $node's snapshot to itself" \
+    label volumesnapshotcontent "$content" --overwrite --dry-run=server "snapshot.storage.kubernetes.io/managed-by=$other"
+as_node_plugin "$node" delete pv "$source_pv" --dry-run=server >/dev/null ||
+    fail "the node plugin on $node may not delete its own PV"
+as_node_plugin "$node" patch volumesnapshotcontent "$content" --type=merge -p "$label" --dry-run=server >/dev/null ||
+    fail "the node plugin on $node may not patch its own snapshot content"
+# A PV of another driver, pinned to the other node itself.
+k apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: $NS-foreign}
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteOnce]
+  csi: {driver: other.csi.example.com, volumeHandle: foreign}
+  nodeAffinity: {required: {nodeSelectorTerms: [{matchExpressions: [{key: topology.stickyvol.csi.io/node, operator: In, values: [$other]}]}]}}
+YAML
+defer 'k delete pv "$NS-foreign" --ignore-not-found >/dev/null'
+refused_to "$other" "pinned to its own node" "patch another driver's PV" \
+    patch pv "$NS-foreign" --type=merge -p "$label" --dry-run=server
 
 step "a restore and a clone"
 apply <<YAML
