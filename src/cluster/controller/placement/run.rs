@@ -420,8 +420,9 @@ mod tests {
         store.lock().unwrap().objects.insert(path.into(), obj);
     }
 
-    /// Class `sv` of ours; snapshot `snap` (content `c1`, labelled with node `n1`); node `n1`
-    /// Ready; claim `restore` from `snap`, with `selected` as its selected node; no pods.
+    /// Class `sv` of ours; snapshot `snap` (content `c1`, its handle issued on node `n1`, and
+    /// labelled with it); nodes `n0` and `n1` Ready; claim `restore` from `snap`, with `selected`
+    /// as its selected node; no pods.
     fn cluster(selected: Option<&str>) -> Shared {
         let store = Shared::default();
         put(
@@ -439,11 +440,16 @@ mod tests {
         put(
             &store,
             "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
-            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
-                   "metadata": {"name": "c1", "labels": {"snapshot.storage.kubernetes.io/managed-by": "n1"}},
-                   "spec": {"driver": DRIVER}}),
+            content_of("n1", "n1"),
         );
+        put(&store, "/api/v1/nodes/n0", node("n0", json!({})));
         put(&store, "/api/v1/nodes/n1", node("n1", json!({})));
+        put(
+            &store,
+            "/api/v1/nodes",
+            json!([{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n0"}},
+                   {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n1"}}]),
+        );
         put(&store, "/api/v1/namespaces/ns/pods", json!([]));
         let mut annotations = json!({});
         if let Some(n) = selected {
@@ -458,6 +464,14 @@ mod tests {
                        "apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}}}),
         );
         store
+    }
+
+    /// Content `c1`: its handle issued on node `issued_on`, labelled managed-by `labelled`.
+    fn content_of(issued_on: &str, labelled: &str) -> Value {
+        let handle = SnapshotId::generate(&NodeTag::of(issued_on)).to_string();
+        json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+               "metadata": {"name": "c1", "labels": {"snapshot.storage.kubernetes.io/managed-by": labelled}},
+               "spec": {"driver": DRIVER}, "status": {"snapshotHandle": handle}})
     }
 
     fn node(name: &str, spec: Value) -> Value {
@@ -571,19 +585,29 @@ mod tests {
     #[tokio::test]
     async fn an_unlabelled_content_is_found_by_the_node_tag_of_its_handle() {
         let store = cluster(None);
-        let handle = SnapshotId::generate(&NodeTag::of("n1")).to_string();
+        let mut content = content_of("n1", "n1");
+        content["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("labels");
         put(
             &store,
             "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
-            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
-                   "metadata": {"name": "c1"}, "spec": {"driver": DRIVER},
-                   "status": {"snapshotHandle": handle}}),
+            content,
         );
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(selected(&store, "restore").as_deref(), Some("n1"));
+    }
+
+    #[tokio::test]
+    async fn a_content_relabelled_by_another_node_does_not_pull_its_restore() {
+        let store = cluster(None);
+        // n0's plugin rewrote the label of n1's content: the handle n1 issued still says n1.
         put(
             &store,
-            "/api/v1/nodes",
-            json!([{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n0"}},
-                   {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n1"}}]),
+            "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
+            content_of("n1", "n0"),
         );
         let mut placer = placer_on(&store);
         placer.look(&claim(&store, "restore")).await;

@@ -1,11 +1,12 @@
 //! Reading what the rules need from the API: which claims are restores or clones of ours, where
 //! their source is, the source node's state, and the claim's pods.
 //!
-//! A snapshot's node is the `managed-by` label csi-snapshotter's node deployment puts on its
-//! content, else the node tag in its handle (`ss-<uuid>-<tag>`, see `volume::state::id`), which
-//! also covers contents made by hand or restored by a backup tool without the label. A claim's
-//! node is its PV's node affinity. Node ids are Node names (deploy/ passes `--node-id` the
-//! pod's node name).
+//! A snapshot's node is the node tag in the handle our driver issued (`ss-<uuid>-<tag>`, see
+//! `volume::state::id`), never the `managed-by` label of its content: that label steers which
+//! node's csi-snapshotter takes the content, and a node plugin could rewrite it (deploy/'s
+//! stickyvol-node-volumes policy now forbids that, but clusters without it remain) to pull
+//! restores, and their pods, onto itself. A claim's node is its PV's node affinity. Node ids are
+//! Node names (deploy/ passes `--node-id` the pod's node name).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use super::fits::{self, NodeFacts};
 use super::rules::Location;
 use crate::cluster::controller::nodeloss::observe::pinned_node;
-use crate::cluster::kit::names::{MANAGED_BY, SELECTED_NODE};
+use crate::cluster::kit::names::SELECTED_NODE;
 use crate::cluster::kit::slim::Pod;
 use crate::volume::state::id::{Issuer, NodeTag, SnapshotId};
 
@@ -176,14 +177,7 @@ impl Locator {
         if text(&content, &["spec", "driver"]) != Some(self.driver.as_str()) {
             return Ok(Location::NotOurs);
         }
-        let labelled = content
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(MANAGED_BY));
-        if let Some(node) = labelled.filter(|n| !n.is_empty()) {
-            return Ok(Location::Node(node.clone()));
-        }
+        // Not the content's managed-by label: any node plugin could once rewrite it.
         let handle = text(&content, &["status", "snapshotHandle"])
             .or_else(|| text(&content, &["spec", "source", "snapshotHandle"]));
         let Some(handle) = handle else {
