@@ -93,6 +93,19 @@ pub struct ServeArgs {
     )]
     pub overcommit: Vec<String>,
 
+    /// Percent of the size of kubelet's filesystem (the one holding --kubelet-dir) that a pool on
+    /// that filesystem never promises: kubelet evicts every pod of the node when less than its
+    /// hard eviction threshold is free (`nodefs.available`, 10% by default). Pools on other
+    /// filesystems keep nothing back. 0 turns it off.
+    #[arg(
+        long,
+        env = "KUBELET_EVICTION_RESERVE",
+        value_name = "PERCENT",
+        default_value_t = DEFAULT_KUBELET_EVICTION_RESERVE,
+        value_parser = clap::value_parser!(u8).range(0..=50)
+    )]
+    pub kubelet_eviction_reserve: u8,
+
     /// Controller mode only: the node-loss reconciler, which applies the StorageClasses'
     /// `onNodeLoss` to claims whose node is deleted or out of service (see docs/operations.md,
     /// "Node loss"): off, on, or dry-run (decides and reports, changes nothing).
@@ -285,6 +298,20 @@ pub struct PoolConfig {
     pub enforcement: EnforcementChoice,
     /// ≥ 1: unused promises count 1/ratio against free space.
     pub overcommit: f64,
+    /// What the pool keeps back for kubelet if it is on kubelet's filesystem (`Pool::open`
+    /// compares the two).
+    pub kubelet_reserve: KubeletReserve,
+}
+
+/// kubelet's default hard eviction threshold, `nodefs.available<10%`.
+pub const DEFAULT_KUBELET_EVICTION_RESERVE: u8 = 10;
+
+/// `--kubelet-eviction-reserve`: a share of kubelet's filesystem no pool on it promises.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeletReserve {
+    pub kubelet_dir: PathBuf,
+    /// 0 to 50.
+    pub percent: u8,
 }
 
 impl PoolConfig {
@@ -380,7 +407,11 @@ impl Config {
         }
         // Read here, before `args` is taken apart below; it checks nothing.
         let metrics_limits = metrics_limits(&args);
-        let paths = args.paths.validate(&args.enforcement, &args.overcommit)?;
+        let paths = args.paths.validate(
+            &args.enforcement,
+            &args.overcommit,
+            args.kubelet_eviction_reserve,
+        )?;
         let endpoint = args
             .endpoint
             .unwrap_or_else(|| default_endpoint(&paths.kubelet_dir, &paths.driver_name));
@@ -566,7 +597,10 @@ pub struct DoctorConfig {
 
 impl DoctorConfig {
     pub fn from_args(args: DoctorArgs) -> Result<DoctorConfig, ConfigError> {
-        let paths = args.paths.validate(&[], &[])?;
+        // Doctor promises nothing; the pools read as serve's read by default.
+        let paths = args
+            .paths
+            .validate(&[], &[], DEFAULT_KUBELET_EVICTION_RESERVE)?;
         Ok(DoctorConfig {
             kubelet_dir: paths.kubelet_dir,
             pools: paths.pools,
@@ -594,6 +628,7 @@ impl PathArgs {
         self,
         enforcement_flags: &[String],
         overcommit_flags: &[String],
+        kubelet_reserve_percent: u8,
     ) -> Result<Paths, ConfigError> {
         if !is_driver_name(&self.driver_name) {
             return Err(ConfigError::DriverName(self.driver_name));
@@ -611,6 +646,10 @@ impl PathArgs {
             optional_pools: &self.optional_pools,
             enforcement: enforcement_flags,
             overcommit: overcommit_flags,
+            kubelet_reserve: KubeletReserve {
+                kubelet_dir: self.kubelet_dir.clone(),
+                percent: kubelet_reserve_percent,
+            },
         };
         Ok(Paths {
             pools: pools(&data_dir, pool_flags)?,
@@ -656,6 +695,7 @@ struct PoolFlags<'a> {
     optional_pools: &'a [String],
     enforcement: &'a [String],
     overcommit: &'a [String],
+    kubelet_reserve: KubeletReserve,
 }
 
 /// The pools from `--pool`, `--optional-pool`, `--enforcement` and `--overcommit`, the data dir
@@ -667,6 +707,7 @@ fn pools(data_dir: &Path, flags: PoolFlags) -> Result<Vec<PoolConfig>, ConfigErr
         optional: false,
         enforcement: EnforcementChoice::Auto,
         overcommit: 1.0,
+        kubelet_reserve: flags.kubelet_reserve.clone(),
     }];
     let given = (flags.pools.iter().map(|f| ("--pool", f, false))).chain(
         flags
@@ -701,6 +742,7 @@ fn pools(data_dir: &Path, flags: PoolFlags) -> Result<Vec<PoolConfig>, ConfigErr
             optional,
             enforcement: EnforcementChoice::Auto,
             overcommit: 1.0,
+            kubelet_reserve: flags.kubelet_reserve.clone(),
         });
     }
     for flag in flags.enforcement {
@@ -887,6 +929,7 @@ mod tests {
             metrics_max_connections: None,
             enforcement: Vec::new(),
             overcommit: Vec::new(),
+            kubelet_eviction_reserve: DEFAULT_KUBELET_EVICTION_RESERVE,
             node_loss: NodeLossMode::Off,
             restore_placement: Switch::Off,
             check_classes: Switch::Off,

@@ -503,6 +503,10 @@ mod tests {
             optional,
             enforcement: crate::config::EnforcementChoice::Auto,
             overcommit: 1.0,
+            kubelet_reserve: crate::config::KubeletReserve {
+                kubelet_dir: "/var/lib/kubelet".into(),
+                percent: 0,
+            },
         }
     }
 

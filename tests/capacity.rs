@@ -166,6 +166,80 @@ async fn creates_beyond_the_promised_space_are_refused_until_space_is_freed() {
     driver.create(second).await;
 }
 
+/// Mounts a tmpfs of [`OWN_FILESYSTEM`] at `dir` (gone with the driver's cleanup).
+fn own_tmpfs(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(format!("size={OWN_FILESYSTEM},mode=0700").as_str()),
+    )
+    .unwrap_or_else(|e| panic!("mounting a tmpfs at {}: {e}", dir.display()));
+}
+
+/// kubelet evicts every pod of its node once its filesystem has less than its hard eviction
+/// threshold free (10% by default): a pool on that filesystem never promises those bytes, and
+/// a pool on a filesystem of its own keeps nothing back.
+#[tokio::test]
+async fn a_pool_on_kubelets_filesystem_keeps_back_kubelets_eviction_threshold() {
+    for (reserve, kept_percent) in [(None, 10), (Some("25"), 25), (Some("0"), 0)] {
+        let mut driver = TestDriver::prepare(Options::default());
+        own_tmpfs(&driver.kubelet);
+        own_tmpfs(&driver.data);
+        let shared = driver.kubelet.join("pool");
+        driver.add_args([
+            "--pool".to_string(),
+            format!("onkubelet={}", shared.display()),
+        ]);
+        if let Some(percent) = reserve {
+            driver.add_args(["--kubelet-eviction-reserve", percent]);
+        }
+        driver.start_again().await;
+        let size = 512 * MIB;
+        let kept = size / 100 * kept_percent;
+
+        let on_kubelet = driver
+            .available_capacity(&[("pool", "onkubelet")], snw_block())
+            .await;
+        let free = available_bytes(&shared) as i64;
+        assert_near(
+            on_kubelet,
+            free - kept,
+            &format!("reserve {reserve:?}: the pool on kubelet's filesystem"),
+        );
+        let own = driver.available_capacity(&[], snw_block()).await;
+        assert_near(
+            own,
+            available_bytes(&driver.data) as i64,
+            "the pool on a filesystem of its own",
+        );
+
+        // What GetCapacity leaves out, CreateVolume refuses.
+        if kept > 0 {
+            let too_big = (on_kubelet + 4 * MIB) / 4096 * 4096;
+            let status = expect_code(
+                driver
+                    .controller()
+                    .create_volume(request_in(&[("pool", "onkubelet")], snw_block(), too_big))
+                    .await,
+                Code::ResourceExhausted,
+            );
+            assert!(
+                status.message().contains("can promise only"),
+                "{}",
+                status.message()
+            );
+        }
+        let fits = (on_kubelet - 4 * MIB) / 4096 * 4096;
+        let volume = driver
+            .create(request_in(&[("pool", "onkubelet")], snw_block(), fits))
+            .await;
+        driver.delete(&volume.volume_id).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn overcommit_lets_a_pool_promise_more_than_it_holds() {
     let driver = start_on_own_filesystem(false, &["--overcommit", "default=2"]).await;

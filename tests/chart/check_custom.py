@@ -59,8 +59,10 @@ for c in (doctor, serve):
           f"{c['name']}: no mount nested in /var/lib/kubelet for the pool inside it")
     check(len(c["volumeMounts"]) == len(mounts), f"{c['name']}: no path mounted twice")
     check(not any("pool" in a for a in c["args"]), f"{c['name']}: no pool flags (the variables say it)")
-check(not ({"ENFORCEMENT", "OVERCOMMIT"} & {e["name"] for e in doctor["env"]}),
-      "doctor: no ENFORCEMENT/OVERCOMMIT (serve's flags only)")
+check(not ({"ENFORCEMENT", "OVERCOMMIT", "KUBELET_EVICTION_RESERVE"} & {e["name"] for e in doctor["env"]}),
+      "doctor: no ENFORCEMENT/OVERCOMMIT/KUBELET_EVICTION_RESERVE (serve's flags only)")
+check(env.get("KUBELET_EVICTION_RESERVE", {}).get("value") == "0",
+      "stickyvol: KUBELET_EVICTION_RESERVE 0 (an explicit 0 is rendered, not dropped)")
 check(env.get("ENFORCEMENT", {}).get("value") == "default=none,nvme=project"
       and env.get("OVERCOMMIT", {}).get("value") == "nvme=1.5",
       "stickyvol: ENFORCEMENT per pool and OVERCOMMIT")

@@ -86,6 +86,7 @@ const DRIVER_ENV: &[&str] = &[
     "OPTIONAL_POOLS",
     "ENFORCEMENT",
     "OVERCOMMIT",
+    "KUBELET_EVICTION_RESERVE",
     "LOG_FORMAT",
     "RUST_LOG",
 ];

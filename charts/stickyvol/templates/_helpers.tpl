@@ -87,7 +87,7 @@ a crash loop.
 {{- end }}
 {{- end }}
 
-{{/* ENFORCEMENT and OVERCOMMIT, serve only (doctor has no such flags). */}}
+{{/* ENFORCEMENT, OVERCOMMIT and KUBELET_EVICTION_RESERVE, serve only (doctor has no such flags). */}}
 {{- define "stickyvol.poolTuningEnv" -}}
 {{- $enforcement := list }}
 {{- range $name, $mode := .Values.enforcement }}
@@ -110,6 +110,14 @@ a crash loop.
 {{- with $overcommit }}
 - name: OVERCOMMIT
   value: {{ join "," . | quote }}
+{{- end }}
+{{- $reserve := .Values.kubeletEvictionReserve }}
+{{- if not (kindIs "invalid" $reserve) }}
+{{- if not (regexMatch "^([0-9]|[1-4][0-9]|50)$" (toString $reserve)) }}
+{{- fail (printf "kubeletEvictionReserve: %q is not a whole percent from 0 to 50" (toString $reserve)) }}
+{{- end }}
+- name: KUBELET_EVICTION_RESERVE
+  value: {{ toString $reserve | quote }}
 {{- end }}
 {{- end }}
 

@@ -12,6 +12,7 @@
 //! - `.lock`             held while a driver uses the pool
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ use super::limits::Enforcement;
 use super::mechanism::Mechanism;
 use super::set_mode;
 use super::throttle::{Slots, WALKS_PER_POOL};
-use crate::config::PoolConfig;
+use crate::config::{KubeletReserve, PoolConfig};
 use crate::error::{Error, IoContext, Result};
 use crate::host::btrfs;
 use crate::host::fsstat::{self, Space};
@@ -54,6 +55,9 @@ pub struct Pool {
     /// How snapshots, restores and clones copy data here.
     pub cow: Mechanism,
     overcommit: f64,
+    /// The percent of its filesystem's size the pool keeps back for kubelet's hard eviction
+    /// threshold: `--kubelet-eviction-reserve` when the pool is on kubelet's filesystem, else 0.
+    kept_for_kubelet: u8,
     ledger: Mutex<Ledger>,
     /// When `refresh_usage` last measured every volume of the pool.
     measured_at: Mutex<Option<Instant>>,
@@ -118,7 +122,8 @@ impl Pool {
                 used.unwrap_or(0),
             );
         }
-        info!(pool = %config.name, root = %root.display(), enforcement = enforcement.describe(), snapshots = cow.describe(), overcommit = config.overcommit, volumes = records.len(), "pool ready");
+        let kept_for_kubelet = kept_for_kubelet(&root, &config.kubelet_reserve);
+        info!(pool = %config.name, root = %root.display(), enforcement = enforcement.describe(), snapshots = cow.describe(), overcommit = config.overcommit, kept_for_kubelet_percent = kept_for_kubelet, volumes = records.len(), "pool ready");
         Ok(Pool {
             name: config.name.clone(),
             root,
@@ -127,6 +132,7 @@ impl Pool {
             enforcement,
             cow,
             overcommit: config.overcommit,
+            kept_for_kubelet,
             ledger: Mutex::new(ledger),
             measured_at: Mutex::new(None),
             walks: Slots::new(WALKS_PER_POOL),
@@ -192,11 +198,23 @@ impl Pool {
         fsstat::space(&self.root).context(|| format!("statvfs {}", self.root.display()))
     }
 
-    /// What a new volume can be promised now: free space minus unused promises.
+    /// What a new volume can be promised now: free space, less what is kept back for kubelet,
+    /// minus unused promises.
     pub fn available(&self) -> Result<u64> {
         let ledger = self.ledger();
-        let free = self.space()?.available_bytes;
+        let free = self.promisable(self.space()?);
         Ok(ledger.available(free, self.overcommit))
+    }
+
+    /// Free space the pool may promise: what kubelet's eviction threshold needs free stays out.
+    fn promisable(&self, space: Space) -> u64 {
+        let kept = space.total_bytes / 100 * u64::from(self.kept_for_kubelet);
+        space.available_bytes.saturating_sub(kept)
+    }
+
+    /// Bytes of its filesystem the pool keeps back for kubelet (0 off kubelet's filesystem).
+    pub fn kept_for_kubelet(&self) -> Result<u64> {
+        Ok(self.space()?.total_bytes / 100 * u64::from(self.kept_for_kubelet))
     }
 
     /// Promises `bytes` to volume `id` (replacing an earlier promise to it), or says how much
@@ -209,7 +227,7 @@ impl Pool {
         bytes: u64,
     ) -> Result<std::result::Result<(), u64>> {
         let mut ledger = self.ledger();
-        let free = self.space()?.available_bytes;
+        let free = self.promisable(self.space()?);
         Ok(ledger.reserve(&id.into(), bytes, free, self.overcommit))
     }
 
@@ -276,6 +294,23 @@ fn data_name(id: &impl std::fmt::Display, kind: VolumeKind) -> String {
 /// The id a file name in `snapshots/` belongs to, if it is one of ours.
 pub fn id_of_snapshot_entry(file_name: &str) -> Option<SnapshotId> {
     SnapshotId::parse(file_name.strip_suffix(".img").unwrap_or(file_name))
+}
+
+/// The percent `reserve` keeps back of the pool at `root`: all of it when the pool shares
+/// kubelet's filesystem (the same device as `--kubelet-dir`; kubelet watches that filesystem's
+/// free space), none elsewhere, and none when the device cannot be told.
+fn kept_for_kubelet(root: &Path, reserve: &KubeletReserve) -> u8 {
+    if reserve.percent == 0 {
+        return 0;
+    }
+    match (fs::metadata(root), fs::metadata(&reserve.kubelet_dir)) {
+        (Ok(pool), Ok(kubelet)) if pool.dev() == kubelet.dev() => reserve.percent,
+        (Ok(_), Ok(_)) => 0,
+        (pool, kubelet) => {
+            warn!(root = %root.display(), kubelet_dir = %reserve.kubelet_dir.display(), pool_error = ?pool.err(), kubelet_error = ?kubelet.err(), "cannot tell whether the pool is on kubelet's filesystem; keeping nothing back for kubelet's eviction threshold");
+            0
+        }
+    }
 }
 
 /// What the pool's filesystem offers for copies, probed in `dir` (on the pool's filesystem).
