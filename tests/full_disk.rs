@@ -8,11 +8,15 @@
 
 mod common;
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::apistub;
 use common::fill::fill_to_the_last_block;
 use common::scratchfs::ScratchFs;
 use common::*;
+use serde_json::{Value, json};
 use tonic::Code;
 
 fn snw_mount() -> csi::VolumeCapability {
@@ -134,31 +138,97 @@ async fn the_driver_survives_a_full_btrfs_pool() {
 /// A thin block volume gets its blocks as the pod writes them: on a pool whose filesystem
 /// something else filled, those writes fail with ENOSPC. Its condition says so at once, and is
 /// healthy again once space is freed.
+/// Bodies of the events.k8s.io Events the stub API server was sent in namespace `shop`.
+type Events = Arc<Mutex<Vec<Value>>>;
+
+/// A stub API server that holds claim `shop/data-0` (uid `u-data`) and keeps the Events posted.
+async fn stub_api(dir: &std::path::Path) -> (PathBuf, Events) {
+    let events = Events::default();
+    let kept = events.clone();
+    let kubeconfig = apistub::serve(
+        Arc::new(move |method: &str, path: &str, body: &[u8]| {
+            let path = path.split('?').next().unwrap_or_default();
+            match (method, path) {
+                ("POST", "/apis/events.k8s.io/v1/namespaces/shop/events") => {
+                    let event: Value = serde_json::from_slice(body).unwrap();
+                    kept.lock().unwrap().push(event.clone());
+                    (201, event)
+                }
+                ("GET", "/api/v1/namespaces/shop/persistentvolumeclaims/data-0") => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                           "metadata": {"name": "data-0", "namespace": "shop", "uid": "u-data"}}),
+                ),
+                _ => (404, apistub::status(404, "NotFound")),
+            }
+        }),
+        dir,
+    )
+    .await;
+    (kubeconfig, events)
+}
+
+/// Waits up to 30 s for an Event of `reason` on claim `shop/data-0`; its note.
+async fn event_note(events: &Events, reason: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = events.lock().unwrap().iter().find_map(|e| {
+            (e["reason"] == reason && e["regarding"]["uid"] == "u-data")
+                .then(|| e["note"].as_str().unwrap_or_default().to_string())
+        });
+        if let Some(note) = found {
+            return note;
+        }
+        assert!(Instant::now() < deadline, "no {reason} Event: {:?}", events.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A thin block volume's pool fills: its condition turns abnormal, its claim gets a Warning
+/// Event and the pool's starved-volume count says 1; once space is freed, all three say so.
 #[tokio::test]
 async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
     // XFS: its smallest filesystem (300 MiB) holds the volume and leaves room to fill.
     let fs = ScratchFs::new("xfs", 400 << 20, &["-q"], "");
-    let mut driver = TestDriver::prepare(Options::default());
+    let scratch = tempfile::tempdir().unwrap();
+    let (kubeconfig, events) = stub_api(scratch.path()).await;
+    let mut driver = TestDriver::prepare(Options {
+        kubeconfig: Some(kubeconfig),
+        metrics_address: Some(free_local_address()),
+        ..Options::default()
+    });
     driver.data = fs.mount_point.join("data");
     driver.add_args(["--enforcement", "default=none"]);
     driver.start_again().await;
     let block = block_cap(Mode::SingleNodeWriter);
-    let volume = driver
-        .create(create_request(&new_name(), block.clone(), 64 * MIB))
-        .await;
+    let mut request = create_request(&new_name(), block.clone(), 64 * MIB);
+    request.parameters = params(&[
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+        ("csi.storage.k8s.io/pvc/name", "data-0"),
+    ]);
+    let volume = driver.create(request).await;
     let device = driver.publish_at_new_target(&volume, block).await;
     let (id, path) = (volume.volume_id.as_str(), path_str(&device));
     assert!(!condition(&driver, id, &path).await.abnormal);
+    let starved = || {
+        driver
+            .scrape()
+            .value("stickyvol_pool_starved_volumes", &[("pool", "default")])
+    };
+    assert_eq!(starved(), 0.0);
 
     let filler = fs.mount_point.join("filler");
     fill_to_the_last_block(&filler);
-    let starved = condition(&driver, id, &path).await;
+    let condition_now = condition(&driver, id, &path).await;
     assert!(
-        starved.abnormal
-            && starved.message.contains("is full")
-            && starved.message.contains("ENOSPC"),
-        "{starved:?}"
+        condition_now.abnormal
+            && condition_now.message.contains("is full")
+            && condition_now.message.contains("ENOSPC"),
+        "{condition_now:?}"
     );
+    assert_eq!(starved(), 1.0);
+    let note = event_note(&events, "PoolFull").await;
+    assert!(note.contains(id) && note.contains("ENOSPC"), "{note}");
 
     std::fs::remove_file(&filler).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -170,6 +240,9 @@ async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert_eq!(starved(), 0.0);
+    let note = event_note(&events, "PoolSpaceBack").await;
+    assert!(note.contains(id), "{note}");
     driver.unpublish_ok(&volume, &device).await;
     driver.delete(&volume.volume_id).await.unwrap();
 }

@@ -1,7 +1,8 @@
 //! The node's space, as a scrape finds it: volumes by mode and state, the data directory's and
 //! each pool's filesystem, what each pool can still promise, snapshots with their copies, and
 //! the other copies running.
-//! Computed from the in-memory index and one statvfs per filesystem, no per-volume call.
+//! Computed from the in-memory index and one statvfs per filesystem, no per-volume call (but an
+//! lstat per block or image volume of a pool that is full, to count those it starves).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -51,6 +52,7 @@ pub(super) struct Space {
     pool_free: Family<PoolLabels, Gauge>,
     pool_unwritten: Family<PoolLabels, Gauge>,
     pool_full: Family<PoolLabels, Gauge>,
+    pool_starved: Family<PoolLabels, Gauge>,
     snapshots: Family<PoolLabels, Gauge>,
     snapshot_copies: Family<CopyLabels, Gauge>,
     copies_in_flight: Family<KindLabels, Gauge>,
@@ -111,6 +113,12 @@ impl Space {
                 "pool_filesystem_full",
                 "1 when a pool's filesystem has less than 4 MiB free: new volumes are refused, \
                  and on the data dir's the state journal cannot rotate (see docs/operations.md)",
+            ),
+            pool_starved: add(
+                registry,
+                "pool_starved_volumes",
+                "Thin block and image volumes of a full pool whose files still lack blocks: \
+                 their pods' writes there fail (each has an Event on its claim)",
             ),
             snapshots: add(
                 registry,
@@ -202,7 +210,14 @@ impl Space {
     }
 
     fn refresh_pools(&self, volumes: &Volumes) {
+        let starved = volumes.starved();
         for pool in volumes.pools() {
+            let count = starved.iter().filter(|v| v.pool == pool.name).count();
+            self.pool_starved
+                .get_or_create(&PoolLabels {
+                    pool: pool.name.clone(),
+                })
+                .set(count as i64);
             let labels = PoolLabels {
                 pool: pool.name.clone(),
             };

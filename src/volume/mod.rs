@@ -41,6 +41,7 @@ pub mod orphan;
 pub mod overflow;
 pub mod publish;
 mod recover;
+pub mod starved;
 pub mod stats;
 mod target;
 

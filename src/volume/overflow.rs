@@ -58,7 +58,7 @@ pub struct Overflowing {
 }
 
 /// The claim a record's parameters name, if both parts are valid object names.
-fn claim_of(record: &VolumeRecord) -> Option<ClaimRef> {
+pub(super) fn claim_of(record: &VolumeRecord) -> Option<ClaimRef> {
     let namespace = record.parameters.get(PARAM_PVC_NAMESPACE)?;
     let name = record.parameters.get(PARAM_PVC_NAME)?;
     let valid = crate::config::is_object_name(namespace) && crate::config::is_object_name(name);

@@ -1,7 +1,9 @@
 //! What a node plugin runs against the Kubernetes API, beside the CSI services: the overflow
-//! check (`overflow`), the periodic project-id audit and its Events (`project_audit`) and node loss' node side
+//! check (`overflow`), the Events on claims of volumes a full pool starves (`pool_full`), the
+//! periodic project-id audit and its Events (`project_audit`) and node loss' node side
 //! (`nodeloss`). The host is reached only through `crate::volume`.
 
 pub mod nodeloss;
 pub mod overflow;
+pub mod pool_full;
 pub mod project_audit;
