@@ -950,3 +950,143 @@ async fn wait_for(mut done: impl FnMut() -> bool) {
     }
     panic!("condition not reached in 30 s");
 }
+
+/// `stickyvol volume import --replace` (an image volume holds its empty filesystem), which must
+/// succeed.
+#[track_caller]
+fn import_replacing(driver: &TestDriver, volume_id: &str, file: &Path) {
+    let out = import_from(driver, volume_id, file, &["--replace"]);
+    assert!(
+        out.status.success(),
+        "import into {volume_id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The mount capability of an image volume of filesystem `fs`.
+fn image_cap(fs: &str) -> csi::VolumeCapability {
+    let mut cap = mount_cap(Mode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
+        m.fs_type = fs.into();
+    }
+    cap
+}
+
+/// A staging path as kubelet makes one, beneath the driver's kubelet directory.
+fn new_staging(driver: &TestDriver) -> PathBuf {
+    let dir = driver
+        .kubelet
+        .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
+        .join(uuid::Uuid::now_v7().simple().to_string())
+        .join("globalmount");
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// NodeStageVolume of image volume `volume` at `staging`, then NodeUnstageVolume if it staged.
+async fn stage_and_unstage(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    cap: &csi::VolumeCapability,
+    staging: &Path,
+    write: Option<&str>,
+) -> Result<(), tonic::Status> {
+    driver
+        .node()
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            staging_target_path: path_str(staging),
+            volume_capability: Some(cap.clone()),
+            volume_context: volume.volume_context.clone(),
+            ..Default::default()
+        })
+        .await?;
+    if let Some(text) = write {
+        fs::write(staging.join("written"), text).unwrap();
+    }
+    driver
+        .node()
+        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            staging_target_path: path_str(staging),
+        })
+        .await
+        .map(drop)
+}
+
+/// The kernel never mounts an imported filesystem unchecked: after an import, an image volume's
+/// first NodeStageVolume runs the filesystem's own checker on the image; a sound one (ext4, and
+/// an XFS exported with data) stages, one whose metadata is garbage is refused before any mount.
+#[tokio::test]
+async fn an_imported_image_is_checked_by_its_filesystems_checker_before_its_first_stage() {
+    let driver = TestDriver::start().await;
+    for (fs_name, size) in [("ext4", 32 * MIB), ("xfs", 300 * MIB)] {
+        let cap = image_cap(fs_name);
+        let source = driver
+            .create(create_request(&new_name(), cap.clone(), size))
+            .await;
+        stage_and_unstage(&driver, &source, &cap, &new_staging(&driver), Some(fs_name))
+            .await
+            .unwrap();
+        let stream = stream_file(&driver, &format!("{fs_name}.svx"));
+        export_ok(&driver, &source.volume_id, &stream);
+        let target = driver
+            .create(create_request(&new_name(), cap.clone(), size))
+            .await;
+        import_replacing(&driver, &target.volume_id, &stream);
+        let staging = new_staging(&driver);
+        stage_and_unstage(&driver, &target, &cap, &staging, None)
+            .await
+            .unwrap_or_else(|s| panic!("{fs_name}: a sound import was refused: {s:?}"));
+        assert!(
+            driver
+                .log_text()
+                .contains("the imported filesystem passed its check"),
+            "{fs_name}: no check logged"
+        );
+    }
+
+    // An ext4 image whose bitmaps and inode tables are garbage, in a stream that says ext4.
+    let cap = image_cap("ext4");
+    let sound = driver
+        .create(create_request(&new_name(), cap.clone(), 32 * MIB))
+        .await;
+    let damaged = driver.root.join("damaged.img");
+    fs::copy(host_path(&sound), &damaged).unwrap();
+    let file = OpenOptions::new().write(true).open(&damaged).unwrap();
+    file.write_all_at(&vec![0xab; 960 << 10], 64 << 10).unwrap();
+    drop(file);
+    let stream = stream_file(&driver, "damaged.svx");
+    let header = archive::image_header(
+        &damaged,
+        "sv-damaged",
+        archive::ImageOf::Filesystem(stickyvol::host::fsimage::FsType::Ext4),
+    )
+    .unwrap();
+    archive::export(&damaged, &header, &mut File::create(&stream).unwrap()).unwrap();
+    let target = driver
+        .create(create_request(&new_name(), cap.clone(), 32 * MIB))
+        .await;
+    import_replacing(&driver, &target.volume_id, &stream);
+    let staging = new_staging(&driver);
+    let refused = stage_and_unstage(&driver, &target, &cap, &staging, None)
+        .await
+        .expect_err("a damaged image was staged");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("fails its check") && refused.message().contains("e2fsck"),
+        "{}",
+        refused.message()
+    );
+    assert!(
+        mounts_at(&staging).is_empty(),
+        "something was mounted at {}",
+        staging.display()
+    );
+    // Still refused at the next attempt: the check is not forgotten.
+    let again = stage_and_unstage(&driver, &target, &cap, &staging, None).await;
+    assert_eq!(
+        again.map_err(|s| s.code()),
+        Err(tonic::Code::FailedPrecondition)
+    );
+}

@@ -179,7 +179,11 @@ async fn event_note(events: &Events, reason: &str) -> String {
         if let Some(note) = found {
             return note;
         }
-        assert!(Instant::now() < deadline, "no {reason} Event: {:?}", events.lock().unwrap());
+        assert!(
+            Instant::now() < deadline,
+            "no {reason} Event: {:?}",
+            events.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -402,6 +402,7 @@ fn new_record(
         created_unix_ms: now_ms(),
         content_source: req.content_source,
         importing: false,
+        unchecked: false,
         orphaned: None,
         publications: Vec::new(),
     }

@@ -14,6 +14,7 @@
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sys_mount::MountFlags;
 use tracing::{info, warn};
@@ -91,6 +92,11 @@ impl Volumes {
             name: target_name(&req.staging)?,
             path: &req.staging,
         };
+        let record = if record.unchecked {
+            self.check_imported(&record, fs, &data)?
+        } else {
+            record
+        };
         let readonly = cap.access_mode.is_read_only();
         let device = self.mount_image(&record, fs, &data, &at, readonly)?;
         let staged = Publication {
@@ -122,6 +128,33 @@ impl Volumes {
         }
         info!(volume = %id, staging = %req.staging.display(), device = %device.path().display(), fs = fs.name(), "staged image volume");
         Ok(())
+    }
+
+    /// The first stage after an import: the image's filesystem, bytes from a stream, is checked
+    /// by its own checker before the kernel parses it; once sound, the record says so.
+    fn check_imported(
+        &self,
+        record: &VolumeRecord,
+        fs: FsType,
+        data: &Path,
+    ) -> Result<Arc<VolumeRecord>> {
+        let id = &record.id;
+        fsimage::check(fs, data).map_err(|err| {
+            Error::FailedPrecondition(format!(
+                "the imported {} filesystem of volume {id} fails its check, so it is not mounted: {err}; import a sound export again (`stickyvol volume import --replace`), or repair the image {} from the node",
+                fs.name(),
+                data.display()
+            ))
+        })?;
+        let checked = self
+            .store
+            .put(VolumeRecord {
+                unchecked: false,
+                ..record.clone()
+            })
+            .context(|| format!("recording the check of volume {id}"))?;
+        info!(volume = %id, fs = fs.name(), "the imported filesystem passed its check");
+        Ok(checked)
     }
 
     /// Mounts the image `data` at `at`, or adopts the mount an interrupted attempt made there;

@@ -213,7 +213,14 @@ impl Volumes {
                 });
             }
         };
-        self.mark_importing(&record, false)?;
+        // An image's filesystem is checked before the kernel first mounts it (`stage`).
+        self.store
+            .put(VolumeRecord {
+                importing: false,
+                unchecked: record.kind.image_fs().is_some(),
+                ..(*record).clone()
+            })
+            .context(|| format!("writing the record of volume {id}"))?;
         info!(volume = %id, from = %header.source, bytes = summary.stream_bytes, data_bytes = summary.data_bytes, entries = summary.entries, "imported volume content");
         Ok(summary)
     }

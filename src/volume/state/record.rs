@@ -200,6 +200,10 @@ pub struct VolumeRecord {
     /// start empties the volume instead of leaving it half-written.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub importing: bool,
+    /// An image volume filled by an import: its filesystem is checked by its own checker
+    /// before its first stage (the kernel never mounts bytes from a stream unchecked).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unchecked: bool,
     /// Its PV was found gone: the data was moved to lost+found (see `volume::orphan`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orphaned: Option<Orphaned>,

@@ -290,6 +290,7 @@ mod tests {
             created_unix_ms: 1,
             content_source: None,
             importing: false,
+            unchecked: false,
             orphaned: None,
             publications: vec![],
         }
