@@ -212,11 +212,6 @@ impl Pool {
         space.available_bytes.saturating_sub(kept)
     }
 
-    /// Bytes of its filesystem the pool keeps back for kubelet (0 off kubelet's filesystem).
-    pub fn kept_for_kubelet(&self) -> Result<u64> {
-        Ok(self.space()?.total_bytes / 100 * u64::from(self.kept_for_kubelet))
-    }
-
     /// Promises `bytes` to volume `id` (replacing an earlier promise to it), or says how much
     /// is available instead. Free space is read under the ledger's lock: every usage figure in
     /// the ledger is then older than the free-space figure, never newer (a thick file
