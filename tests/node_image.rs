@@ -843,3 +843,117 @@ async fn a_volume_and_its_clone_are_staged_side_by_side_though_their_filesystems
         tear_down(&driver, &volume, &staging, &[&target]).await;
     }
 }
+
+/// Writes 4 KiB into `target` every 2 ms until `stop`, each write timed: how long each took.
+fn timed_writer(
+    target: &Path,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<std::time::Duration>> {
+    let path = target.join("ticks");
+    std::thread::spawn(move || {
+        let mut file = File::create(path).unwrap();
+        let mut took = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let started = std::time::Instant::now();
+            file.write_all(&[7u8; 4096]).unwrap();
+            took.push(started.elapsed());
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        took
+    })
+}
+
+/// A clone of a staged image volume takes its node-wide walk slot before it freezes the
+/// filesystem: with every slot held (exports nobody reads), the volume's writers go on while the
+/// clone waits, and the freeze itself (a reflink copy) is short. Writes p99 under 100 ms, and
+/// none held for the wait.
+#[tokio::test]
+async fn a_clone_waiting_for_a_walk_slot_does_not_hold_its_source_frozen() {
+    let fs = scratchfs::ScratchFs::new("xfs", 768 << 20, &["-q", "-m", "reflink=1"], "");
+    let mut driver = TestDriver::prepare(Options {
+        metrics_address: Some(free_local_address()),
+        ..Options::default()
+    });
+    driver.data = fs.mount_point.join("data");
+    driver.start_again().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let exports_running = || {
+        driver
+            .scrape()
+            .value("stickyvol_copies_in_flight", &[("kind", "export")])
+    };
+    // Every node-wide slot held: exports of 48 MiB of data each, more than a pipe, the socket and
+    // the admin API's stream windows hold (8 MiB did not stall), their output unread.
+    let mut exports = Vec::new();
+    let mut blocks = Vec::new();
+    for _ in 0..stickyvol::volume::space::throttle::MAX_NODE_WALKS {
+        let block = driver
+            .create(create_request(
+                &new_name(),
+                block_cap(Mode::SingleNodeWriter),
+                64 * MIB,
+            ))
+            .await;
+        let data = OpenOptions::new()
+            .write(true)
+            .open(host_path(&block))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&data, &pattern(48 * MIB as usize, 5), 0).unwrap();
+        let export = Command::new(env!("CARGO_BIN_EXE_stickyvol"))
+            .args(["volume", "export", &block.volume_id])
+            .env("ADMIN_SOCKET", &driver.admin_socket)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        exports.push(export);
+        blocks.push(block);
+    }
+    eventually("every export holding its slot", || {
+        exports_running() == exports.len() as f64
+    })
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = timed_writer(&target, stop.clone());
+    let mut controller = driver.controller();
+    let request = csi::CreateVolumeRequest {
+        volume_content_source: Some(from_volume(&volume.volume_id)),
+        ..create_request(&new_name(), ext4(), 32 * MIB)
+    };
+    let clone = tokio::spawn(async move { controller.create_volume(request).await });
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(!clone.is_finished(), "the clone did not wait for a slot");
+    for mut export in exports {
+        export.kill().unwrap();
+        export.wait().unwrap();
+    }
+    let cloned = clone
+        .await
+        .unwrap()
+        .expect("the clone")
+        .into_inner()
+        .volume
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut took = writer.join().unwrap();
+    took.sort();
+    let p99 = took[took.len() * 99 / 100];
+    let longest = *took.last().unwrap();
+    eprintln!("{} writes: p99 {p99:?}, longest {longest:?}", took.len());
+    assert!(took.len() > 100, "only {} writes", took.len());
+    assert!(p99 < std::time::Duration::from_millis(100), "p99 {p99:?}");
+    // Frozen while the clone waited, one write would have waited 2 s.
+    assert!(
+        longest < std::time::Duration::from_secs(1),
+        "a write held {longest:?}"
+    );
+
+    driver.delete(&cloned.volume_id).await.unwrap();
+    for block in blocks {
+        driver.delete(&block.volume_id).await.unwrap();
+    }
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use super::capability::Capability;
 use super::devices;
 use super::publish::{check_capability, missing_data, usable};
+use super::space::throttle::{caller_gone, node_walk};
 use super::state::id::VolumeId;
 use super::state::record::{FsType, Publication, VolumeRecord};
 use super::stats::{Amounts, VolumeStats};
@@ -437,6 +438,14 @@ impl Volumes {
             .filter(|staged| !staged.readonly && self.is_live(record, staged).unwrap_or(false));
         let Some(staged) = staged else {
             return copy();
+        };
+        // The copy's walk slot before the freeze, never after: with every slot busy, waiting
+        // for one frozen would block the volume's writers for the whole wait.
+        let Some(_slot) = node_walk() else {
+            return Err(Error::host(
+                format!("waiting to copy volume {}", record.id),
+                caller_gone(),
+            ));
         };
         // A real descriptor (not O_PATH): FIFREEZE is an ioctl on the mount's root.
         let root = std::fs::File::open(&staged.target)

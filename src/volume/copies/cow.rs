@@ -20,7 +20,7 @@ use crate::host::copy::{self, CopyError, CopyReport, DataMode, Progress};
 use crate::volume::space::limits::{NewDirectory, remove_directory, size_file, split};
 use crate::volume::space::mechanism::Mechanism;
 use crate::volume::space::pool::Pool;
-use crate::volume::space::throttle::{caller_gone, node_walks};
+use crate::volume::space::throttle::{caller_gone, node_walk};
 use crate::volume::state::record::{Allocation, VolumeKind};
 
 /// What copying produced.
@@ -147,7 +147,8 @@ fn carry(
     progress: &mut dyn Progress,
     copy: fn(&Path, &Path, DataMode, &mut dyn Progress) -> Result<CopyReport, CopyError>,
 ) -> Result<Copied> {
-    let Some(_slot) = node_walks().take() else {
+    // The slot a freeze around this copy took first, if there is one (`with_frozen`).
+    let Some(_slot) = node_walk() else {
         return Err(Error::host(
             format!("waiting to copy {}", source.display()),
             caller_gone(),

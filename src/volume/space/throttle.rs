@@ -10,6 +10,7 @@
 //! removals at once (`node_walks`), sized from the driver's memory limit: each holds kernel
 //! memory charged to the driver's cgroup for the trees it walks and makes.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -55,6 +56,39 @@ pub fn node_walks() -> &'static Slots {
         info!(memory_limit = ?limit, walks = count, "tree walks, copies and exports the node runs at once");
         Slots::new(count)
     })
+}
+
+thread_local! {
+    /// Whether this thread holds a node-wide walk slot through `node_walk`.
+    static HOLDS_NODE_WALK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A node-wide walk slot this thread holds (see `node_walk`), given back when dropped.
+#[derive(Debug)]
+pub struct NodeWalk {
+    /// None when the thread already held one: the outer holder gives it back.
+    slot: Option<Slot<'static>>,
+}
+
+/// Takes a node-wide walk slot for this thread, or shares the one it holds already: work that
+/// must have its slot before it starts (a freeze, which blocks the volume's writers, is taken
+/// only once the copy inside it can run at once) holds it, and the copy inside runs in it
+/// rather than waiting for a second. None if the caller goes away while this waits.
+pub fn node_walk() -> Option<NodeWalk> {
+    if HOLDS_NODE_WALK.get() {
+        return Some(NodeWalk { slot: None });
+    }
+    let slot = node_walks().take()?;
+    HOLDS_NODE_WALK.set(true);
+    Some(NodeWalk { slot: Some(slot) })
+}
+
+impl Drop for NodeWalk {
+    fn drop(&mut self) {
+        if self.slot.take().is_some() {
+            HOLDS_NODE_WALK.set(false);
+        }
+    }
 }
 
 /// The error of work whose caller went away while it waited for a slot (nobody reads it).
