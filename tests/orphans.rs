@@ -188,6 +188,14 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
     };
     let data_of = |v: &csi::Volume| driver.data.join("volumes").join(&v.volume_id);
     fs::write(data_of(&gone).join("precious"), b"keep me").unwrap();
+    // What the pool holds back for its volumes' unwritten bytes (none measured yet: all of it).
+    let promised = |driver: &TestDriver| {
+        driver.scrape().value(
+            "stickyvol_pool_unwritten_promised_bytes",
+            &[("pool", "default")],
+        ) as i64
+    };
+    assert_eq!(promised(&driver), 5 * SIZE);
 
     // Absent on two looks two intervals (2 s) apart, and older than that.
     let lost = driver.data.join("lost+found");
@@ -201,6 +209,9 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
         b"keep me"
     );
     assert!(!data_of(&gone).exists());
+    // Never written again: an orphaned volume is promised nothing more (it held its whole size
+    // back from every new claim's capacity).
+    assert_eq!(promised(&driver), 3 * SIZE);
     // A few more looks: nothing else moves, and a PV seen present is not read again (the
     // unreadable one is, every interval).
     let reads = |pv: &str| api.lock().unwrap().reads.get(pv).copied().unwrap_or(0);
@@ -264,6 +275,7 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
     // The mark is durable; a start reads every candidate's PV again.
     driver.restart().await;
     assert_eq!(listed(&driver, &gone.volume_id)["orphaned"], true);
+    assert_eq!(promised(&driver), 3 * SIZE);
     eventually("pv-kept read again at start", || {
         reads("pv-kept") > kept_reads
     })

@@ -114,7 +114,12 @@ impl Volumes {
                     .context(|| format!("marking volume {id} orphaned"))?
             }
         };
-        self.move_orphaned_data(&marked)
+        let moved = self.move_orphaned_data(&marked)?;
+        // Its PV is gone and it is never published again: nothing will write the rest of its
+        // size, so the pool stops holding it back (what its data takes in lost+found, the
+        // filesystem's free space still shows).
+        self.pool_of(&marked)?.release(id);
+        Ok(moved)
     }
 
     /// At start: finishes the moves a crash interrupted (a marked record, data still in place).

@@ -110,7 +110,8 @@ impl Pool {
             Enforcement::choose(&config.name, &root, config.enforcement, project_ids)?;
         let cow = copy_mechanism(&snapshots, &enforcement);
         let mut ledger = Ledger::default();
-        for record in records {
+        // An orphaned volume (its PV gone, its data in lost+found) is promised nothing more.
+        for record in records.iter().filter(|r| r.orphaned.is_none()) {
             // Usage is learnt at the first measurement; until then every promise counts whole
             // (the safe side). Thick files are fully used from the start.
             let used = record

@@ -1,5 +1,5 @@
 # Deleting a claim of a Delete class removes its data on its node; with Retain the data stays
-# (and the PV, Released) until an admin removes the PV.
+# (and the PV, Released) until an admin removes the PV and the volume (the scenario does, last).
 # e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
@@ -24,11 +24,18 @@ pod user-kept kept "" "echo x > /data/x && sleep 100000"
 wait_pod_running user-gone
 wait_pod_running user-kept
 gone_pv=$(pv_of gone) kept_pv=$(pv_of kept)
-# The retained PV is the scenario's to remove (its data stays on the node, as Retain says).
-defer "k delete pv $kept_pv --ignore-not-found --wait=false >/dev/null"
+# The retained PV and its data are the scenario's to remove, as an admin removes them after a
+# Retain: the PV, then the volume with `stickyvol volume delete` on its node (left there, it
+# would be orphaned to lost+found, an orphan record for the suite's later scenarios).
+remove_kept() {
+    k delete pv "$kept_pv" --ignore-not-found --wait=true --timeout=60s >/dev/null || return 1
+    k -n "$DRIVER_NS" exec "$(driver_pod "$kept_node")" -c stickyvol -- \
+        stickyvol volume delete "$kept_id" >/dev/null
+}
 gone_id=$(k get pv "$gone_pv" -o jsonpath='{.spec.csi.volumeHandle}')
 kept_id=$(k get pv "$kept_pv" -o jsonpath='{.spec.csi.volumeHandle}')
 gone_node=$(pv_node "$gone_pv") kept_node=$(pv_node "$kept_pv")
+defer remove_kept
 on_node "$gone_node" "$gone_id" || fail "no data directory for $gone_id on $gone_node"
 on_node "$kept_node" "$kept_id" || fail "no data directory for $kept_id on $kept_node"
 

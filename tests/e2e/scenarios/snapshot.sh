@@ -1,6 +1,6 @@
 # A VolumeSnapshot of a claim becomes ready; the other node's plugin, with its own credentials,
-# may not delete the claim's PV, relabel the snapshot's content (restores would follow the label)
-# or patch another driver's PV, while the owner's plugin may; a claim restored from the snapshot
+# may not delete the claim's PV, update the claim, relabel the snapshot's content (restores once
+# followed the label) or patch another driver's PV, while the owner's plugin may; a claim restored from the snapshot
 # and a clone of the claim land on the source's node with its data.
 # e2e-lane: growth
 source "$(dirname "$0")/../lib/scenario.sh"
@@ -25,6 +25,11 @@ label='{"metadata": {"labels": {"e2e": "x"}}}'
 refused_to "$other" "pinned to its own node" "delete $node's PV" delete pv "$source_pv" --dry-run=server
 refused_to "$other" "managed by its own node" "pull restores of $node's snapshot to itself" \
     label volumesnapshotcontent "$content" --overwrite --dry-run=server "snapshot.storage.kubernetes.io/managed-by=$other"
+# The provisioner updates claims (a replace: its role has no patch on them).
+refused_to "$other" "claims selected for its own node" "update $node's claim" \
+    replace --dry-run=server -f <(kn get pvc source -o json)
+as_node_plugin "$node" replace --dry-run=server -f <(kn get pvc source -o json) >/dev/null ||
+    fail "the node plugin on $node may not update its own claim"
 as_node_plugin "$node" delete pv "$source_pv" --dry-run=server >/dev/null ||
     fail "the node plugin on $node may not delete its own PV"
 as_node_plugin "$node" patch volumesnapshotcontent "$content" --type=merge -p "$label" --dry-run=server >/dev/null ||
