@@ -585,22 +585,8 @@ async fn stage_and_publish(
     volume: &csi::Volume,
     cap: &csi::VolumeCapability,
 ) -> (PathBuf, PathBuf) {
-    let staging = driver
-        .kubelet
-        .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
-        .join(new_name())
-        .join("globalmount");
-    fs::create_dir_all(&staging).unwrap();
-    driver
-        .node()
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            staging_target_path: path_str(&staging),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let staging = driver.staging_path();
+    driver.stage(volume, &staging, cap.clone()).await.unwrap();
     let target = driver.mount_target();
     driver.publish_ok(volume, &target, cap.clone()).await;
     (staging, target)
@@ -613,14 +599,7 @@ async fn unpublish_and_unstage(
     target: &Path,
 ) {
     driver.unpublish_ok(volume, target).await;
-    driver
-        .node()
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            staging_target_path: path_str(staging),
-        })
-        .await
-        .unwrap();
+    driver.unstage(&volume.volume_id, staging).await.unwrap();
 }
 
 /// A fresh volume holding one file of `bytes` on `driver`, exported to a stream file; the
@@ -972,18 +951,8 @@ fn image_cap(fs: &str) -> csi::VolumeCapability {
     cap
 }
 
-/// A staging path as kubelet makes one, beneath the driver's kubelet directory.
-fn new_staging(driver: &TestDriver) -> PathBuf {
-    let dir = driver
-        .kubelet
-        .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
-        .join(uuid::Uuid::now_v7().simple().to_string())
-        .join("globalmount");
-    fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// NodeStageVolume of image volume `volume` at `staging`, then NodeUnstageVolume if it staged.
+/// NodeStageVolume of image volume `volume` at `staging` (writing `write` into it, if given),
+/// then NodeUnstageVolume if it staged.
 async fn stage_and_unstage(
     driver: &TestDriver,
     volume: &csi::Volume,
@@ -991,27 +960,11 @@ async fn stage_and_unstage(
     staging: &Path,
     write: Option<&str>,
 ) -> Result<(), tonic::Status> {
-    driver
-        .node()
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            staging_target_path: path_str(staging),
-            volume_capability: Some(cap.clone()),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await?;
+    driver.stage(volume, staging, cap.clone()).await?;
     if let Some(text) = write {
         fs::write(staging.join("written"), text).unwrap();
     }
-    driver
-        .node()
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            staging_target_path: path_str(staging),
-        })
-        .await
-        .map(drop)
+    driver.unstage(&volume.volume_id, staging).await
 }
 
 /// The kernel never mounts an imported filesystem unchecked: after an import, an image volume's
@@ -1025,16 +978,22 @@ async fn an_imported_image_is_checked_by_its_filesystems_checker_before_its_firs
         let source = driver
             .create(create_request(&new_name(), cap.clone(), size))
             .await;
-        stage_and_unstage(&driver, &source, &cap, &new_staging(&driver), Some(fs_name))
-            .await
-            .unwrap();
+        stage_and_unstage(
+            &driver,
+            &source,
+            &cap,
+            &driver.staging_path(),
+            Some(fs_name),
+        )
+        .await
+        .unwrap();
         let stream = stream_file(&driver, &format!("{fs_name}.svx"));
         export_ok(&driver, &source.volume_id, &stream);
         let target = driver
             .create(create_request(&new_name(), cap.clone(), size))
             .await;
         import_replacing(&driver, &target.volume_id, &stream);
-        let staging = new_staging(&driver);
+        let staging = driver.staging_path();
         stage_and_unstage(&driver, &target, &cap, &staging, None)
             .await
             .unwrap_or_else(|s| panic!("{fs_name}: a sound import was refused: {s:?}"));
@@ -1068,7 +1027,7 @@ async fn an_imported_image_is_checked_by_its_filesystems_checker_before_its_firs
         .create(create_request(&new_name(), cap.clone(), 32 * MIB))
         .await;
     import_replacing(&driver, &target.volume_id, &stream);
-    let staging = new_staging(&driver);
+    let staging = driver.staging_path();
     let refused = stage_and_unstage(&driver, &target, &cap, &staging, None)
         .await
         .expect_err("a damaged image was staged");

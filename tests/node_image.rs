@@ -28,50 +28,6 @@ fn ext4() -> csi::VolumeCapability {
     image_cap("ext4", Mode::SingleNodeWriter)
 }
 
-/// The per-volume staging path kubelet makes: `plugins/kubernetes.io/csi/<driver>/<hash>/globalmount`.
-fn staging_path(driver: &TestDriver) -> PathBuf {
-    let dir = driver
-        .kubelet
-        .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
-        .join(uuid::Uuid::now_v7().simple().to_string());
-    fs::create_dir_all(dir.join("globalmount")).unwrap();
-    dir.join("globalmount")
-}
-
-async fn stage(
-    driver: &TestDriver,
-    volume: &csi::Volume,
-    staging: &Path,
-    cap: csi::VolumeCapability,
-) -> Result<(), tonic::Status> {
-    driver
-        .node()
-        .node_stage_volume(csi::NodeStageVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            staging_target_path: path_str(staging),
-            volume_capability: Some(cap),
-            volume_context: volume.volume_context.clone(),
-            ..Default::default()
-        })
-        .await
-        .map(drop)
-}
-
-async fn unstage(
-    driver: &TestDriver,
-    volume_id: &str,
-    staging: &Path,
-) -> Result<(), tonic::Status> {
-    driver
-        .node()
-        .node_unstage_volume(csi::NodeUnstageVolumeRequest {
-            volume_id: volume_id.to_string(),
-            staging_target_path: path_str(staging),
-        })
-        .await
-        .map(drop)
-}
-
 /// Publishes with the staging path, as kubelet does for a driver that stages.
 async fn publish(
     driver: &TestDriver,
@@ -96,8 +52,9 @@ async fn published_image(
     let volume = driver
         .create(create_request(&new_name(), cap.clone(), bytes))
         .await;
-    let staging = staging_path(driver);
-    stage(driver, &volume, &staging, cap.clone())
+    let staging = driver.staging_path();
+    driver
+        .stage(&volume, &staging, cap.clone())
         .await
         .expect("NodeStageVolume");
     let target = publish(driver, &volume, &staging, cap)
@@ -110,7 +67,8 @@ async fn tear_down(driver: &TestDriver, volume: &csi::Volume, staging: &Path, ta
     for target in targets {
         driver.unpublish_ok(volume, target).await;
     }
-    unstage(driver, &volume.volume_id, staging)
+    driver
+        .unstage(&volume.volume_id, staging)
         .await
         .expect("NodeUnstageVolume");
     driver
@@ -193,7 +151,7 @@ async fn an_image_volume_is_made_sparse_formatted_staged_once_and_bound_into_eac
     }
 
     // Idempotent: kubelet retries stage and publish after an uncertain answer.
-    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    driver.stage(&volume, &staging, ext4()).await.unwrap();
     assert_eq!(loop_devices_of(&image).len(), 1);
 
     let second = publish(&driver, &volume, &staging, ext4()).await.unwrap();
@@ -225,7 +183,8 @@ async fn an_image_volume_is_made_sparse_formatted_staged_once_and_bound_into_eac
     assert!(!stats.volume_condition.unwrap().abnormal);
 
     // Unstaging while a pod still uses the volume is refused, and changes nothing.
-    let err = unstage(&driver, &volume.volume_id, &staging)
+    let err = driver
+        .unstage(&volume.volume_id, &staging)
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -239,8 +198,8 @@ async fn an_image_volume_is_made_sparse_formatted_staged_once_and_bound_into_eac
         Code::FailedPrecondition,
         "deleting a staged volume: {err:?}"
     );
-    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
-    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
     assert!(!is_mount_root(&staging));
     assert!(
         staging.is_dir(),
@@ -352,17 +311,17 @@ async fn a_volume_is_formatted_once_never_again_on_retry_restage_or_restart() {
     let mut driver = TestDriver::start().await;
     let request = create_request(&new_name(), ext4(), 32 * MIB);
     let volume = driver.create(request.clone()).await;
-    let staging = staging_path(&driver);
-    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    let staging = driver.staging_path();
+    driver.stage(&volume, &staging, ext4()).await.unwrap();
     let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
     fs::write(target.join("kept"), b"data").unwrap();
     driver.unpublish_ok(&volume, &target).await;
-    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
 
     // A retried CreateVolume, a kill -9 and a new stage: the data is still there.
     assert_eq!(driver.create(request).await.volume_id, volume.volume_id);
     driver.kill9_and_restart().await;
-    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    driver.stage(&volume, &staging, ext4()).await.unwrap();
     let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
     assert_eq!(fs::read(target.join("kept")).unwrap(), b"data");
     tear_down(&driver, &volume, &staging, &[&target]).await;
@@ -426,8 +385,9 @@ async fn a_snapshot_taken_while_a_writer_runs_is_a_clean_filesystem_and_restores
         clean,
         "the restored image must be a clean filesystem (journal replayed at mount is fine):\n{said}"
     );
-    let restored_staging = staging_path(&driver);
-    stage(&driver, &restored, &restored_staging, ext4())
+    let restored_staging = driver.staging_path();
+    driver
+        .stage(&restored, &restored_staging, ext4())
         .await
         .unwrap();
     let restored_target = publish(&driver, &restored, &restored_staging, ext4())
@@ -464,8 +424,8 @@ async fn a_corrupt_image_is_an_error_never_a_crash_nor_a_mount() {
     file.seek(SeekFrom::Start(1024)).unwrap();
     file.write_all(&vec![0xa5; 8192]).unwrap();
     drop(file);
-    let staging = staging_path(&driver);
-    let err = stage(&driver, &volume, &staging, ext4()).await.unwrap_err();
+    let staging = driver.staging_path();
+    let err = driver.stage(&volume, &staging, ext4()).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("fsck"), "{}", err.message());
     assert!(driver.is_running());
@@ -475,7 +435,7 @@ async fn a_corrupt_image_is_an_error_never_a_crash_nor_a_mount() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
     driver.delete(&volume.volume_id).await.unwrap();
 }
 
@@ -484,46 +444,39 @@ async fn directory_and_block_volumes_stage_nothing_and_unstage_cleanly_when_neve
     let driver = TestDriver::start().await;
     let (volume, target) = driver.published_fs_volume().await;
     // Published before the driver staged anything (an upgrade): unstage has nothing to undo.
-    let staging = staging_path(&driver);
-    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    let staging = driver.staging_path();
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
     assert!(is_mount_root(&target), "the pod's mount is untouched");
-    stage(
-        &driver,
-        &volume,
-        &staging,
-        mount_cap(Mode::SingleNodeWriter),
-    )
-    .await
-    .unwrap();
+    driver
+        .stage(&volume, &staging, mount_cap(Mode::SingleNodeWriter))
+        .await
+        .unwrap();
     assert!(
         !is_mount_root(&staging),
         "a directory volume mounts nothing at stage"
     );
-    let err = stage(&driver, &volume, &staging, ext4()).await.unwrap_err();
+    let err = driver.stage(&volume, &staging, ext4()).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    unstage(&driver, &volume.volume_id, &staging).await.unwrap();
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
     driver.unpublish_ok(&volume, &target).await;
 
     let block = driver.create_block_volume().await;
-    let block_staging = staging_path(&driver);
-    stage(
-        &driver,
-        &block,
-        &block_staging,
-        block_cap(Mode::SingleNodeWriter),
-    )
-    .await
-    .unwrap();
+    let block_staging = driver.staging_path();
+    driver
+        .stage(&block, &block_staging, block_cap(Mode::SingleNodeWriter))
+        .await
+        .unwrap();
     assert_eq!(
         loop_devices_of(&host_path(&block)),
         vec![],
         "block volumes attach at publish"
     );
-    unstage(&driver, &block.volume_id, &block_staging)
+    driver
+        .unstage(&block.volume_id, &block_staging)
         .await
         .unwrap();
     // Unknown ids: nothing to unstage, never an error kubelet would hang on.
-    unstage(&driver, "not-ours", &block_staging).await.unwrap();
+    driver.unstage("not-ours", &block_staging).await.unwrap();
 }
 
 #[tokio::test]
@@ -595,8 +548,9 @@ async fn the_fstype_parameter_alone_makes_an_image_volume_used_with_mount_capabi
     let volume = driver.create(request).await;
     assert!(host_path(&volume).to_string_lossy().ends_with(".img"));
     let plain = mount_cap(Mode::SingleNodeWriter);
-    let staging = staging_path(&driver);
-    stage(&driver, &volume, &staging, plain.clone())
+    let staging = driver.staging_path();
+    driver
+        .stage(&volume, &staging, plain.clone())
         .await
         .unwrap();
     let target = publish(&driver, &volume, &staging, plain.clone())
@@ -641,8 +595,8 @@ async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_v
         request
     };
     let volume = driver.create(in_fast(64 * MIB)).await;
-    let staging = staging_path(&driver);
-    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    let staging = driver.staging_path();
+    driver.stage(&volume, &staging, ext4()).await.unwrap();
     let target = publish(&driver, &volume, &staging, ext4()).await.unwrap();
     fs::write(target.join("file"), b"kept").unwrap();
     let snapshot = driver
@@ -656,8 +610,9 @@ async fn on_a_reflink_pool_a_snapshot_of_a_staged_image_restores_into_a_bigger_v
         .await;
     let (clean, said) = fsck_clean("ext4", &host_path(&restored));
     assert!(clean, "{said}");
-    let restored_staging = staging_path(&driver);
-    stage(&driver, &restored, &restored_staging, ext4())
+    let restored_staging = driver.staging_path();
+    driver
+        .stage(&restored, &restored_staging, ext4())
         .await
         .expect("staging the restore");
     let restored_target = publish(&driver, &restored, &restored_staging, ext4())
@@ -729,7 +684,7 @@ async fn a_stage_interrupted_after_its_mount_is_adopted_on_retry_never_mounted_t
         .create(create_request(&new_name(), ext4(), 32 * MIB))
         .await;
     let image = host_path(&volume);
-    let staging = staging_path(&driver);
+    let staging = driver.staging_path();
     // A stage killed between its mount and its record: a device over the image, mounted.
     let device = loopdev::attach(&image, false).unwrap();
     nix::mount::mount(
@@ -740,7 +695,7 @@ async fn a_stage_interrupted_after_its_mount_is_adopted_on_retry_never_mounted_t
         None::<&str>,
     )
     .unwrap();
-    stage(&driver, &volume, &staging, ext4()).await.unwrap();
+    driver.stage(&volume, &staging, ext4()).await.unwrap();
     assert_eq!(
         loop_devices_of(&image),
         vec![device],
@@ -794,12 +749,12 @@ async fn a_power_loss_that_took_a_new_image_remakes_it_and_one_holding_data_is_n
     let used = driver
         .create(create_request(&new_name(), ext4(), 32 * MIB))
         .await;
-    let staging = staging_path(&driver);
-    stage(&driver, &used, &staging, ext4()).await.unwrap();
+    let staging = driver.staging_path();
+    driver.stage(&used, &staging, ext4()).await.unwrap();
     let target = publish(&driver, &used, &staging, ext4()).await.unwrap();
     fs::write(target.join("kept"), b"data").unwrap();
     driver.unpublish_ok(&used, &target).await;
-    unstage(&driver, &used.volume_id, &staging).await.unwrap();
+    driver.unstage(&used.volume_id, &staging).await.unwrap();
     driver.kill9();
     // The new image's formatting and size never reached the disk.
     fs::write(host_path(&lost), b"").unwrap();
@@ -808,7 +763,7 @@ async fn a_power_loss_that_took_a_new_image_remakes_it_and_one_holding_data_is_n
         let (clean, said) = fsck_clean("ext4", &host_path(volume));
         assert!(clean, "{said}");
     }
-    stage(&driver, &used, &staging, ext4()).await.unwrap();
+    driver.stage(&used, &staging, ext4()).await.unwrap();
     let target = publish(&driver, &used, &staging, ext4()).await.unwrap();
     assert_eq!(fs::read(target.join("kept")).unwrap(), b"data");
     tear_down(&driver, &used, &staging, &[&target]).await;
@@ -828,8 +783,9 @@ async fn a_volume_and_its_clone_are_staged_side_by_side_though_their_filesystems
                 ..create_request(&new_name(), cap.clone(), 300 * MIB)
             })
             .await;
-        let clone_staging = staging_path(&driver);
-        stage(&driver, &clone, &clone_staging, cap.clone())
+        let clone_staging = driver.staging_path();
+        driver
+            .stage(&clone, &clone_staging, cap.clone())
             .await
             .unwrap_or_else(|err| panic!("{fs}: staging the clone beside its source: {err:?}"));
         let clone_target = publish(&driver, &clone, &clone_staging, cap).await.unwrap();

@@ -821,6 +821,49 @@ impl TestDriver {
             .map(drop)
     }
 
+    /// A fresh per-volume staging path as kubelet makes one:
+    /// `plugins/kubernetes.io/csi/<driver>/<hash>/globalmount`, created.
+    pub fn staging_path(&self) -> PathBuf {
+        let dir = self
+            .kubelet
+            .join("plugins/kubernetes.io/csi/stickyvol.csi.io")
+            .join(uuid::Uuid::now_v7().simple().to_string())
+            .join("globalmount");
+        fs::create_dir_all(&dir).expect("creating a staging path");
+        dir
+    }
+
+    /// NodeStageVolume of `volume` at `staging`, as kubelet sends it (volume_context from
+    /// CreateVolume).
+    pub async fn stage(
+        &self,
+        volume: &csi::Volume,
+        staging: &Path,
+        cap: csi::VolumeCapability,
+    ) -> Result<(), Status> {
+        self.node()
+            .node_stage_volume(csi::NodeStageVolumeRequest {
+                volume_id: volume.volume_id.clone(),
+                staging_target_path: path_str(staging),
+                volume_capability: Some(cap),
+                volume_context: volume.volume_context.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
+    /// NodeUnstageVolume of `volume_id` at `staging`.
+    pub async fn unstage(&self, volume_id: &str, staging: &Path) -> Result<(), Status> {
+        self.node()
+            .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                volume_id: volume_id.to_string(),
+                staging_target_path: path_str(staging),
+            })
+            .await
+            .map(drop)
+    }
+
     /// NodeUnpublishVolume, which must succeed: retried for up to 3 s while it answers
     /// UNAVAILABLE, as kubelet retries it. (An unmount is refused with EBUSY while any process
     /// holds a file in the mount. Seen once, under load, right after a test wrote through the
