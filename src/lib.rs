@@ -12,7 +12,8 @@
 //!   `stickyvol volumes` / `stickyvol volume …` commands.
 //! - [`cluster`]: everything that talks to the Kubernetes API. `controller`: the loops of
 //!   `--mode=controller` (restore placement, class check, node-loss reconciler); `node`: the
-//!   loops a node plugin runs (overflow check, project-id audit, node loss' node side); `kit`:
+//!   loops a node plugin runs (overflow check, pool-full Events, project-id audit, node loss'
+//!   node side); `kit`:
 //!   what both share; `loops`: the one list of background loops; `orphans`: the
 //!   `stickyvol cluster orphans` command.
 //! - [`volume`]: the domain: [`volume::Volumes`] and its operations (create, stage, publish,
