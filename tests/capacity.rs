@@ -185,7 +185,10 @@ fn own_tmpfs(dir: &Path) {
 #[tokio::test]
 async fn a_pool_on_kubelets_filesystem_keeps_back_kubelets_eviction_threshold() {
     for (reserve, kept_percent) in [(None, 10), (Some("25"), 25), (Some("0"), 0)] {
-        let mut driver = TestDriver::prepare(Options::default());
+        let mut driver = TestDriver::prepare(Options {
+            kubelet_reserve_as_deployed: reserve.is_none(),
+            ..Options::default()
+        });
         own_tmpfs(&driver.kubelet);
         own_tmpfs(&driver.data);
         let shared = driver.kubelet.join("pool");

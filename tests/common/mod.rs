@@ -116,6 +116,8 @@ pub struct Options {
     /// The driver's PATH (where it finds mkfs and the grow tools); the test's own plus the
     /// sbin directories, as in the image, when None.
     pub path: Option<String>,
+    /// `--kubelet-eviction-reserve` left at its default (10%), as deployed; otherwise 0.
+    pub kubelet_reserve_as_deployed: bool,
 }
 
 /// A running (or stopped) driver and the directories it works in.
@@ -272,6 +274,12 @@ impl TestDriver {
         }
         for var in DRIVER_ENV {
             cmd.env_remove(var);
+        }
+        // The tests' pools share the host's disk with their kubelet directory: with the
+        // deployed 10% kept back, whether a test's volumes fit would hang on how full this
+        // machine's disk is. Off unless a test asks (a flag given overrides the variable).
+        if !self.options.kubelet_reserve_as_deployed {
+            cmd.env("KUBELET_EVICTION_RESERVE", "0");
         }
         // Kubernetes credentials only where a test gives them.
         for var in [
