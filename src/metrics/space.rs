@@ -210,14 +210,7 @@ impl Space {
     }
 
     fn refresh_pools(&self, volumes: &Volumes) {
-        let starved = volumes.starved();
         for pool in volumes.pools() {
-            let count = starved.iter().filter(|v| v.pool == pool.name).count();
-            self.pool_starved
-                .get_or_create(&PoolLabels {
-                    pool: pool.name.clone(),
-                })
-                .set(count as i64);
             let labels = PoolLabels {
                 pool: pool.name.clone(),
             };
@@ -234,6 +227,12 @@ impl Space {
                         .set(gauge_value(space.available_bytes));
                     let full = space.available_bytes < FULL_BELOW_BYTES;
                     self.pool_full.get_or_create(&labels).set(full as i64);
+                    let starved = if full {
+                        volumes.starved_in(pool).len()
+                    } else {
+                        0
+                    };
+                    self.pool_starved.get_or_create(&labels).set(starved as i64);
                 }
                 Err(err) => {
                     warn!(pool = %pool.name, error = %err, "metrics: cannot read pool space")

@@ -4,10 +4,12 @@
 //! so per volume (`Pool::starves`); this lists them all at once, for the loop that puts an Event
 //! on each one's claim (`cluster::node::pool_full`) and for the metrics.
 //!
-//! Cheap: one statvfs per pool, and an lstat per file volume only on a pool that is full.
+//! Cheap: one statvfs per pool, and an lstat per file volume only on a pool that is full (the
+//! metrics, which read each pool's space anyway, ask `starved_in` of the full ones only).
 
 use super::Volumes;
 use super::overflow::{ClaimRef, claim_of};
+use super::space::pool::Pool;
 use super::state::id::VolumeId;
 use crate::host::fsstat;
 
@@ -26,25 +28,26 @@ impl Volumes {
     /// Every volume of this node whose pool's filesystem is full and whose file still lacks
     /// blocks, in id order.
     pub fn starved(&self) -> Vec<Starved> {
-        let full: Vec<&str> = self
+        let mut starved: Vec<Starved> = self
             .pools()
             .iter()
             .filter(|pool| pool.is_full().unwrap_or(false))
-            .map(|pool| pool.name.as_str())
+            .flat_map(|pool| self.starved_in(pool))
             .collect();
-        if full.is_empty() {
-            return Vec::new();
-        }
-        let mut starved: Vec<Starved> = self
-            .store
+        starved.sort_by(|a, b| a.id.cmp(&b.id));
+        starved
+    }
+
+    /// The volumes of `pool`, which the caller found full, whose files still lack blocks.
+    pub fn starved_in(&self, pool: &Pool) -> Vec<Starved> {
+        self.store
             .all()
             .iter()
-            .filter(|record| record.kind.is_file() && full.contains(&record.pool.as_str()))
+            .filter(|record| record.kind.is_file() && record.pool == pool.name)
             .filter_map(|record| {
-                let pool = self.pool_of(record).ok()?;
                 let path = pool.data_path(&record.id, record.kind);
                 let file = fsstat::lstat(&path).ok()?;
-                let message = pool.starves(&record.id, file.allocated, file.size)?;
+                let message = pool.starved_while_full(&record.id, file.allocated, file.size)?;
                 Some(Starved {
                     id: record.id.clone(),
                     pool: record.pool.clone(),
@@ -52,8 +55,6 @@ impl Volumes {
                     message,
                 })
             })
-            .collect();
-        starved.sort_by(|a, b| a.id.cmp(&b.id));
-        starved
+            .collect()
     }
 }

@@ -8,7 +8,7 @@
 //! repeats it; and it sends notes uncut, which the API server refuses past 1 kB. This one creates,
 //! cuts the note, and logs a refusal: an Event says what the log and the metrics say too.
 
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
@@ -75,6 +75,22 @@ impl Recorder {
             warn!(reporter = %self.controller, reason = said.reason, error = %err, "could not record an Event");
         }
         created.is_ok()
+    }
+
+    /// Records `said` about claim `namespace/name`, read first for its uid (with it the Event
+    /// shows in `kubectl describe pvc`; a claim that cannot be read still gets it, listed);
+    /// whether the API server took it.
+    pub async fn record_on_claim(&self, namespace: &str, name: &str, said: Said<'_>) -> bool {
+        let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
+        let uid = match claims.get(name).await {
+            Ok(found) => found.metadata.uid,
+            Err(err) => {
+                warn!(reporter = %self.controller, claim = %format!("{namespace}/{name}"), error = %err, "cannot read the claim an Event is about");
+                None
+            }
+        };
+        self.record(claim(namespace, name, uid.as_deref()), said)
+            .await
     }
 
     /// The Event as it is sent.
@@ -171,6 +187,47 @@ mod tests {
             "{}",
             cut.len()
         );
+    }
+
+    /// The claim is read for its uid; one that cannot be read still gets its Event.
+    #[tokio::test]
+    async fn an_event_on_a_claim_names_the_claim_and_its_uid() {
+        let posted = Arc::new(Mutex::new(Vec::new()));
+        let seen = posted.clone();
+        let client = fake_api::client(move |method, path, body| {
+            if method == "GET" {
+                return match path {
+                    "/api/v1/namespaces/shop/persistentvolumeclaims/data-0" => fake_api::respond(
+                        200,
+                        &serde_json::json!({"metadata": {"name": "data-0", "namespace": "shop", "uid": "u-1"}}),
+                    ),
+                    _ => fake_api::respond(404, &fake_api::status(404, "NotFound")),
+                };
+            }
+            seen.lock().unwrap().push(body.to_vec());
+            fake_api::respond(201, &serde_json::json!({}))
+        });
+        let recorder = Recorder::new(client, "stickyvol.csi.io/project-audit", "worker-3");
+        let said = || Said {
+            kind: Kind::Warning,
+            reason: "ProjectIdsRepaired",
+            action: "Audit",
+            note: "found".into(),
+        };
+        assert!(recorder.record_on_claim("shop", "data-0", said()).await);
+        assert!(recorder.record_on_claim("shop", "gone", said()).await);
+        let posted = posted.lock().unwrap();
+        let regarding = |i: usize| {
+            serde_json::from_slice::<serde_json::Value>(&posted[i]).unwrap()["regarding"].clone()
+        };
+        assert_eq!(regarding(0)["kind"], "PersistentVolumeClaim");
+        assert_eq!(
+            (&regarding(0)["namespace"], &regarding(0)["name"]),
+            (&serde_json::json!("shop"), &serde_json::json!("data-0"))
+        );
+        assert_eq!(regarding(0)["uid"], "u-1");
+        assert_eq!(regarding(1)["name"], "gone");
+        assert!(regarding(1).get("uid").is_none());
     }
 
     #[tokio::test]

@@ -10,7 +10,3 @@ pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.
 
 /// The taint Kubernetes documents for a node shut down non-gracefully.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
-
-/// The label the snapshot-controller puts on a VolumeSnapshotContent: the node whose
-/// csi-snapshotter handles it.
-pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";

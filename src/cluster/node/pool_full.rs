@@ -7,18 +7,16 @@
 //! A look every `LOOK_EVERY` costs one statvfs per pool while no pool is full. The Kubernetes
 //! client is made at the first starved volume: a node whose pools never fill never talks to the
 //! API server for this. The node's ServiceAccount already has what this needs: `get` on
-//! persistentvolumeclaims and `create` on events.k8s.io events.
+//! persistentvolumeclaims (the claim's uid) and `create` on events.k8s.io events.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
-use kube::api::Api;
 use tracing::{info, warn};
 
 use crate::cluster::kit::client::{self, Retries};
-use crate::cluster::kit::events::{self, Kind, Recorder, Said};
+use crate::cluster::kit::events::{Kind, Recorder, Said};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::volume::Volumes;
 use crate::volume::starved::Starved;
@@ -131,18 +129,9 @@ async fn announce(recorder: &mut Lazy, node: &str, volume: &Starved, said: Said<
     let Lazy::Made(recorder) = recorder else {
         return;
     };
-    let claims =
-        Api::<PersistentVolumeClaim>::namespaced(recorder.client().clone(), &claim.namespace);
-    // With its uid the Event shows in `kubectl describe pvc`; without, it is still listed.
-    let uid = match claims.get(&claim.name).await {
-        Ok(found) => found.metadata.uid,
-        Err(err) => {
-            warn!(volume = %volume.id, error = %err, "pool-full check: cannot read the volume's claim");
-            None
-        }
-    };
-    let regarding: ObjectReference = events::claim(&claim.namespace, &claim.name, uid.as_deref());
-    recorder.record(regarding, said).await;
+    recorder
+        .record_on_claim(&claim.namespace, &claim.name, said)
+        .await;
 }
 
 #[cfg(test)]

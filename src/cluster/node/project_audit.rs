@@ -12,13 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
-use kube::api::Api;
 use tokio::sync::mpsc::Receiver;
 use tracing::{error, info, warn};
 
 use crate::cluster::kit::client::{self, Retries};
-use crate::cluster::kit::events::{self, Kind, Recorder, Said};
+use crate::cluster::kit::events::{Kind, Recorder, Said};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::config::is_object_name;
 use crate::volume::audit::{self, Tampered};
@@ -51,32 +49,19 @@ pub async fn run(mut found: Receiver<Tampered>, node: String) {
 }
 
 async fn write(recorder: &Recorder, tampered: &Tampered) {
-    let claims = Api::<PersistentVolumeClaim>::namespaced(
-        recorder.client().clone(),
-        &tampered.pvc_namespace,
-    );
-    // With its uid the Event shows in `kubectl describe pvc`; without, it is still listed.
-    let uid = match claims.get(&tampered.pvc_name).await {
-        Ok(claim) => claim.metadata.uid,
-        Err(err) => {
-            warn!(volume = %tampered.volume, error = %err, "project-id audit: cannot read the volume's claim");
-            None
-        }
-    };
-    let (regarding, said) = event(tampered, uid.as_deref());
-    recorder.record(regarding, said).await;
+    recorder
+        .record_on_claim(&tampered.pvc_namespace, &tampered.pvc_name, event(tampered))
+        .await;
 }
 
 /// The Warning Event on the claim of a tampered volume.
-fn event<'a>(tampered: &'a Tampered, uid: Option<&str>) -> (ObjectReference, Said<'a>) {
-    let claim = events::claim(&tampered.pvc_namespace, &tampered.pvc_name, uid);
-    let said = Said {
+fn event(tampered: &Tampered) -> Said<'_> {
+    Said {
         kind: Kind::Warning,
         reason: "ProjectIdsRepaired",
         action: "Audit",
         note: tampered.message.clone(),
-    };
-    (claim, said)
+    }
 }
 
 /// The audit, where the configuration asks for it and this instance has volumes. Its loop only
@@ -124,20 +109,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_event_names_the_claim_and_says_what_was_found() {
+    fn the_event_says_what_was_found() {
         let tampered = Tampered {
             volume: "sv-1".into(),
             pvc_namespace: "shop".into(),
             pvc_name: "data-0".into(),
             message: "volume sv-1: 3 of 10 inodes had left its project".into(),
         };
-        let (claim, said) = event(&tampered, Some("u-1"));
-        assert_eq!(claim.kind.as_deref(), Some("PersistentVolumeClaim"));
-        assert_eq!(
-            (claim.namespace.as_deref(), claim.name.as_deref()),
-            (Some("shop"), Some("data-0"))
-        );
-        assert_eq!(claim.uid.as_deref(), Some("u-1"));
+        let said = event(&tampered);
+        assert_eq!(said.reason, "ProjectIdsRepaired");
         assert_eq!(said.kind, Kind::Warning);
         assert_eq!(said.note, tampered.message);
     }

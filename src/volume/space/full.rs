@@ -21,6 +21,14 @@ impl Pool {
         if allocated >= length || !self.is_full().unwrap_or(false) {
             return None;
         }
+        self.starved_while_full(id, allocated, length)
+    }
+
+    /// `starves` on a pool already known to be full.
+    pub fn starved_while_full(&self, id: &VolumeId, allocated: u64, length: u64) -> Option<String> {
+        if allocated >= length {
+            return None;
+        }
         Some(format!(
             "the filesystem of pool {} is full and volume {id} holds {allocated} of its {length} bytes: writes to the rest fail with ENOSPC until space is freed in the pool (see the pool's free space in `stickyvol volumes` and the StickyvolPoolFilesystemFull alert)",
             self.name
