@@ -173,6 +173,17 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(0..=3600)
     )]
     pub overflow_check_interval: u64,
+    /// Seconds a volume the overflow check acts on may stay above its size with a pod still
+    /// using it (its eviction refused by a PodDisruptionBudget, failing, or impossible) before
+    /// its mounts are fenced read-only, in the pods' containers too (0: at the first round).
+    #[arg(
+        long,
+        env = "OVERFLOW_FENCE_AFTER",
+        value_name = "SECONDS",
+        default_value_t = 120,
+        value_parser = clap::value_parser!(u64).range(0..=3600)
+    )]
+    pub overflow_fence_after: u64,
 
     /// The pod's own namespace (from the downward API): where the reconciler's Lease is, and
     /// where the orphan check keeps this node's report for `stickyvol cluster orphans`.
@@ -352,6 +363,8 @@ pub struct Config {
     pub project_audit_interval: Option<Duration>,
     /// The overflow check's interval; None: off.
     pub overflow_check: Option<Duration>,
+    /// How long an overflowing volume's pods may go on writing before it is fenced read-only.
+    pub overflow_fence_after: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -427,6 +440,7 @@ impl Config {
             orphan_check,
             project_audit_interval,
             overflow_check,
+            overflow_fence_after: Duration::from_secs(args.overflow_fence_after),
             socket_path,
             admin_socket,
             node_id: args.node_id,
@@ -937,6 +951,7 @@ mod tests {
             orphan_check_interval: 0,
             project_audit_interval: 600,
             overflow_check_interval: 0,
+            overflow_fence_after: 120,
             namespace: None,
             identity: None,
         }

@@ -22,7 +22,7 @@ use common::*;
 use stickyvol::admin_api::admin_client::AdminClient;
 use stickyvol::admin_api::{
     DescribeVolumeRequest, DescribeVolumesRequest, ExportVolumeRequest, ImportVolumeRequest,
-    RemoveVolumeRequest,
+    RemoveVolumeRequest, UnfenceVolumeRequest,
 };
 use stickyvol::csi::controller_client::ControllerClient;
 use stickyvol::csi::identity_client::IdentityClient;
@@ -150,6 +150,14 @@ async fn every_admin_rpc_refuses_a_non_root_caller_and_serves_root() {
         "RemoveVolume",
         nobody
             .remove_volume(RemoveVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await,
+    );
+    assert_refused(
+        "UnfenceVolume",
+        nobody
+            .unfence_volume(UnfenceVolumeRequest {
                 volume_id: id.clone(),
             })
             .await,
@@ -324,6 +332,15 @@ async fn the_csi_socket_does_not_answer_the_admin_api() {
         "RemoveVolume",
         csi_socket
             .remove_volume(RemoveVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .map(drop),
+    );
+    unimplemented(
+        "UnfenceVolume",
+        csi_socket
+            .unfence_volume(UnfenceVolumeRequest {
                 volume_id: id.clone(),
             })
             .await

@@ -630,3 +630,122 @@ async fn a_volume_too_deep_to_measure_has_its_pod_evicted() {
     drop(chain);
     driver.unpublish_ok(&volume, &target).await;
 }
+
+/// Writes a 4 KiB file `name` into `dir` from the pod's namespace; the error's errno, if any.
+fn pod_write(pod: &common::namespace::OtherNode, dir: &Path, name: &str) -> Option<i32> {
+    let file = dir.join(name);
+    pod.run(move || {
+        fs::write(&file, [0x5a; 4096])
+            .err()
+            .and_then(|e| e.raw_os_error())
+    })
+}
+
+fn host_write(dir: &Path, name: &str) -> Option<i32> {
+    fs::write(dir.join(name), [0x5a; 4096])
+        .err()
+        .and_then(|e| e.raw_os_error())
+}
+
+/// A pod whose eviction a PodDisruptionBudget always refuses goes on writing only for the
+/// grace: then the volume's mounts are read-only, kubelet's target and the copy in the pod's own
+/// mount namespace (which a remount of the target does not reach) alike, and so is a new
+/// publication. An admin's unfence gives a fresh grace; an expansion that makes the volume fit
+/// lifts the fence, and the pod writes again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
+    let setup = start(&["--overflow-fence-after".into(), "2".into()]).await;
+    let driver = &setup.driver;
+    setup
+        .api
+        .lock()
+        .unwrap()
+        .refusals
+        .insert("stubborn".into(), usize::MAX);
+    let volume = volume_of_claim(&setup, "hog", &[]).await;
+    let target = publish_for_pod(driver, &volume, "stubborn").await;
+    // The container's mount namespace: a private copy holding its own mount of the target.
+    let pod = common::namespace::OtherNode::private_copy();
+    assert_eq!(pod_write(&pod, &target, "before"), None);
+    write(&target, "big", 2 * SIZE);
+    measure(driver, &volume, &target).await;
+    until(&setup.api, "the fence's event", |api| {
+        api.events.iter().any(|e| e["reason"] == "OverflowFenced")
+    })
+    .await;
+    let fenced_at = Instant::now();
+    assert_eq!(
+        pod_write(&pod, &target, "after"),
+        Some(libc::EROFS),
+        "the pod's own mount"
+    );
+    assert_eq!(
+        host_write(&target, "after"),
+        Some(libc::EROFS),
+        "kubelet's target"
+    );
+    assert!(fs::read(target.join("big")).is_ok(), "reads go on");
+    let note = setup.api.lock().unwrap().events.last().unwrap()["note"].to_string();
+    assert!(
+        note.contains("fenced read-only") && note.contains("expand the claim"),
+        "{note}"
+    );
+    let condition = measure(driver, &volume, &target).await;
+    assert!(
+        condition.abnormal && condition.message.contains("fenced read-only"),
+        "{condition:?}"
+    );
+    // A pod that mounts it now gets it read-only, whatever it asks.
+    let second = publish_for_pod(driver, &volume, "newcomer").await;
+    assert_eq!(host_write(&second, "new"), Some(libc::EROFS));
+
+    // The admin lifts it: writable at once, fenced again after a fresh grace.
+    let lifted = stickyvol::admin_api::admin_client::AdminClient::new(driver.admin_channel().await)
+        .unfence_volume(stickyvol::admin_api::UnfenceVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+        })
+        .await
+        .expect("UnfenceVolume")
+        .into_inner();
+    assert!(
+        lifted.was_fenced && lifted.mounts_writable >= 2,
+        "{lifted:?}"
+    );
+    assert_eq!(
+        pod_write(&pod, &target, "window"),
+        None,
+        "writable after unfence"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pod_write(&pod, &target, "window") != Some(libc::EROFS) {
+        assert!(Instant::now() < deadline, "not fenced again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        fenced_at.elapsed() >= Duration::from_secs(2),
+        "a fresh grace"
+    );
+
+    // The claim grows past what the volume holds: the fence lifts.
+    driver
+        .expand(expand_request(&volume.volume_id, &target, 8 * SIZE, 0))
+        .await
+        .expect("NodeExpandVolume");
+    until(&setup.api, "the fence lifted", |api| {
+        api.events
+            .iter()
+            .any(|e| e["reason"] == "OverflowFenceLifted")
+    })
+    .await;
+    assert_eq!(
+        pod_write(&pod, &target, "again"),
+        None,
+        "the pod writes again"
+    );
+    assert_eq!(host_write(&target, "again"), None);
+    let condition = measure(driver, &volume, &target).await;
+    assert!(!condition.abnormal, "{condition:?}");
+    drop(pod);
+    driver.unpublish_ok(&volume, &second).await;
+    driver.unpublish_ok(&volume, &target).await;
+}

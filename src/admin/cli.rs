@@ -95,6 +95,13 @@ pub enum VolumeCommand {
         #[arg(value_name = "ID")]
         volume_id: String,
     },
+    /// Lift a directory volume's read-only fence, giving its pods a fresh grace to free space
+    /// or make their tree measurable before the check that fenced it looks again.
+    Unfence {
+        /// The volume id (sv-…).
+        #[arg(value_name = "ID")]
+        volume_id: String,
+    },
     /// Write the volume's content to stdout as an export stream.
     ///
     /// An unpublished volume is read directly (and held for the export); a published one from
@@ -169,6 +176,7 @@ fn command_name(command: &AdminCommand) -> &'static str {
         AdminCommand::Volume(args) => match args.command {
             VolumeCommand::Show { .. } => "stickyvol volume show",
             VolumeCommand::Delete { .. } => "stickyvol volume delete",
+            VolumeCommand::Unfence { .. } => "stickyvol volume unfence",
             VolumeCommand::Export { .. } => "stickyvol volume export",
             VolumeCommand::Import { .. } => "stickyvol volume import",
         },
@@ -188,6 +196,7 @@ fn dispatch(command: AdminCommand) -> Result<(), Failure> {
             match args.command {
                 VolumeCommand::Show { volume_id, json } => show(socket, &volume_id, json),
                 VolumeCommand::Delete { volume_id } => delete(socket, &volume_id),
+                VolumeCommand::Unfence { volume_id } => unfence(socket, &volume_id),
                 VolumeCommand::Export { volume_id, quiet } => export(socket, &volume_id, quiet),
                 VolumeCommand::Import {
                     volume_id,
@@ -266,6 +275,23 @@ fn delete(socket: PathBuf, volume_id: &str) -> Result<(), Failure> {
         admin.remove_volume(volume_id).await
     })??;
     print_stdout(&format!("deleted {volume_id}\n"))
+}
+
+fn unfence(socket: PathBuf, volume_id: &str) -> Result<(), Failure> {
+    let lifted = block_on(async {
+        let mut admin = Admin::connect(&socket, None).await?;
+        admin.unfence_volume(volume_id).await
+    })??;
+    if !lifted.was_fenced {
+        return print_stdout(&format!("{volume_id} was not fenced\n"));
+    }
+    for failed in &lifted.failed {
+        eprintln!("stickyvol volume unfence: not made writable: {failed}");
+    }
+    print_stdout(&format!(
+        "unfenced {volume_id}: {} mounts writable again\n",
+        lifted.mounts_writable
+    ))
 }
 
 /// A File on a duplicate of a standard descriptor: unbuffered (we buffer ourselves, in big

@@ -275,6 +275,20 @@ impl Admin {
         }
     }
 
+    /// Lifts the volume's read-only fence; what it changed (`was_fenced` false: it had none).
+    pub async fn unfence_volume(
+        &mut self,
+        volume_id: &str,
+    ) -> Result<api::UnfenceVolumeResponse, AdminError> {
+        let request = api::UnfenceVolumeRequest {
+            volume_id: volume_id.to_string(),
+        };
+        match self.client.unfence_volume(request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(self.status(status)),
+        }
+    }
+
     /// Streams the volume's export into `out` (through a writer thread, so a slow reader of
     /// `out` holds the driver back instead of filling memory). `on_start` hears the stream's
     /// `start`, `on_progress` the stream bytes received so far. Returns the stream's length.

@@ -81,6 +81,23 @@ impl Admin for AdminService {
         Ok(Response::new(api::RemoveVolumeResponse {}))
     }
 
+    async fn unfence_volume(
+        &self,
+        request: Request<api::UnfenceVolumeRequest>,
+    ) -> Result<Response<api::UnfenceVolumeResponse>, Status> {
+        let id = request::volume_id(&request.into_inner().volume_id)?;
+        let volumes = self.volumes()?;
+        let lifted = blocking(move || volumes.unfence(&id, None)).await?;
+        Ok(Response::new(match lifted {
+            None => api::UnfenceVolumeResponse::default(),
+            Some(outcome) => api::UnfenceVolumeResponse {
+                was_fenced: true,
+                mounts_writable: outcome.mounts_changed as u32,
+                failed: outcome.failed,
+            },
+        }))
+    }
+
     async fn export_volume(
         &self,
         request: Request<api::ExportVolumeRequest>,

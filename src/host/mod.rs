@@ -13,6 +13,7 @@ pub mod loopdev;
 mod meta;
 pub mod mount;
 pub mod mountinfo;
+pub mod nsmounts;
 pub mod projquota;
 pub mod projtree;
 pub mod safe_delete;

@@ -239,6 +239,7 @@ mod tests {
             importing: false,
             unchecked: false,
             orphaned: None,
+            fenced: None,
             publications: vec![],
         };
         let repairs = Repairs {

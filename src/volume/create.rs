@@ -404,6 +404,7 @@ fn new_record(
         importing: false,
         unchecked: false,
         orphaned: None,
+        fenced: None,
         publications: Vec::new(),
     }
 }

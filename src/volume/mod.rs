@@ -34,6 +34,7 @@ pub mod capability;
 pub mod create;
 mod devices;
 mod expand;
+pub mod fence;
 pub mod guard;
 pub mod image;
 pub mod inventory;
@@ -196,6 +197,8 @@ pub struct Volumes {
     audits: space::audit::AuditBook,
     /// Volumes stats found above their size, for the overflow check.
     overflow_noticed: space::overflows::Noticed,
+    /// The mounts this process made read-only, per fenced volume (see `fence`).
+    fenced_mounts: fence::FencedMounts,
     /// Signs the ids this node issues.
     node: NodeTag,
     /// Data crashes left, found at start and removed once the socket serves. Arrow back up:
@@ -322,6 +325,7 @@ impl Volumes {
             usage_cache: space::throttle::UsageCache::default(),
             audits: space::audit::AuditBook::default(),
             overflow_noticed: space::overflows::Noticed::default(),
+            fenced_mounts: fence::FencedMounts::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
         };
@@ -482,8 +486,8 @@ impl Volumes {
     }
 
     /// Healthy unless the volume's data is missing or of the wrong type, its size limit is
-    /// gone or exceeded, its last walk could not measure it, or its last project-id audit found
-    /// files outside its project.
+    /// gone or exceeded, its last walk could not measure it, its last project-id audit found
+    /// files outside its project, or it is fenced read-only.
     pub fn condition(&self, record: &VolumeRecord) -> Condition {
         if let Some(orphaned) = &record.orphaned {
             return Condition::from_problem(Some(format!(
@@ -506,7 +510,7 @@ impl Volumes {
                     record.id
                 )
             });
-        let problem = joined(problem, unmeasured);
+        let problem = joined(fence::fence_problem(record), joined(problem, unmeasured));
         Condition::from_problem(joined(self.audit_problem(&record.id), problem))
     }
 

@@ -28,7 +28,7 @@ use super::Volumes;
 use super::inventory::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
 use super::space::pool::Pool;
 use super::state::id::VolumeId;
-use super::state::record::{PodRef, VolumeKind, VolumeRecord};
+use super::state::record::{FenceCause, PodRef, VolumeKind, VolumeRecord};
 use crate::class::{OnOverflow, PARAM_ON_OVERFLOW};
 
 /// A claim, as the provisioner named it in CreateVolume's parameters (`--extra-create-metadata`).
@@ -58,7 +58,7 @@ pub struct Overflowing {
 }
 
 /// The claim a record's parameters name, if both parts are valid object names.
-pub(super) fn claim_of(record: &VolumeRecord) -> Option<ClaimRef> {
+pub fn claim_of(record: &VolumeRecord) -> Option<ClaimRef> {
     let namespace = record.parameters.get(PARAM_PVC_NAMESPACE)?;
     let name = record.parameters.get(PARAM_PVC_NAME)?;
     let valid = crate::config::is_object_name(namespace) && crate::config::is_object_name(name);
@@ -128,6 +128,24 @@ impl Volumes {
                 }
             },
         }
+    }
+
+    /// The volumes fenced for overflow that are published and now measured within their size
+    /// (a walk no older than `cadence`, or one now): their fence can be lifted. An unpublished
+    /// one stays fenced: no pod writes to it, and the next one mounts it read-only until then.
+    pub fn overflow_fences_to_lift(&self, cadence: Duration) -> Vec<VolumeId> {
+        self.fenced(Some(FenceCause::Overflow))
+            .into_iter()
+            .filter_map(|(id, _)| {
+                let record = self.get(&id).ok()?;
+                let pool = self.pool_of(&record).ok()?;
+                let (used, unmeasured) = match watched(&record) {
+                    true => self.usage_for_check(pool, &record, cadence)?,
+                    false => return None,
+                };
+                (unmeasured.is_none() && used <= record.capacity_bytes as u64).then_some(id)
+            })
+            .collect()
     }
 
     /// The volumes NodeGetVolumeStats found above their size since the last call.

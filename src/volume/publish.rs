@@ -88,22 +88,7 @@ impl Volumes {
             path: &target,
         };
 
-        let data = self.data_path(&record)?;
-        let published = match record.kind {
-            VolumeKind::Filesystem => {
-                self.publish_directory(id, &data, &at, &wanted, cap)?;
-                wanted
-            }
-            VolumeKind::Block => {
-                self.publish_device(id, &record, &data, &at, wanted, known.as_ref())?
-            }
-            // A bind of the node's one mount of the image's filesystem.
-            VolumeKind::Image(_) => {
-                let root = self.staged_root(&record)?;
-                self.publish_directory(id, &root, &at, &wanted, cap)?;
-                wanted
-            }
-        };
+        let published = self.mount_publication(&record, &at, wanted, known.as_ref(), cap)?;
         if record.publication(&published.target) != Some(&published) {
             let mut updated = (*record).clone();
             updated
@@ -116,6 +101,38 @@ impl Volumes {
         }
         info!(volume = %id, target = %published.target.display(), readonly, "published volume");
         Ok(())
+    }
+
+    /// Mounts (or links) the volume at the target `wanted` names; the publication to record.
+    fn mount_publication(
+        &self,
+        record: &VolumeRecord,
+        at: &Target<'_>,
+        wanted: Publication,
+        known: Option<&Publication>,
+        cap: &Capability,
+    ) -> Result<Publication> {
+        let data = self.data_path(record)?;
+        let id = &record.id;
+        Ok(match record.kind {
+            VolumeKind::Filesystem => {
+                // A fenced volume is mounted read-only whatever was asked (see `fence`); the
+                // record keeps the request, so lifting the fence knows which mounts write.
+                let mount_as = Publication {
+                    readonly: wanted.readonly || record.fenced.is_some(),
+                    ..wanted.clone()
+                };
+                self.publish_directory(id, &data, at, &mount_as, cap)?;
+                wanted
+            }
+            VolumeKind::Block => self.publish_device(id, record, &data, at, wanted, known)?,
+            // A bind of the node's one mount of the image's filesystem.
+            VolumeKind::Image(_) => {
+                let root = self.staged_root(record)?;
+                self.publish_directory(id, &root, at, &wanted, cap)?;
+                wanted
+            }
+        })
     }
 
     /// Removes the publication at `target`; succeeds when there is nothing (left) to undo.

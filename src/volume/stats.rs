@@ -172,7 +172,7 @@ impl Volumes {
                 available: space.available_inodes,
             }),
             condition: Condition::from_problem(joined(
-                self.audit_problem(id),
+                joined(self.audit_problem(id), super::fence::fence_problem(record)),
                 unreadable.or_else(|| usage_problem(record, used, limited)),
             )),
         })

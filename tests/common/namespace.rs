@@ -32,13 +32,24 @@ pub struct OtherNode {
 impl OtherNode {
     /// Starts the thread and hides `dir` (which must exist) under a fresh tmpfs in its namespace.
     pub fn over(dir: &Path) -> OtherNode {
+        let target = c_path(dir);
+        Self::start(dir, move || enter_with_tmpfs_at(&target))
+    }
+
+    /// A thread in a private copy of our mount namespace, as a container runtime makes one for
+    /// a pod: it keeps its own copies of the mounts there now (a volume's target among them),
+    /// whatever happens to ours later.
+    pub fn private_copy() -> OtherNode {
+        Self::start(Path::new("/"), enter_private)
+    }
+
+    fn start(dir: &Path, enter: impl FnOnce() -> io::Result<()> + Send + 'static) -> OtherNode {
         let (jobs, incoming) = mpsc::channel::<Job>();
         let (ready, entered) = mpsc::channel();
-        let target = c_path(dir);
         let thread = std::thread::spawn(move || {
             // unshare(CLONE_NEWNS) also unshares this thread's root and cwd from the process's:
             // only this thread changes namespace.
-            let _ = ready.send(enter_with_tmpfs_at(&target));
+            let _ = ready.send(enter());
             for job in incoming {
                 job();
             }
@@ -109,15 +120,9 @@ impl Drop for OtherNode {
     }
 }
 
-/// `path` as a C string, for [`enter_with_tmpfs_at`].
-pub fn c_path(path: &Path) -> CString {
-    CString::new(path.as_os_str().as_bytes()).expect("no NUL in test paths")
-}
-
-/// Moves the calling thread (or a child between fork and exec) into a new mount namespace with
-/// every mount private (nothing done here reaches the original namespace, nor the other way) and
-/// mounts a fresh tmpfs at `dir`. Allocates nothing, so it may run in a `pre_exec` hook.
-pub fn enter_with_tmpfs_at(dir: &CStr) -> io::Result<()> {
+/// Moves the calling thread into a new mount namespace with every mount private. Allocates
+/// nothing, so it may run in a `pre_exec` hook.
+pub fn enter_private() -> io::Result<()> {
     // SAFETY: unshare takes flags only.
     if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
         return Err(io::Error::last_os_error());
@@ -129,6 +134,19 @@ pub fn enter_with_tmpfs_at(dir: &CStr) -> io::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )?;
+    Ok(())
+}
+
+/// `path` as a C string, for [`enter_with_tmpfs_at`].
+pub fn c_path(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).expect("no NUL in test paths")
+}
+
+/// Moves the calling thread (or a child between fork and exec) into a new mount namespace with
+/// every mount private (nothing done here reaches the original namespace, nor the other way) and
+/// mounts a fresh tmpfs at `dir`. Allocates nothing, so it may run in a `pre_exec` hook.
+pub fn enter_with_tmpfs_at(dir: &CStr) -> io::Result<()> {
+    enter_private()?;
     mount(
         Some("tmpfs"),
         dir,

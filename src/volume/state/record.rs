@@ -207,9 +207,31 @@ pub struct VolumeRecord {
     /// Its PV was found gone: the data was moved to lost+found (see `volume::orphan`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orphaned: Option<Orphaned>,
+    /// Its mounts were made read-only for a reason of its tenant's making (see `volume::fence`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<Fenced>,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,
+}
+
+/// A volume fenced read-only: since when, what made it so, and the sentence that said why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fenced {
+    pub since_unix_ms: u64,
+    pub cause: FenceCause,
+    pub why: String,
+}
+
+/// What fenced a volume, and so what lifts the fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FenceCause {
+    /// Above its size (or unmeasurable) past the overflow check's grace, its pods not evicted:
+    /// lifted when measured within its size.
+    Overflow,
+    /// Its project-id audit could not finish: lifted when one does.
+    Audit,
 }
 
 /// A volume whose PV was found gone: where its data went, and why.

@@ -292,6 +292,7 @@ mod tests {
             importing: false,
             unchecked: false,
             orphaned: None,
+            fenced: None,
             publications: vec![],
         }
     }

@@ -96,8 +96,20 @@ pub async fn record_event(
     action: &str,
     note: String,
 ) {
+    record(recorder, claim, uid, Kind::Warning, (reason, action), note).await;
+}
+
+/// Records an Event of `kind` on the claim (its uid when known): (reason, action), note.
+pub async fn record(
+    recorder: &Recorder,
+    claim: &ClaimRef,
+    uid: Option<&str>,
+    kind: Kind,
+    (reason, action): (&str, &str),
+    note: String,
+) {
     let said = Said {
-        kind: Kind::Warning,
+        kind,
         reason,
         action,
         note,

@@ -16,6 +16,7 @@
 //! a budget starts refusing), never every round.
 
 pub mod api;
+mod fence;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -47,6 +48,9 @@ pub struct Settings {
     pub node: String,
     /// Between full rounds; a measurement up to 1.5 intervals old is reused.
     pub interval: Duration,
+    /// How long a volume it acts on may stay above its size with pods on it before its mounts
+    /// are fenced read-only.
+    pub fence_after: Duration,
 }
 
 /// What the check has announced and done, per volume, while it overflows.
@@ -55,8 +59,12 @@ pub struct Tracker {
     volumes: HashMap<VolumeId, Seen>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seen {
+    /// When the check first found it overflowing (this streak): its grace runs from here.
+    since: std::time::Instant,
+    /// Fenced read-only by this check (announced once).
+    fenced: bool,
     /// The class's choice, for the gauge (None until `act` has seen the volume).
     on_overflow: Option<OnOverflow>,
     /// Pods (by uid) whose eviction was accepted, or found gone: not asked again.
@@ -65,6 +73,19 @@ struct Seen {
     refused: HashSet<String>,
     /// The claim's uid once read (None: unknown, or not bound to this volume).
     claim_uid: Option<String>,
+}
+
+impl Default for Seen {
+    fn default() -> Seen {
+        Seen {
+            since: std::time::Instant::now(),
+            fenced: false,
+            on_overflow: None,
+            evicted: HashSet::new(),
+            refused: HashSet::new(),
+            claim_uid: None,
+        }
+    }
 }
 
 /// The counters a round adds to.
@@ -259,6 +280,10 @@ pub async fn round(
     for volume in &found {
         act(client, &recorder, metrics, tracker, volume).await;
     }
+    fence::fence_overdue(volumes, &recorder, settings, tracker, &found).await;
+    if full {
+        fence::lift(volumes, &recorder, reuse, &found).await;
+    }
     // From what the check knows, not only this round's find: a round for the volumes stats
     // noticed announces them at once, and the gauge must say so as soon (the next full round
     // drops those back within their size).
@@ -335,6 +360,7 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
         driver: config.driver_name.clone(),
         node: config.node_id.clone(),
         interval,
+        fence_after: config.overflow_fence_after,
     };
     info!(interval = ?settings.interval, "overflow check starting");
     let run = run(work, settings, shutdown.wait());

@@ -1,0 +1,383 @@
+//! The mounts of one directory in every mount namespace of the host, and making them read-only
+//! (or writable again) where they are.
+//!
+//! A pod does not use kubelet's mount of a volume: its container runtime bind-mounts that
+//! target into the container's own mount namespace, a separate mount whose flags a remount of
+//! the target does not reach (flag changes never propagate, not even to shared peers). So a
+//! read-only fence must act on each namespace's own mounts: every task's namespace is looked
+//! at once (`/proc/<pid>/task/<tid>/ns/mnt`, deduplicated by the namespace's inode), its mount
+//! table read for mounts of the directory or beneath it (subPath mounts), and each one changed
+//! from a thread that entered that namespace. Seeing every task needs the host's pid namespace
+//! (`hostPID` for the node plugin); without it only our own namespaces are seen.
+//!
+//! A mount point is a path inside another namespace, in a tree a tenant may rearrange: it is
+//! opened without following a final symlink, and changed only if the mount the kernel opened
+//! has the id the mount table gave (`statx`'s mount id, unique kernel-wide).
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+
+use super::mountinfo::{self, MountEntry};
+
+/// A directory as every mount table names it: its filesystem's device and its path from that
+/// filesystem's root (mountinfo's "root" field of a bind mount of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub dev: (u32, u32),
+    pub root: PathBuf,
+}
+
+/// One mount, kernel-wide: its namespace (the inode of its nsfs file) and its mount id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MountKey {
+    pub namespace: u64,
+    pub mount_id: u32,
+}
+
+/// A mount of the source found in some namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub key: MountKey,
+    /// As that namespace's root sees it.
+    pub mount_point: PathBuf,
+    pub read_only: bool,
+}
+
+/// What one pass changed and what it could not.
+#[derive(Debug, Default)]
+pub struct Changed {
+    pub changed: Vec<MountKey>,
+    /// Mounts found but not changed, each with why.
+    pub failed: Vec<String>,
+    /// Namespaces looked at.
+    pub namespaces: usize,
+}
+
+/// `dir` as mount tables name it: the device and root of the mount holding it here, plus its
+/// path below that mount's point.
+pub fn source_of(dir: &Path) -> io::Result<Source> {
+    let opened = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
+    let id = mount_id(opened.as_fd())?;
+    let entries = mountinfo::read_self()?;
+    let entry = entries.iter().find(|e| e.mount_id == id).ok_or_else(|| {
+        io::Error::other(format!(
+            "mount {id} of {} is not in mountinfo",
+            dir.display()
+        ))
+    })?;
+    let below = dir.strip_prefix(&entry.mount_point).map_err(|_| {
+        io::Error::other(format!(
+            "{} is not beneath its mount point {}",
+            dir.display(),
+            entry.mount_point.display()
+        ))
+    })?;
+    Ok(Source {
+        dev: (entry.major, entry.minor),
+        root: entry.root.join(below),
+    })
+}
+
+/// The kernel-wide id of the mount `fd` is on.
+fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty C string with AT_EMPTY_PATH names the descriptor; buf is a writable statx.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_MNT_ID,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx succeeded and filled the buffer.
+    let st = unsafe { buf.assume_init() };
+    if st.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "kernel does not report mount ids (needs Linux 5.8+)",
+        ));
+    }
+    Ok(st.stx_mnt_id as u32)
+}
+
+/// A namespace with mounts of the source: a descriptor of it and what was found there.
+struct Namespace {
+    fd: OwnedFd,
+    mounts: Vec<Found>,
+}
+
+fn is_of(entry: &MountEntry, source: &Source) -> bool {
+    (entry.major, entry.minor) == source.dev && entry.root.starts_with(&source.root)
+}
+
+/// Reads a procfs file in one go (procfs reports size 0).
+fn read_proc(path: &Path) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(16 << 10);
+    fs::File::open(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Every task directory under /proc (`/proc/<pid>/task/<tid>`).
+fn tasks() -> impl Iterator<Item = PathBuf> {
+    let numeric = |entry: &fs::DirEntry| {
+        entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(numeric)
+        .flat_map(move |process| {
+            fs::read_dir(process.path().join("task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(numeric)
+                .map(|task| task.path())
+        })
+}
+
+/// The namespaces holding mounts of `source`, and how many namespaces were looked at. A task
+/// that ends meanwhile is skipped.
+fn namespaces_with(source: &Source) -> (Vec<Namespace>, usize) {
+    let mut seen = HashSet::new();
+    let mut found = Vec::new();
+    for task in tasks() {
+        let Ok(fd) = nix::fcntl::open(
+            &task.join("ns/mnt"),
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        let Ok(stat) = nix::sys::stat::fstat(fd.as_fd()) else {
+            continue;
+        };
+        let namespace = stat.st_ino;
+        if !seen.insert(namespace) {
+            continue;
+        }
+        let Ok(bytes) = read_proc(&task.join("mountinfo")) else {
+            continue;
+        };
+        let Ok(entries) = mountinfo::parse_bytes(&bytes) else {
+            continue;
+        };
+        let mounts: Vec<Found> = entries
+            .iter()
+            .filter(|e| is_of(e, source))
+            .map(|e| Found {
+                key: MountKey {
+                    namespace,
+                    mount_id: e.mount_id,
+                },
+                mount_point: e.mount_point.clone(),
+                read_only: e.mount_options.split(',').any(|o| o == "ro"),
+            })
+            .collect();
+        if !mounts.is_empty() {
+            found.push(Namespace { fd, mounts });
+        }
+    }
+    (found, seen.len())
+}
+
+/// Every mount of `source` in every namespace this process can see.
+pub fn mounts_of(source: &Source) -> Vec<Found> {
+    namespaces_with(source)
+        .0
+        .into_iter()
+        .flat_map(|ns| ns.mounts)
+        .collect()
+}
+
+/// Makes every mount of `source` that `select` picks read-only (`read_only`) or writable, in
+/// whichever namespace it is; mounts already so are left alone.
+pub fn set_read_only(source: &Source, read_only: bool, select: &dyn Fn(&Found) -> bool) -> Changed {
+    let (namespaces, looked_at) = namespaces_with(source);
+    let mut outcome = Changed {
+        namespaces: looked_at,
+        ..Changed::default()
+    };
+    for ns in namespaces {
+        let wanted: Vec<Found> = ns
+            .mounts
+            .into_iter()
+            .filter(|m| m.read_only != read_only && select(m))
+            .collect();
+        if wanted.is_empty() {
+            continue;
+        }
+        match in_namespace(ns.fd, wanted, read_only) {
+            Ok(results) => {
+                for (found, result) in results {
+                    match result {
+                        Ok(()) => outcome.changed.push(found.key),
+                        Err(err) => outcome.failed.push(format!(
+                            "{} (mount {}): {err}",
+                            found.mount_point.display(),
+                            found.key.mount_id
+                        )),
+                    }
+                }
+            }
+            Err(err) => outcome
+                .failed
+                .push(format!("entering a mount namespace: {err}")),
+        }
+    }
+    outcome
+}
+
+type Results = Vec<(Found, io::Result<()>)>;
+
+/// Changes `mounts` from a thread of their namespace: the thread unshares its filesystem
+/// context (root and cwd) from the process's first, as setns requires of a threaded process,
+/// and ends with the work, so no other thread ever runs in the namespace.
+fn in_namespace(ns: OwnedFd, mounts: Vec<Found>, read_only: bool) -> io::Result<Results> {
+    std::thread::spawn(move || -> io::Result<Results> {
+        // SAFETY: plain syscalls on this thread's own context and a descriptor we own.
+        unsafe {
+            if libc::unshare(libc::CLONE_FS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(mounts
+            .into_iter()
+            .map(|found| {
+                let result = set_one(&found, read_only);
+                (found, result)
+            })
+            .collect())
+    })
+    .join()
+    .map_err(|_| io::Error::other("the namespace's thread panicked"))?
+}
+
+/// Sets or clears read-only on the mount at `found`'s point, if it is still that mount.
+fn set_one(found: &Found, read_only: bool) -> io::Result<()> {
+    let opened = nix::fcntl::open(
+        &found.mount_point,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    if mount_id(opened.as_fd())? != found.key.mount_id {
+        return Err(io::Error::other("another mount is there now"));
+    }
+    let bit = libc::MOUNT_ATTR_RDONLY;
+    let attr = libc::mount_attr {
+        attr_set: if read_only { bit } else { 0 },
+        attr_clr: if read_only { 0 } else { bit },
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a descriptor, an empty C string and a mount_attr of the size we pass.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            opened.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn bind(source: &Path, target: &Path, flags: sys_mount::MountFlags) {
+        let dir = super::super::dirfd::open_dir(target).unwrap();
+        super::super::mount::bind_onto(source, dir.as_fd(), flags).unwrap();
+    }
+
+    /// A thread in a namespace of its own (a copy of ours, as a container runtime makes one)
+    /// writes into its copy of the bind mount until told to stop; it reports each write's result.
+    #[test]
+    fn a_mount_in_another_namespace_is_made_read_only_there_and_writable_again() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let scratch = tempfile::tempdir().unwrap();
+        let data = scratch.path().join("data");
+        let target = scratch.path().join("target");
+        fs::create_dir_all(&data).unwrap();
+        fs::create_dir_all(&target).unwrap();
+        bind(&data, &target, sys_mount::MountFlags::empty());
+        let source = source_of(&data).unwrap();
+        let (go, commands) = std::sync::mpsc::channel::<bool>();
+        let (report, results) = std::sync::mpsc::channel::<io::Result<()>>();
+        let in_pod = target.join("file");
+        let pod = std::thread::spawn(move || {
+            // SAFETY: this thread's own context.
+            assert_eq!(
+                unsafe { libc::unshare(libc::CLONE_FS | libc::CLONE_NEWNS) },
+                0
+            );
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )
+            .unwrap();
+            report.send(Ok(())).unwrap();
+            for keep_going in commands {
+                if !keep_going {
+                    break;
+                }
+                report.send(fs::write(&in_pod, b"x")).unwrap();
+            }
+        });
+        results.recv().unwrap().unwrap();
+        super::super::mount::unmount(&target).unwrap();
+        // Only the pod's namespace has the mount now.
+        let found = mounts_of(&source);
+        assert_eq!(found.len(), 1, "{found:?}");
+        go.send(true).unwrap();
+        results.recv().unwrap().expect("writable before");
+
+        let fenced = set_read_only(&source, true, &|_| true);
+        assert_eq!(fenced.changed.len(), 1, "{fenced:?}");
+        assert!(fenced.failed.is_empty(), "{fenced:?}");
+        go.send(true).unwrap();
+        let refused = results.recv().unwrap().unwrap_err();
+        assert_eq!(refused.raw_os_error(), Some(libc::EROFS));
+        assert!(mounts_of(&source)[0].read_only);
+        // Again: nothing left to change.
+        assert!(set_read_only(&source, true, &|_| true).changed.is_empty());
+
+        let lifted = set_read_only(&source, false, &|m| fenced.changed.contains(&m.key));
+        assert_eq!(lifted.changed, fenced.changed);
+        go.send(true).unwrap();
+        results.recv().unwrap().expect("writable after");
+        go.send(false).unwrap();
+        pod.join().unwrap();
+    }
+}
