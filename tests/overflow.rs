@@ -10,18 +10,15 @@ mod common;
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::apistub::{self, status};
+use common::chain::Chain;
 use common::scratchfs::ScratchFs;
 use common::*;
-use nix::fcntl::{OFlag, open, openat};
-use nix::sys::stat::{Mode as FileMode, mkdirat};
-use nix::unistd::{UnlinkatFlags, unlinkat};
 use serde_json::{Value, json};
 
 const CLAIM_NS: &str = "shop";
@@ -527,62 +524,6 @@ async fn a_pool_that_enforces_sizes_never_evicts() {
 /// `tree::MAX_DEPTH`: walks enter no deeper, so no measurement of a deeper tree succeeds.
 const MAX_DEPTH: usize = stickyvol::host::tree::MAX_DEPTH;
 
-fn dir_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
-}
-
-/// A chain of directories `d` below a volume's mount, made level by level as a pod can (the
-/// whole path is far beyond PATH_MAX). Removed the same way when dropped, even by a failed
-/// test: the driver's cleanup could not remove it through paths.
-struct Chain {
-    top: PathBuf,
-    depth: usize,
-}
-
-impl Chain {
-    fn make(top: &Path, depth: usize) -> Chain {
-        let mut dir = open(top, dir_flags(), FileMode::empty()).unwrap();
-        let mut chain = Chain {
-            top: top.to_path_buf(),
-            depth: 0,
-        };
-        for _ in 0..depth {
-            mkdirat(dir.as_fd(), "d", FileMode::S_IRWXU).unwrap();
-            chain.depth += 1;
-            dir = openat(dir.as_fd(), "d", dir_flags(), FileMode::empty()).unwrap();
-        }
-        chain
-    }
-}
-
-impl Drop for Chain {
-    fn drop(&mut self) {
-        let Ok(mut dir) = open(&self.top, dir_flags(), FileMode::empty()) else {
-            return;
-        };
-        // Down to the deepest level, then up, removing each level from its parent. No panic
-        // here: this may run while a failed test unwinds.
-        let mut depth = 0;
-        while depth < self.depth {
-            match openat(dir.as_fd(), "d", dir_flags(), FileMode::empty()) {
-                Ok(child) => dir = child,
-                Err(_) => break,
-            }
-            depth += 1;
-        }
-        for _ in 0..depth {
-            let Ok(parent) = openat(dir.as_fd(), "..", dir_flags(), FileMode::empty()) else {
-                return;
-            };
-            dir = parent;
-            if let Err(err) = unlinkat(dir.as_fd(), "d", UnlinkatFlags::RemoveDir) {
-                eprintln!("removing the chain of directories: {err}");
-                return;
-            }
-        }
-    }
-}
-
 /// A tenant cannot hide from the check by making its tree unmeasurable: a volume no walk can
 /// measure (a chain of directories deeper than walks enter) counts as above its size.
 #[tokio::test(flavor = "multi_thread")]
@@ -747,5 +688,34 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
     assert!(!condition.abnormal, "{condition:?}");
     drop(pod);
     driver.unpublish_ok(&volume, &second).await;
+    driver.unpublish_ok(&volume, &target).await;
+}
+
+/// Space that no walk sees still counts: a pod that writes through a file it unlinked and keeps
+/// open is found above its size and evicted, the Event saying what the deleted files hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn bytes_a_pod_keeps_in_unlinked_open_files_count_against_its_volume() {
+    use std::io::Write;
+    let setup = start(&[]).await;
+    let driver = &setup.driver;
+    let volume = volume_of_claim(&setup, "ghost", &[]).await;
+    let target = publish_for_pod(driver, &volume, "ghostwriter").await;
+    let mut hidden = fs::File::create(target.join("hidden")).unwrap();
+    fs::remove_file(target.join("hidden")).unwrap();
+    hidden.write_all(&vec![0x5a; 2 * SIZE as usize]).unwrap();
+    hidden.sync_all().unwrap();
+    let condition = measure(driver, &volume, &target).await;
+    assert!(!condition.abnormal, "the walk sees nothing: {condition:?}");
+    until(&setup.api, "the eviction", |api| {
+        api.events.iter().any(|e| e["reason"] == "OverflowEvicted")
+    })
+    .await;
+    assert_eq!(evicted_pods(&setup.api), ["ghostwriter"]);
+    let note = setup.api.lock().unwrap().events[0]["note"].to_string();
+    assert!(
+        note.contains("in deleted files its pods keep open"),
+        "{note}"
+    );
+    drop(hidden);
     driver.unpublish_ok(&volume, &target).await;
 }

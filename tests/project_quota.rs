@@ -825,3 +825,80 @@ async fn ids_are_unguessable_and_tagging_cannot_exhaust_them() {
     }
     assert_eq!(ids_in_use_after_release(&root, range), BTreeSet::new());
 }
+
+/// A tree deeper than the project-id audit walks keeps it from ever finishing: the volume is
+/// fenced read-only (kubelet's target and the pod's own mount in its namespace), with an Event
+/// on its claim and the reason in its condition, until an audit finishes again (here: the chain
+/// removed from the host, as an admin would after `stickyvol volume unfence` let the pod do it).
+async fn a_volume_whose_audit_cannot_finish_is_fenced_until_one_does(fs_type: &str) {
+    let Some(fs) = with_project_quota(fs_type) else {
+        return;
+    };
+    let mut driver = driver_on(&fs, Some("project"));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let kubeconfig = events_stub(events.clone(), &driver.root).await;
+    driver.options_mut().kubeconfig = Some(kubeconfig);
+    audit_every(&mut driver, 1);
+    driver.start_again().await;
+    let claim = [
+        ("pool", "disk"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+        ("csi.storage.k8s.io/pvc/name", "data-0"),
+    ];
+    let tenant = driver.create(in_pool(&claim, 64 * MIB)).await;
+    let target = driver.publish_at_new_target(&tenant, snw_mount()).await;
+    let pod = common::namespace::OtherNode::private_copy();
+    let in_pod = target.join("note");
+    let pod_write = move || {
+        let file = in_pod.clone();
+        pod.run(move || {
+            std::fs::write(&file, b"x")
+                .err()
+                .and_then(|e| e.raw_os_error())
+        })
+    };
+    assert_eq!(pod_write(), None);
+    let chain =
+        common::chain::Chain::make(&host_path(&tenant), stickyvol::host::tree::MAX_DEPTH + 4);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pod_write() != Some(libc::EROFS) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{fs_type}: never fenced"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let condition = stats_condition(&driver, &tenant, &target).await;
+    assert!(
+        condition.abnormal
+            && condition.message.contains("fenced read-only")
+            && condition.message.contains("did not finish"),
+        "{fs_type}: {condition:?}"
+    );
+    let reasons = || -> Vec<String> {
+        let events = events.lock().unwrap();
+        events.iter().map(|e| e["reason"].to_string()).collect()
+    };
+    assert!(
+        reasons().iter().any(|r| r.contains("AuditFenced")),
+        "{fs_type}: {:?}",
+        reasons()
+    );
+
+    drop(chain);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pod_write().is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{fs_type}: fence never lifted"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(!stats_condition(&driver, &tenant, &target).await.abnormal);
+    driver.unpublish_ok(&tenant, &target).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn xfs_a_volume_whose_audit_cannot_finish_is_fenced_until_one_does() {
+    a_volume_whose_audit_cannot_finish_is_fenced_until_one_does("xfs").await;
+}

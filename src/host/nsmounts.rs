@@ -14,7 +14,7 @@
 //! opened without following a final symlink, and changed only if the mount the kernel opened
 //! has the id the mount table gave (`statx`'s mount id, unique kernel-wide).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -130,25 +130,14 @@ fn read_proc(path: &Path) -> io::Result<Vec<u8>> {
 
 /// Every task directory under /proc (`/proc/<pid>/task/<tid>`).
 fn tasks() -> impl Iterator<Item = PathBuf> {
-    let numeric = |entry: &fs::DirEntry| {
-        entry
-            .file_name()
-            .to_str()
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(numeric)
-        .flat_map(move |process| {
-            fs::read_dir(process.path().join("task"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(numeric)
-                .map(|task| task.path())
-        })
+    processes().flat_map(|process| {
+        fs::read_dir(process.join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(numeric)
+            .map(|task| task.path())
+    })
 }
 
 /// The namespaces holding mounts of `source`, and how many namespaces were looked at. A task
@@ -305,6 +294,79 @@ fn set_one(found: &Found, read_only: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// The bytes held by files that no name reaches any more (unlinked, or made with O_TMPFILE)
+/// but that a process keeps open through a mount of one of `sources`, per source: a walk of
+/// the tree cannot see them, yet they fill the filesystem until closed. Each inode counts
+/// once, however many descriptors hold it. Looks at every process this one can see (the host's,
+/// with `hostPID`), reading only the descriptors the kernel names "(deleted)".
+pub fn held_by_unlinked(sources: &[Source]) -> Vec<u64> {
+    let mut bytes = vec![0; sources.len()];
+    if sources.is_empty() {
+        return bytes;
+    }
+    // Mount ids are unique kernel-wide: one map from every namespace's table.
+    let mut of_mount: HashMap<u32, usize> = HashMap::new();
+    for (index, source) in sources.iter().enumerate() {
+        for ns in namespaces_with(source).0 {
+            for found in ns.mounts {
+                of_mount.insert(found.key.mount_id, index);
+            }
+        }
+    }
+    let mut counted = HashSet::new();
+    for process in processes() {
+        let Ok(fds) = fs::read_dir(process.join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(link) = fs::read_link(fd.path()) else {
+                continue;
+            };
+            if !link.as_os_str().as_encoded_bytes().ends_with(b" (deleted)") {
+                continue;
+            }
+            let Some(index) = fd_mount_id(&process, &fd.file_name()).and_then(|m| of_mount.get(&m))
+            else {
+                continue;
+            };
+            // Follows the descriptor's magic link to the open file itself.
+            let Ok(stat) = nix::sys::stat::stat(&fd.path()) else {
+                continue;
+            };
+            let regular = stat.st_mode & libc::S_IFMT == libc::S_IFREG;
+            if regular && stat.st_nlink == 0 && counted.insert((stat.st_dev, stat.st_ino)) {
+                bytes[*index] += (stat.st_blocks as u64).saturating_mul(512);
+            }
+        }
+    }
+    bytes
+}
+
+/// The mount a process's descriptor was opened through (its fdinfo's `mnt_id`).
+fn fd_mount_id(process: &Path, fd: &std::ffi::OsStr) -> Option<u32> {
+    let info = fs::read_to_string(process.join("fdinfo").join(fd)).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("mnt_id:"))
+        .and_then(|id| id.trim().parse().ok())
+}
+
+/// Every process directory under /proc.
+fn processes() -> impl Iterator<Item = PathBuf> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(numeric)
+        .map(|entry| entry.path())
+}
+
+fn numeric(entry: &fs::DirEntry) -> bool {
+    entry
+        .file_name()
+        .to_str()
+        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,5 +441,37 @@ mod tests {
         results.recv().unwrap().expect("writable after");
         go.send(false).unwrap();
         pod.join().unwrap();
+    }
+    /// A file unlinked while open still holds its blocks: counted for the mount it was opened
+    /// through, once however many descriptors hold it, and no more once closed.
+    #[test]
+    fn bytes_of_unlinked_open_files_count_for_the_mount_they_were_opened_through() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        use std::io::Write;
+        let scratch = tempfile::tempdir().unwrap();
+        let (data, other, target) = (
+            scratch.path().join("data"),
+            scratch.path().join("other"),
+            scratch.path().join("target"),
+        );
+        for dir in [&data, &other, &target] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        bind(&data, &target, sys_mount::MountFlags::empty());
+        let sources = [source_of(&data).unwrap(), source_of(&other).unwrap()];
+        let mut hidden = fs::File::create(target.join("hidden")).unwrap();
+        hidden.write_all(&vec![7u8; 1 << 20]).unwrap();
+        hidden.sync_all().unwrap();
+        let second = fs::File::open(target.join("hidden")).unwrap();
+        fs::remove_file(target.join("hidden")).unwrap();
+        let held = held_by_unlinked(&sources);
+        assert!((1 << 20..(1 << 20) + 65536).contains(&held[0]), "{held:?}");
+        assert_eq!(held[1], 0);
+        drop((hidden, second));
+        assert_eq!(held_by_unlinked(&sources), [0, 0]);
+        super::super::mount::unmount(&target).unwrap();
     }
 }

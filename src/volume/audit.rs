@@ -21,7 +21,8 @@ use super::Volumes;
 use super::inventory::{PARAM_PVC_NAME, PARAM_PVC_NAMESPACE};
 use super::space::audit::Outcome;
 use super::space::throttle::node_walks;
-use super::state::record::{SizeLimit, VolumeKind, VolumeRecord};
+use super::state::id::VolumeId;
+use super::state::record::{FenceCause, SizeLimit, VolumeKind, VolumeRecord};
 use crate::host::caller::{self, Presence};
 use crate::host::projtree::{self, Repairs};
 use crate::host::tree::Budget;
@@ -40,6 +41,8 @@ pub struct Tampered {
     /// The claim, where the provisioner passed it (--extra-create-metadata); empty otherwise.
     pub pvc_namespace: String,
     pub pvc_name: String,
+    /// The Event's reason: `ProjectIdsRepaired`, or `AuditFenced` for a volume fenced read-only.
+    pub reason: &'static str,
     pub message: String,
 }
 
@@ -98,14 +101,23 @@ impl Volumes {
                 if repairs.repaired > 0 || repairs.unchecked > 0 {
                     let text = message();
                     warn!(volume = %id, pvc = %pvc, project_id, repaired = repairs.repaired, unchecked = repairs.unchecked, "{text}");
-                    round.tampered.push(Tampered {
-                        volume: id.to_string(),
-                        pvc_namespace: parameter(record, PARAM_PVC_NAMESPACE),
-                        pvc_name: parameter(record, PARAM_PVC_NAME),
-                        message: text,
-                    });
+                    round
+                        .tampered
+                        .push(report(record, "ProjectIdsRepaired", text));
                 }
+                // A file its owner keeps from the audit (a lease re-taken after each break)
+                // exempts it one round, not two.
+                let unchecked_again = repairs.unchecked > 0 && self.audits.left_unchecked(id);
                 self.audits.record(id, &Outcome::Walked(&repairs), message);
+                if unchecked_again {
+                    let why = format!(
+                        "the project-id audit of volume {id} could not check {} of its files two rounds in a row",
+                        repairs.unchecked
+                    );
+                    self.fence_for_audit(record, &why, round);
+                } else if repairs.unchecked == 0 {
+                    self.lift_audit_fence(id);
+                }
             }
             Err(err) if caller::gone() => {
                 debug!(volume = %id, error = %err, "project audit stopped")
@@ -120,8 +132,36 @@ impl Volumes {
                 );
                 warn!(volume = %id, pvc = %pvc, project_id, "{why}");
                 self.audits
-                    .record(id, &Outcome::Unfinished(why), String::new);
+                    .record(id, &Outcome::Unfinished(why.clone()), String::new);
+                self.fence_for_audit(record, &why, round);
             }
+        }
+    }
+
+    /// Fences a volume whose audit cannot vouch for every inode (see `fence`), with an Event
+    /// the first time.
+    fn fence_for_audit(&self, record: &VolumeRecord, why: &str, round: &mut Round) {
+        let id = &record.id;
+        match self.fence(id, FenceCause::Audit, why) {
+            Ok(outcome) if outcome.new => {
+                let message = format!(
+                    "volume {id} is fenced read-only ({} mounts, in the pods' containers too): {why}; {}",
+                    outcome.mounts_changed,
+                    super::fence::way_out(FenceCause::Audit)
+                );
+                round.tampered.push(report(record, "AuditFenced", message));
+            }
+            Ok(_) => {}
+            Err(err) => {
+                warn!(volume = %id, error = %err, "project-id audit: could not fence the volume; trying again next round")
+            }
+        }
+    }
+
+    /// Lifts the fence of a volume whose audit finished checking every inode.
+    fn lift_audit_fence(&self, id: &VolumeId) {
+        if let Err(err) = self.unfence(id, Some(FenceCause::Audit)) {
+            warn!(volume = %id, error = %err, "project-id audit: could not lift the volume's fence; trying again next round");
         }
     }
 
@@ -170,6 +210,17 @@ pub fn run_every(
             next = (started + interval).max(Instant::now());
         }
     });
+}
+
+/// A report for an Event on the volume's claim.
+fn report(record: &VolumeRecord, reason: &'static str, message: String) -> Tampered {
+    Tampered {
+        volume: record.id.to_string(),
+        pvc_namespace: parameter(record, PARAM_PVC_NAMESPACE),
+        pvc_name: parameter(record, PARAM_PVC_NAME),
+        reason,
+        message,
+    }
 }
 
 fn parameter(record: &VolumeRecord, key: &str) -> String {

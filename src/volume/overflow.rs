@@ -20,6 +20,7 @@
 //! stats report those as the volume's condition.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::debug;
@@ -30,6 +31,7 @@ use super::space::pool::Pool;
 use super::state::id::VolumeId;
 use super::state::record::{FenceCause, PodRef, VolumeKind, VolumeRecord};
 use crate::class::{OnOverflow, PARAM_ON_OVERFLOW};
+use crate::host::nsmounts;
 
 /// A claim, as the provisioner named it in CreateVolume's parameters (`--extra-create-metadata`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +52,8 @@ pub struct Overflowing {
     /// What it was measured to use; when `unmeasured`, the last figure known (0: none), which
     /// says nothing of now but is all there is, and is what the pool's accounting holds.
     pub used_bytes: u64,
+    /// Of `used_bytes`, what files no name reaches any more hold, kept open through its mounts.
+    pub held_unlinked_bytes: u64,
     /// Why its tree cannot be measured (its owner made it so): it counts as above its size.
     pub unmeasured: Option<String>,
     pub capacity_bytes: u64,
@@ -148,6 +152,24 @@ impl Volumes {
             .collect()
     }
 
+    /// Per record, the bytes of unlinked files kept open through its mounts (one look at the
+    /// host's processes for all of them; see `host::nsmounts::held_by_unlinked`).
+    fn held_by_unlinked(&self, records: &[Arc<VolumeRecord>]) -> Vec<u64> {
+        let sources: Vec<Option<nsmounts::Source>> = records
+            .iter()
+            .map(|r| {
+                let data = self.data_path(r).ok()?;
+                nsmounts::source_of(&data).ok()
+            })
+            .collect();
+        let known: Vec<nsmounts::Source> = sources.iter().flatten().cloned().collect();
+        let mut held = nsmounts::held_by_unlinked(&known).into_iter();
+        sources
+            .iter()
+            .map(|s| s.as_ref().and_then(|_| held.next()).unwrap_or(0))
+            .collect()
+    }
+
     /// The volumes NodeGetVolumeStats found above their size since the last call.
     pub fn take_noticed_overflows(&self) -> HashSet<VolumeId> {
         self.overflow_noticed.take()
@@ -162,18 +184,23 @@ impl Volumes {
         cadence: Duration,
         only: Option<&HashSet<VolumeId>>,
     ) -> Vec<Overflowing> {
+        let records: Vec<_> = self
+            .store
+            .all()
+            .into_iter()
+            .filter(|r| watched(r) && only.is_none_or(|ids| ids.contains(&r.id)))
+            .collect();
+        let held = self.held_by_unlinked(&records);
         let mut found = Vec::new();
-        for record in self.store.all() {
-            if !watched(&record) || only.is_some_and(|ids| !ids.contains(&record.id)) {
-                continue;
-            }
-            let Ok(pool) = self.pool_of(&record) else {
+        for (record, held) in records.iter().zip(held) {
+            let Ok(pool) = self.pool_of(record) else {
                 continue;
             };
             let id = &record.id;
-            let Some((used, unmeasured)) = self.usage_for_check(pool, &record, cadence) else {
+            let Some((walked, unmeasured)) = self.usage_for_check(pool, record, cadence) else {
                 continue;
             };
+            let used = walked.saturating_add(held);
             let capacity = record.capacity_bytes as u64;
             if unmeasured.is_none() {
                 pool.set_used(id, used);
@@ -184,9 +211,10 @@ impl Volumes {
             found.push(Overflowing {
                 id: id.clone(),
                 pv_name: record.name.clone(),
-                claim: claim_of(&record),
-                on_overflow: on_overflow_of(&record),
+                claim: claim_of(record),
+                on_overflow: on_overflow_of(record),
                 used_bytes: used,
+                held_unlinked_bytes: held,
                 unmeasured,
                 capacity_bytes: capacity,
                 pods: record

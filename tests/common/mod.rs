@@ -17,6 +17,7 @@
 
 pub mod apistub;
 pub mod caps;
+pub mod chain;
 pub mod doctor;
 pub mod fidelity;
 pub mod fill;

@@ -58,7 +58,7 @@ async fn write(recorder: &Recorder, tampered: &Tampered) {
 fn event(tampered: &Tampered) -> Said<'_> {
     Said {
         kind: Kind::Warning,
-        reason: "ProjectIdsRepaired",
+        reason: tampered.reason,
         action: "Audit",
         note: tampered.message.clone(),
     }
@@ -114,6 +114,7 @@ mod tests {
             volume: "sv-1".into(),
             pvc_namespace: "shop".into(),
             pvc_name: "data-0".into(),
+            reason: "ProjectIdsRepaired",
             message: "volume sv-1: 3 of 10 inodes had left its project".into(),
         };
         let said = event(&tampered);

@@ -21,8 +21,12 @@ pub enum Outcome<'a> {
 /// What a volume's last audit left standing, until a clean one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Finding {
-    /// Foreign project ids were found and repaired (or some files could not be checked).
-    Tampered(String),
+    /// Foreign project ids were found and repaired, or some files could not be checked
+    /// (`unchecked`).
+    Tampered {
+        message: String,
+        unchecked: bool,
+    },
     Unfinished(String),
 }
 
@@ -64,9 +68,11 @@ impl AuditBook {
             Outcome::Walked(repairs) => {
                 state.totals.tampered += 1;
                 state.totals.repaired_inodes += repairs.repaired;
-                state
-                    .findings
-                    .insert(id.clone(), Finding::Tampered(message()));
+                let finding = Finding::Tampered {
+                    message: message(),
+                    unchecked: repairs.unchecked > 0,
+                };
+                state.findings.insert(id.clone(), finding);
             }
             Outcome::Unfinished(why) => {
                 state.totals.unfinished += 1;
@@ -80,8 +86,19 @@ impl AuditBook {
     /// Why volume `id` is abnormal after its last audit, if it is.
     pub fn problem(&self, id: &VolumeId) -> Option<String> {
         self.lock().findings.get(id).map(|finding| match finding {
-            Finding::Tampered(message) | Finding::Unfinished(message) => message.clone(),
+            Finding::Tampered { message, .. } | Finding::Unfinished(message) => message.clone(),
         })
+    }
+
+    /// Whether volume `id`'s last audit left files it could not check.
+    pub fn left_unchecked(&self, id: &VolumeId) -> bool {
+        matches!(
+            self.lock().findings.get(id),
+            Some(Finding::Tampered {
+                unchecked: true,
+                ..
+            })
+        )
     }
 
     /// Forgets the volumes `keep` says no longer exist.
@@ -95,7 +112,7 @@ impl AuditBook {
             state
                 .findings
                 .values()
-                .filter(|f| matches!(f, Finding::Tampered(_)) == tampered)
+                .filter(|f| matches!(f, Finding::Tampered { .. }) == tampered)
                 .count() as u64
         };
         AuditTotals {

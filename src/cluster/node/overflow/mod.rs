@@ -114,6 +114,10 @@ fn pod_list(pods: &[PodRef]) -> String {
 /// Why a volume counts as overflowing: what it uses, or why it cannot be measured.
 fn why_overflowing(volume: &Overflowing) -> String {
     match &volume.unmeasured {
+        None if volume.held_unlinked_bytes > 0 => format!(
+            "uses {} bytes ({} of them in deleted files its pods keep open), more than its size of {} bytes",
+            volume.used_bytes, volume.held_unlinked_bytes, volume.capacity_bytes
+        ),
         None => format!(
             "uses {} bytes, more than its size of {} bytes",
             volume.used_bytes, volume.capacity_bytes
@@ -387,6 +391,7 @@ mod tests {
             claim: None,
             on_overflow,
             used_bytes: 20,
+            held_unlinked_bytes: 0,
             unmeasured: None,
             capacity_bytes: 10,
             pods,
