@@ -422,7 +422,11 @@ async fn block_volume_moves_with_its_holes() {
     let node_a = TestDriver::start().await;
     let node_b = other_node().await;
     let source = node_a
-        .create(create_request(&new_name(), block_capability(), 32 * MIB))
+        .create(thin(create_request(
+            &new_name(),
+            block_capability(),
+            32 * MIB,
+        )))
         .await;
     let image = host_path(&source);
     let file = OpenOptions::new().write(true).open(&image).unwrap();
@@ -433,7 +437,11 @@ async fn block_volume_moves_with_its_holes() {
     }
     file.sync_all().unwrap();
     let target = node_b
-        .create(create_request(&new_name(), block_capability(), 32 * MIB))
+        .create(thin(create_request(
+            &new_name(),
+            block_capability(),
+            32 * MIB,
+        )))
         .await;
 
     let stream = stream_file(&node_a, "block.svx");
@@ -575,7 +583,7 @@ async fn an_image_volume_takes_only_an_export_of_its_own_filesystem() {
 async fn block_of(driver: &TestDriver) -> csi::Volume {
     let cap = block_cap(Mode::SingleNodeWriter);
     driver
-        .create(create_request(&new_name(), cap, 32 * MIB))
+        .create(thin(create_request(&new_name(), cap, 32 * MIB)))
         .await
 }
 

@@ -69,6 +69,9 @@ fn snw_mount() -> csi::VolumeCapability {
     mount_cap(Mode::SingleNodeWriter)
 }
 
+/// A class asking for sparse block files (thick is the default on the test pools).
+const THIN: &[(&str, &str)] = &[("blockAllocation", "thin")];
+
 fn request_in(
     parameters: &[(&str, &str)],
     capability: csi::VolumeCapability,
@@ -112,7 +115,7 @@ async fn unwritten_promises_lower_capacity_until_the_volume_is_deleted() {
     let driver = start_on_own_filesystem(false, &[]).await;
     let before = driver.available_capacity(&[], snw_block()).await;
     let size = (before / 4).min(8 * GIB) / 4096 * 4096;
-    let volume = driver.create(request_in(&[], snw_block(), size)).await;
+    let volume = driver.create(request_in(THIN, snw_block(), size)).await;
     // A thin file takes no space yet, but its pod may fill it at any moment.
     let file = host_path(&volume);
     assert!(allocated_bytes(&file) < MIB, "thin file is allocated");
@@ -278,7 +281,7 @@ async fn thick_block_volumes_are_allocated_when_created_and_grown() {
     );
     // Exact, unlike free space: a thick file owes nothing more, a thin one its whole size.
     assert_eq!(unwritten_promises(&driver), 0);
-    let thin = driver.create(request_in(&[], snw_block(), size)).await;
+    let thin = driver.create(request_in(THIN, snw_block(), size)).await;
     assert_eq!(unwritten_promises(&driver), size);
     driver.delete(&thin.volume_id).await.unwrap();
     assert_eq!(unwritten_promises(&driver), 0);
@@ -513,7 +516,7 @@ async fn an_expansion_the_host_already_made_is_recorded_without_a_second_space_c
     let driver = TestDriver::start().await;
     let available = driver.available_capacity(&[], snw_block()).await;
     let size = available * 6 / 10 / 4096 * 4096;
-    let volume = driver.create(request_in(&[], snw_block(), size)).await;
+    let volume = driver.create(request_in(THIN, snw_block(), size)).await;
     let target = driver.publish_at_new_target(&volume, snw_block()).await;
     // The state a crash leaves between growing the file and writing the record: the pool
     // could not promise the growth again, but the host has already made it.
@@ -577,4 +580,50 @@ async fn a_create_refused_by_stale_figures_measures_usage_again_first() {
     );
     driver.delete(&small.volume_id).await.unwrap();
     driver.delete(&big.volume_id).await.unwrap();
+}
+
+/// On a pool that cannot limit directory volumes (tmpfs here) a block or image volume is
+/// fallocated unless its class says otherwise, so a directory volume filling the pool cannot take
+/// the blocks it was promised; a pool that overcommits keeps them sparse (sharing is its point).
+#[tokio::test]
+async fn block_and_image_volumes_are_thick_by_default_where_directories_are_not_limited() {
+    let driver = start_on_own_filesystem(false, &[]).await;
+    let mut image_cap = mount_cap(Mode::SingleNodeWriter);
+    if let Some(csi::volume_capability::AccessType::Mount(mount)) = &mut image_cap.access_type {
+        mount.fs_type = "ext4".into();
+    }
+    let size = 64 * MIB;
+    for (what, cap) in [("block", snw_block()), ("image", image_cap)] {
+        let started = std::time::Instant::now();
+        let thick = driver.create(request_in(&[], cap.clone(), size)).await;
+        let took = started.elapsed();
+        // mkfs may give back a few blocks of its own (64 KiB seen): not a sparse file.
+        let allocated = allocated_bytes(&host_path(&thick));
+        assert!(
+            allocated >= size - MIB,
+            "{what}: the default is not allocated ({allocated} of {size})"
+        );
+        let started = std::time::Instant::now();
+        let thin = driver.create(request_in(THIN, cap.clone(), size)).await;
+        eprintln!(
+            "{what} CreateVolume of 64 MiB: thick {took:?}, thin {:?}",
+            started.elapsed()
+        );
+        assert!(
+            allocated_bytes(&host_path(&thin)) < size / 2,
+            "{what}: a class that says thin gets a sparse file"
+        );
+        for volume in [thick, thin] {
+            driver.delete(&volume.volume_id).await.unwrap();
+        }
+    }
+    drop(driver);
+
+    let sharing = start_on_own_filesystem(false, &["--overcommit", "default=2"]).await;
+    let volume = sharing.create(request_in(&[], snw_block(), size)).await;
+    assert!(
+        allocated_bytes(&host_path(&volume)) < size / 2,
+        "an overcommitting pool keeps block volumes sparse"
+    );
+    sharing.delete(&volume.volume_id).await.unwrap();
 }

@@ -209,6 +209,7 @@ async fn a_thin_volume_on_a_full_pool_is_abnormal_until_space_is_freed() {
     request.parameters = params(&[
         ("csi.storage.k8s.io/pvc/namespace", "shop"),
         ("csi.storage.k8s.io/pvc/name", "data-0"),
+        ("blockAllocation", "thin"),
     ]);
     let volume = driver.create(request).await;
     let device = driver.publish_at_new_target(&volume, block).await;

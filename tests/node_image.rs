@@ -42,7 +42,7 @@ async fn publish(
     Ok(target)
 }
 
-/// A staged and published ext4 image volume of `bytes`: the volume, its staging path and its
+/// A staged and published thin image volume of `bytes`: the volume, its staging path and its
 /// pod target.
 async fn published_image(
     driver: &TestDriver,
@@ -50,7 +50,7 @@ async fn published_image(
     bytes: i64,
 ) -> (csi::Volume, PathBuf, PathBuf) {
     let volume = driver
-        .create(create_request(&new_name(), cap.clone(), bytes))
+        .create(thin(create_request(&new_name(), cap.clone(), bytes)))
         .await;
     let staging = driver.staging_path();
     driver
@@ -351,7 +351,7 @@ async fn a_restart_keeps_what_kubelet_still_uses_and_unstage_then_cleans_up() {
 
 #[tokio::test]
 async fn a_snapshot_taken_while_a_writer_runs_is_a_clean_filesystem_and_restores() {
-    let driver = TestDriver::start().await;
+    let (_fs, driver) = on_reflink_xfs().await;
     let (volume, staging, target) = published_image(&driver, ext4(), 64 * MIB).await;
     fs::write(target.join("before"), b"before the snapshot").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -773,7 +773,7 @@ async fn a_power_loss_that_took_a_new_image_remakes_it_and_one_holding_data_is_n
 #[tokio::test]
 async fn a_volume_and_its_clone_are_staged_side_by_side_though_their_filesystems_share_a_uuid() {
     for fs in ["xfs", "ext4"] {
-        let driver = TestDriver::start().await;
+        let (_pool, driver) = on_reflink_xfs().await;
         let cap = image_cap(fs, Mode::SingleNodeWriter);
         let (volume, staging, target) = published_image(&driver, cap.clone(), 300 * MIB).await;
         fs::write(target.join("original"), b"1").unwrap();
@@ -798,6 +798,52 @@ async fn a_volume_and_its_clone_are_staged_side_by_side_though_their_filesystems
         tear_down(&driver, &clone, &clone_staging, &[&clone_target]).await;
         tear_down(&driver, &volume, &staging, &[&target]).await;
     }
+}
+
+/// A driver whose default pool is on a scratch XFS with reflinks, where a snapshot or clone of
+/// a staged image freezes it only for an instant (a pool that copies data refuses them).
+async fn on_reflink_xfs() -> (scratchfs::ScratchFs, TestDriver) {
+    let fs = scratchfs::ScratchFs::new("xfs", 1 << 30, &["-q", "-m", "reflink=1"], "");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.mount_point.join("data");
+    driver.start_again().await;
+    (fs, driver)
+}
+
+/// On a pool that copies data in full (no reflinks), a consistent copy of an image in use would
+/// keep its filesystem frozen, its writers blocked, for the whole copy: a snapshot and a clone
+/// are refused, saying why and what to do, until no pod uses it.
+#[tokio::test]
+async fn a_staged_image_on_a_pool_without_reflinks_is_not_copied_while_in_use() {
+    let driver = TestDriver::start().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 64 * MIB).await;
+    let refused = driver
+        .controller()
+        .create_snapshot(snapshot_request(&new_name(), &volume.volume_id))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("no reflinks")
+            && refused.message().contains("while no pod uses the volume"),
+        "{refused:?}"
+    );
+    let clone = driver
+        .controller()
+        .create_volume(csi::CreateVolumeRequest {
+            volume_content_source: Some(from_volume(&volume.volume_id)),
+            ..create_request(&new_name(), ext4(), 64 * MIB)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(clone.code(), Code::FailedPrecondition, "{clone:?}");
+    driver.unpublish_ok(&volume, &target).await;
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
+    let snapshot = driver
+        .create_snapshot_ready(&snapshot_request(&new_name(), &volume.volume_id))
+        .await;
+    assert!(snapshot.ready_to_use, "unused, it is copied");
+    driver.delete(&volume.volume_id).await.unwrap();
 }
 
 /// Writes 4 KiB into `target` every 2 ms until `stop`, each write timed: how long each took.

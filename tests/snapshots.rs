@@ -91,6 +91,8 @@ fn restore_request(
         }),
         volume_capabilities: vec![capability],
         volume_content_source: Some(source),
+        // Sparse, to show the holes carried over (thick is the default on the test pools).
+        parameters: params(&[("blockAllocation", "thin")]),
         ..Default::default()
     }
 }

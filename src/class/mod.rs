@@ -88,7 +88,8 @@ pub struct ClassParameters {
     /// Every parameter as given (records keep them for idempotency checks).
     pub raw: BTreeMap<String, String>,
     pub pool: String,
-    pub allocation: Allocation,
+    /// None when the class does not say: the pool's default (`Pool::default_allocation`).
+    pub allocation: Option<Allocation>,
     pub require_enforcement: bool,
     /// Multi-node access modes are accepted (the volume still lives on one node).
     pub shared_access: bool,
@@ -129,7 +130,9 @@ impl ClassParameters {
                 ));
             }
         };
-        let allocation = Allocation::parse(get(PARAM_BLOCK_ALLOCATION))?;
+        let allocation = get(PARAM_BLOCK_ALLOCATION)
+            .map(|value| Allocation::parse(Some(value)))
+            .transpose()?;
         let flag = |key: &str| match get(key) {
             None | Some("false") => Ok(false),
             Some("true") => Ok(true),

@@ -56,7 +56,7 @@ fn class_parameters_are_typed_with_defaults() {
         ),
         (
             "default",
-            Allocation::Thin,
+            None,
             false,
             false,
             OnNodeLoss::Keep,
@@ -86,7 +86,7 @@ fn class_parameters_are_typed_with_defaults() {
         ),
         (
             "nvme-1",
-            Allocation::Thick,
+            Some(Allocation::Thick),
             true,
             true,
             OnNodeLoss::Release,

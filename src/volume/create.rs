@@ -71,11 +71,20 @@ pub struct CreateRequest {
     /// StorageClass parameters as given (kept for idempotency checks).
     pub parameters: BTreeMap<String, String>,
     pub pool: String,
-    pub allocation: Allocation,
+    /// None: the pool's default (`Pool::default_allocation`).
+    pub allocation: Option<Allocation>,
     /// Refuse a filesystem volume on a pool that cannot limit its size.
     pub require_enforcement: bool,
     /// The snapshot or volume whose data the volume starts with.
     pub content_source: Option<ContentSource>,
+}
+
+impl CreateRequest {
+    /// How a block or image volume's file holds its space in `pool`: as the class says, or
+    /// the pool's default.
+    fn allocation_in(&self, pool: &Pool) -> Allocation {
+        self.allocation.unwrap_or_else(|| pool.default_allocation())
+    }
 }
 
 impl Volumes {
@@ -110,7 +119,7 @@ impl Volumes {
         self.reserve(pool, Holder::from(&id), capacity as u64, &req.name)?;
         let staging = pool.staging_path(&id, req.kind);
         let made = match &source {
-            None => make_data(pool, &staging, req.kind, req.allocation, capacity),
+            None => make_data(pool, &staging, req.kind, req.allocation_in(pool), capacity),
             Some(data) => self.fill_from(pool, data, &req, &staging, capacity as u64),
         };
         drop(source);
@@ -195,7 +204,7 @@ impl Volumes {
             cow::fill_volume(
                 pool,
                 req.kind,
-                req.allocation,
+                req.allocation_in(pool),
                 &data.path,
                 staging,
                 capacity,
@@ -385,6 +394,7 @@ fn new_record(
     capacity: i64,
     size_limit: SizeLimit,
 ) -> VolumeRecord {
+    let allocation = req.allocation_in(pool);
     VolumeRecord {
         id: id.clone(),
         name: req.name,
@@ -393,7 +403,7 @@ fn new_record(
         pool: pool.name.clone(),
         size_limit,
         allocation: match req.kind {
-            VolumeKind::Block | VolumeKind::Image(_) => req.allocation,
+            VolumeKind::Block | VolumeKind::Image(_) => allocation,
             VolumeKind::Filesystem => Allocation::Thin,
         },
         access_modes: req.access_modes,

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use super::capability::Capability;
 use super::devices;
 use super::publish::{check_capability, missing_data, usable};
+use super::space::mechanism::Mechanism;
 use super::space::throttle::{caller_gone, node_walk};
 use super::state::id::VolumeId;
 use super::state::record::{FsType, Publication, VolumeRecord};
@@ -425,6 +426,31 @@ impl Volumes {
         })
     }
 
+    /// The image volume's staging, if its filesystem is mounted read-write now.
+    fn staged_writable<'a>(&self, record: &'a VolumeRecord) -> Option<&'a Publication> {
+        record
+            .staging()
+            .filter(|staged| !staged.readonly && self.is_live(record, staged).unwrap_or(false))
+    }
+
+    /// A consistent copy of an image in use freezes its filesystem for as long as the copy
+    /// takes: an instant with a reflink, seconds per GiB on a pool that copies data in full,
+    /// every writer blocked meanwhile. The latter is refused (FAILED_PRECONDITION), saying what
+    /// to do instead; `what` is the operation ("snapshot", "copy").
+    pub(crate) fn refuse_frozen_full_copy(&self, record: &VolumeRecord, what: &str) -> Result<()> {
+        if self.staged_writable(record).is_none() {
+            return Ok(());
+        }
+        let pool = self.pool_of(record)?;
+        if pool.cow != Mechanism::Copy {
+            return Ok(());
+        }
+        Err(Error::FailedPrecondition(format!(
+            "volume {} is in use (its filesystem is mounted read-write) in pool {}, which cannot copy a file by reference (no reflinks): a consistent {what} would hold its filesystem frozen, and every writer blocked, for the whole copy of its data; take it while no pod uses the volume, or use a pool with reflinks (XFS with reflink=1, btrfs)",
+            record.id, pool.name
+        )))
+    }
+
     /// Runs `copy` with the image volume's staged filesystem frozen, so a copy of its file is
     /// what a crash at that instant would have left (journal replayed at its next mount).
     /// Other volumes, and unstaged images, are copied as they are.
@@ -433,12 +459,10 @@ impl Volumes {
         record: &VolumeRecord,
         copy: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let staged = record
-            .staging()
-            .filter(|staged| !staged.readonly && self.is_live(record, staged).unwrap_or(false));
-        let Some(staged) = staged else {
+        let Some(staged) = self.staged_writable(record) else {
             return copy();
         };
+        self.refuse_frozen_full_copy(record, "copy")?;
         // The copy's walk slot before the freeze, never after: with every slot busy, waiting
         // for one frozen would block the volume's writers for the whole wait.
         let Some(_slot) = node_walk() else {

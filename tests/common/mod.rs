@@ -509,9 +509,11 @@ impl TestDriver {
     }
 
     /// A fresh SINGLE_NODE_WRITER block volume of [`SIZE`].
+    /// A fresh SINGLE_NODE_WRITER block volume of [`SIZE`], thin (a sparse file): its class
+    /// says so, because on the pools tests use (no directory limits) thick is the default.
     pub async fn create_block_volume(&self) -> csi::Volume {
-        self.create_with_capability(block_cap(Mode::SingleNodeWriter))
-            .await
+        let request = create_request(&new_name(), block_cap(Mode::SingleNodeWriter), SIZE);
+        self.create(thin(request)).await
     }
 
     /// A fresh SINGLE_NODE_WRITER filesystem volume of [`SIZE`], published at a new target
@@ -1136,6 +1138,15 @@ pub fn expand_request(
         }),
         ..Default::default()
     }
+}
+
+/// `request` with `blockAllocation: thin`: a sparse block or image file whatever the pool's
+/// default (thick on a pool that cannot limit directories, as the test pools are).
+pub fn thin(mut request: csi::CreateVolumeRequest) -> csi::CreateVolumeRequest {
+    request
+        .parameters
+        .insert("blockAllocation".into(), "thin".into());
+    request
 }
 
 /// CreateVolume as external-provisioner sends it: name, one capability, required bytes.

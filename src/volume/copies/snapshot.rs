@@ -126,6 +126,7 @@ impl Volumes {
             Error::NotFound(format!("source volume {} does not exist", req.source))
         })?;
         let pool = self.pool_of(&source)?;
+        self.refuse_frozen_full_copy(&source, "snapshot")?;
         let id = SnapshotId::generate(&self.node);
         let data_bytes = self.data_bytes(pool, &source)?;
         self.reserve(

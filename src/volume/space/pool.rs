@@ -31,7 +31,7 @@ use crate::host::btrfs;
 use crate::host::fsstat::{self, Space};
 use crate::host::projquota::ProjectIds;
 use crate::volume::state::id::{SnapshotId, VolumeId};
-use crate::volume::state::record::{VolumeKind, VolumeRecord};
+use crate::volume::state::record::{Allocation, VolumeKind, VolumeRecord};
 
 /// Prefix of data not yet committed by a record.
 pub const STAGING_PREFIX: &str = ".creating-";
@@ -169,6 +169,18 @@ impl Pool {
         let name = uuid::Uuid::now_v7().simple().to_string();
         self.snapshots
             .join(format!("{EXPORT_PREFIX}{}", data_name(&name, kind)))
+    }
+
+    /// How block and image volumes hold their space when their class does not say: thick
+    /// (fallocated at creation and growth) on a pool that cannot limit directory volumes, so
+    /// that a directory volume filling the pool never takes the blocks promised to them; thin
+    /// where directories are limited, or where the pool overcommits (promising more than it
+    /// has is a choice to share, and thick files could not be made).
+    pub fn default_allocation(&self) -> Allocation {
+        match (&self.enforcement, self.overcommit > 1.0) {
+            (Enforcement::None, false) => Allocation::Thick,
+            _ => Allocation::Thin,
+        }
     }
 
     /// Commits the pool's btrfs filesystem, at most once per `QGROUP_COMMIT_EVERY`, so that
