@@ -1,8 +1,9 @@
 # Image volumes: StorageClasses with csi.storage.k8s.io/fstype ext4 and xfs, on nodes whose pool
 # cannot limit a directory volume's size. A pod writing past its claim gets ENOSPC, an XFS claim
-# grows while its pod runs, and a snapshot of an ext4 claim taken while its pod runs restores
-# with its data. (ext4 also grows online, but the kernel wants CAP_SYS_RESOURCE for it, which
-# these machines' root lacks: tests/node_image.rs checks it in the VM.)
+# grows while its pod runs, and a snapshot of an ext4 claim restores with its data: taken while
+# its pod runs where the pool has reflinks, refused then and taken after the pod where it has
+# not. (ext4 also grows online, but the kernel wants CAP_SYS_RESOURCE for it, which these
+# machines' root lacks: tests/node_image.rs checks it in the VM.)
 # e2e-lane: growth
 source "$(dirname "$0")/../lib/scenario.sh"
 
@@ -56,7 +57,28 @@ until_ok 60 "the pod sees the grown filesystem" '(( $(size_mib xfs-user) > 500 )
 said=$(write_mib xfs-user 400)
 [[ -z $said ]] || fail "writing 400 MiB after growing to 600 MiB: '$said'"
 
-step "a snapshot taken while the pod runs restores with its data"
+node=$(pod_node ext4-user)
+driver=$(ready_driver_pod "$node")
+pool=$(k -n "$DRIVER_NS" logs "$driver" -c stickyvol | grep -m1 'pool ready pool=default ' || true)
+if [[ $pool == *'snapshots="full copies'* ]]; then
+    # Frozen for a whole copy of its data, the pod's writes would stall: refused, saying why.
+    step "a snapshot while the pod runs is refused on a pool without reflinks"
+    apply <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: busy-snap}
+spec:
+  volumeSnapshotClassName: stickyvol
+  source: {persistentVolumeClaimName: small-ext4}
+YAML
+    until_ok 120 "the snapshot's error saying why" \
+        '[[ $(kn get volumesnapshot busy-snap -o jsonpath="{.status.error.message}") == *"no reflinks"* ]]'
+    kn delete volumesnapshot busy-snap --wait=true --timeout=120s >/dev/null
+    kn delete pod ext4-user --wait=true --timeout=120s >/dev/null
+    step "taken once the pod is gone, the snapshot restores with its data"
+else
+    step "a snapshot taken while the pod runs restores with its data"
+fi
 snapshot image-snap small-ext4
 apply <<YAML
 apiVersion: v1
@@ -68,7 +90,7 @@ spec:
   resources: {requests: {storage: 128Mi}}
   dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: image-snap}
 YAML
-pod restore-reader restored "$(pod_node ext4-user)"
+pod restore-reader restored "$node"
 wait_pod_running restore-reader 180
 expect_eq "$(pexec restore-reader cat /data/file)" kept "the restored file"
 restored_size=$(size_mib restore-reader)

@@ -4,7 +4,9 @@
 # of an `onOverflow: report` class filled the same way evicts nothing, and its Event and the
 # driver's metrics say so. The overflow check acts when kubelet's periodic NodeGetVolumeStats
 # (every minute) finds a volume above its size, or at its own round (--overflow-check-interval,
-# 60 s in deploy/), whichever comes first: the waits allow both and a margin. Takes 1.5-3 min.
+# 60 s in deploy/), whichever comes first: the waits allow both and a margin. Then hostile pods
+# a 100% PodDisruptionBudget keeps from eviction are fenced read-only after the grace, beside an
+# image volume that keeps its blocks (below). Takes 4-7 min.
 # e2e-lane: volumes
 source "$(dirname "$0")/../lib/scenario.sh"
 
@@ -72,3 +74,82 @@ for p in reporter bystander; do
         "pod $p"
 done
 [[ -z $(events other OverflowEvicted)$(events kept OverflowEvicted) ]] || fail "another claim's pod was evicted"
+
+# Hostile tenants on the same node and pool: a PodDisruptionBudget of minAvailable 100% keeps
+# each from eviction, one hides its usage in a file it deleted but keeps open, the other makes
+# its tree deeper than any walk enters. Neither is left writing: each volume is fenced read-only
+# within the grace (--overflow-fence-after, 120 s in deploy/) after the check found it, while a
+# neighbour's image volume on the pool keeps every block it was promised (thick by default here).
+step "hostile pods behind a 100% PodDisruptionBudget, and a neighbour's image volume"
+k apply -f - >/dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: e2e-overflow-image}
+provisioner: stickyvol.csi.io
+volumeBindingMode: WaitForFirstConsumer
+reclaimPolicy: Delete
+parameters: {csi.storage.k8s.io/fstype: ext4}
+YAML
+defer 'k delete storageclass e2e-overflow-image --ignore-not-found >/dev/null'
+hostile() { # hostile NAME COMMAND: a pod on $node with a 16Mi claim NAME, guarded by a 100% budget
+    claim "$1" 16Mi
+    apply <<YAML
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: $1}
+spec:
+  minAvailable: "100%"
+  selector: {matchLabels: {hostile: $1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, labels: {hostile: $1}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: $TEST_IMAGE
+    command: [sh, -c, "$2"]
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+  - name: data
+    persistentVolumeClaim: {claimName: $1}
+YAML
+}
+hostile ghost 'exec 3>/data/ghost && rm /data/ghost && dd if=/dev/zero bs=1M count=48 >&3 2>/dev/null && sync && sleep 100000'
+hostile deep 'cd /data && i=0 && while [ $i -lt 4100 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; sleep 100000'
+claim neighbour 64Mi e2e-overflow-image
+pod neighbour neighbour "$node"
+wait_pod_running ghost
+wait_pod_running deep
+wait_pod_running neighbour 180
+
+step "the neighbour's image holds its whole size from the start"
+handle=$(k get pv "$(pv_of neighbour)" -o jsonpath='{.spec.csi.volumeHandle}')
+used=$(k -n "$DRIVER_NS" exec "$driver" -c stickyvol -- stickyvol volume show "$handle" --json |
+    python3 -c 'import json, sys; print(json.load(sys.stdin).get("used_bytes") or 0)')
+(( used >= 63 * 1024 * 1024 )) || fail "the neighbour's image has $used bytes allocated, not its 64Mi"
+
+step "each hostile volume is refused eviction, then fenced read-only"
+for c in ghost deep; do
+    until_ok 240 "an OverflowEvictionRefused event on claim $c" '[[ -n $(events '"$c"' OverflowEvictionRefused) ]]'
+done
+[[ $(events ghost VolumeOverflow) == *"in deleted files its pods keep open"* ]] ||
+    fail "the ghost's overflow does not count its deleted file: $(events ghost VolumeOverflow)"
+[[ $(events deep VolumeOverflow) == *"cannot be measured"* ]] ||
+    fail "the deep tree is not counted as overflowing: $(events deep VolumeOverflow)"
+for c in ghost deep; do
+    until_ok 240 "an OverflowFenced event on claim $c" '[[ -n $(events '"$c"' OverflowFenced) ]]'
+    said=$(pexec "$c" sh -c 'touch /data/after 2>&1' || true)
+    [[ $said == *"Read-only file system"* ]] || fail "pod $c still writes after its fence: '$said'"
+    expect_eq "$(kn get pod "$c" -o jsonpath='{.status.phase}')" Running "pod $c, fenced, not killed"
+done
+[[ $(events ghost OverflowFenced) == *"expand the claim"* ]] ||
+    fail "the fence's event does not say how to get out: $(events ghost OverflowFenced)"
+
+step "the neighbour writes its whole filesystem"
+avail=$(pexec neighbour df -k /data | awk 'NR == 2 { print int($4 / 1024) }')
+pexec neighbour dd if=/dev/zero of=/data/fill bs=1M count="$avail" conv=fsync 2>/dev/null ||
+    fail "the neighbour could not write ${avail} MiB into its image"
+kn delete pod ghost deep neighbour --wait=false >/dev/null
