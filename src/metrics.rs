@@ -24,6 +24,7 @@ use prometheus_client::registry::{Metric, Registry};
 use crate::faces::driver::Driver;
 use crate::volume::space::audit::AuditTotals;
 use crate::volume::state::journal;
+use crate::volume::state::record::FenceCause;
 
 pub use http::serve;
 use space::Space;
@@ -54,6 +55,11 @@ struct NodeLossLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OnOverflowLabels {
     on_overflow: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -261,6 +267,7 @@ struct LoopMetrics {
     node_loss_actions: Family<NodeLossLabels, Counter>,
     node_loss_leader: Gauge,
     orphaned_volumes: Gauge,
+    fenced_volumes: Family<CauseLabels, Gauge>,
     overflowing_volumes: Family<OnOverflowLabels, Gauge>,
     overflow_evictions: Family<ResultLabels, Counter>,
     restore_placements: Family<ResultLabels, Counter>,
@@ -285,6 +292,13 @@ impl LoopMetrics {
                 registry,
                 "orphaned_volumes",
                 "Volumes of this node whose PV was found gone, their data moved to lost+found",
+            ),
+            fenced_volumes: add(
+                registry,
+                "fenced_volumes",
+                "Directory volumes of this node fenced read-only, by cause: overflow (above \
+             their size past the overflow check's grace, their pods not evicted) or audit (a \
+             project-id audit that cannot finish)",
             ),
             overflowing_volumes: add(
                 registry,
@@ -480,6 +494,17 @@ impl Metrics {
             self.loops
                 .orphaned_volumes
                 .set(i64::try_from(volumes.orphaned_count()).unwrap_or(i64::MAX));
+            let fenced = volumes.fenced(None);
+            for cause in [FenceCause::Overflow, FenceCause::Audit] {
+                let count = fenced.iter().filter(|(_, f)| f.cause == cause).count();
+                let label = CauseLabels {
+                    cause: format!("{cause:?}").to_lowercase(),
+                };
+                self.loops
+                    .fenced_volumes
+                    .get_or_create(&label)
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+            }
             *self
                 .journals
                 .latest

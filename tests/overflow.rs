@@ -614,7 +614,6 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
         api.events.iter().any(|e| e["reason"] == "OverflowFenced")
     })
     .await;
-    let fenced_at = Instant::now();
     assert_eq!(
         pod_write(&pod, &target, "after"),
         Some(libc::EROFS),
@@ -636,6 +635,12 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
         condition.abnormal && condition.message.contains("fenced read-only"),
         "{condition:?}"
     );
+    let fenced = || {
+        driver
+            .scrape()
+            .value("stickyvol_fenced_volumes", &[("cause", "overflow")])
+    };
+    assert_eq!(fenced(), 1.0);
     // A pod that mounts it now gets it read-only, whatever it asks.
     let second = publish_for_pod(driver, &volume, "newcomer").await;
     assert_eq!(host_write(&second, "new"), Some(libc::EROFS));
@@ -652,6 +657,7 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
         lifted.was_fenced && lifted.mounts_writable >= 2,
         "{lifted:?}"
     );
+    let unfenced_at = Instant::now();
     assert_eq!(
         pod_write(&pod, &target, "window"),
         None,
@@ -663,8 +669,8 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(
-        fenced_at.elapsed() >= Duration::from_secs(2),
-        "a fresh grace"
+        unfenced_at.elapsed() >= Duration::from_secs(2),
+        "a fresh grace, not fenced again at once"
     );
 
     // The claim grows past what the volume holds: the fence lifts.
@@ -683,6 +689,7 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
         None,
         "the pod writes again"
     );
+    assert_eq!(fenced(), 0.0);
     assert_eq!(host_write(&target, "again"), None);
     let condition = measure(driver, &volume, &target).await;
     assert!(!condition.abnormal, "{condition:?}");

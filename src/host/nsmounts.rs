@@ -140,11 +140,10 @@ fn tasks() -> impl Iterator<Item = PathBuf> {
     })
 }
 
-/// The namespaces holding mounts of `source`, and how many namespaces were looked at. A task
-/// that ends meanwhile is skipped.
-fn namespaces_with(source: &Source) -> (Vec<Namespace>, usize) {
+/// Calls `visit` once per mount namespace this process can see (a descriptor of it, its nsfs
+/// inode, its mount table); how many there were. A task that ends meanwhile is skipped.
+fn each_namespace(mut visit: impl FnMut(OwnedFd, u64, Vec<MountEntry>)) -> usize {
     let mut seen = HashSet::new();
-    let mut found = Vec::new();
     for task in tasks() {
         let Ok(fd) = nix::fcntl::open(
             &task.join("ns/mnt"),
@@ -156,16 +155,23 @@ fn namespaces_with(source: &Source) -> (Vec<Namespace>, usize) {
         let Ok(stat) = nix::sys::stat::fstat(fd.as_fd()) else {
             continue;
         };
-        let namespace = stat.st_ino;
-        if !seen.insert(namespace) {
+        if !seen.insert(stat.st_ino) {
             continue;
         }
         let Ok(bytes) = read_proc(&task.join("mountinfo")) else {
             continue;
         };
-        let Ok(entries) = mountinfo::parse_bytes(&bytes) else {
-            continue;
-        };
+        if let Ok(entries) = mountinfo::parse_bytes(&bytes) {
+            visit(fd, stat.st_ino, entries);
+        }
+    }
+    seen.len()
+}
+
+/// The namespaces holding mounts of `source`, and how many namespaces were looked at.
+fn namespaces_with(source: &Source) -> (Vec<Namespace>, usize) {
+    let mut found = Vec::new();
+    let looked_at = each_namespace(|fd, namespace, entries| {
         let mounts: Vec<Found> = entries
             .iter()
             .filter(|e| is_of(e, source))
@@ -181,8 +187,8 @@ fn namespaces_with(source: &Source) -> (Vec<Namespace>, usize) {
         if !mounts.is_empty() {
             found.push(Namespace { fd, mounts });
         }
-    }
-    (found, seen.len())
+    });
+    (found, looked_at)
 }
 
 /// Every mount of `source` in every namespace this process can see.
@@ -304,15 +310,15 @@ pub fn held_by_unlinked(sources: &[Source]) -> Vec<u64> {
     if sources.is_empty() {
         return bytes;
     }
-    // Mount ids are unique kernel-wide: one map from every namespace's table.
+    // Mount ids are unique kernel-wide: one map from every namespace's table, in one pass.
     let mut of_mount: HashMap<u32, usize> = HashMap::new();
-    for (index, source) in sources.iter().enumerate() {
-        for ns in namespaces_with(source).0 {
-            for found in ns.mounts {
-                of_mount.insert(found.key.mount_id, index);
+    each_namespace(|_, _, entries| {
+        for entry in entries {
+            if let Some(index) = sources.iter().position(|source| is_of(&entry, source)) {
+                of_mount.insert(entry.mount_id, index);
             }
         }
-    }
+    });
     let mut counted = HashSet::new();
     for process in processes() {
         let Ok(fds) = fs::read_dir(process.join("fd")) else {
