@@ -91,6 +91,8 @@ reclaimPolicy: Delete
 parameters: {csi.storage.k8s.io/fstype: ext4}
 YAML
 defer 'k delete storageclass e2e-overflow-image --ignore-not-found >/dev/null'
+# The budget: minAvailable 1 of the one pod, i.e. 100% (a percentage needs a pod a controller
+# manages; for a bare pod the disruption controller asks for an integer).
 hostile() { # hostile NAME COMMAND: a pod on $node with a 16Mi claim NAME, guarded by a 100% budget
     claim "$1" 16Mi
     apply <<YAML
@@ -98,7 +100,7 @@ apiVersion: policy/v1
 kind: PodDisruptionBudget
 metadata: {name: $1}
 spec:
-  minAvailable: "100%"
+  minAvailable: 1
   selector: {matchLabels: {hostile: $1}}
 ---
 apiVersion: v1
@@ -118,7 +120,9 @@ spec:
 YAML
 }
 hostile ghost 'exec 3>/data/ghost && rm /data/ghost && dd if=/dev/zero bs=1M count=48 >&3 2>/dev/null && sync && sleep 100000'
-hostile deep 'cd /data && i=0 && while [ $i -lt 4100 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; sleep 100000'
+# Deeper than any path: each level is added on top by renames of short names (a shell's cd
+# would need the whole path).
+hostile deep 'cd /data && if [ ! -d c ]; then mkdir c && i=0 && while [ $i -lt 4100 ]; do mkdir n && mv c n/c && mv n c || exit 1; i=$((i+1)); done; fi; sleep 100000'
 claim neighbour 64Mi e2e-overflow-image
 pod neighbour neighbour "$node"
 wait_pod_running ghost
