@@ -608,6 +608,19 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
     // The container's mount namespace: a private copy holding its own mount of the target.
     let pod = common::namespace::OtherNode::private_copy();
     assert_eq!(pod_write(&pod, &target, "before"), None);
+    // A second container of the pod keeps a file open for writing: the kernel will not make its
+    // mount read-only while it does.
+    let script = format!(
+        "exec 3>>{}/held && echo ready && exec sleep 600",
+        target.display()
+    );
+    let mut holder = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare(1)");
+    let mut ready = [0u8; 6];
+    std::io::Read::read_exact(holder.stdout.as_mut().unwrap(), &mut ready).unwrap();
     write(&target, "big", 2 * SIZE);
     measure(driver, &volume, &target).await;
     until(&setup.api, "the fence's event", |api| {
@@ -629,6 +642,18 @@ async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
     assert!(
         note.contains("fenced read-only") && note.contains("expand the claim"),
         "{note}"
+    );
+    assert!(
+        note.contains(
+            "1 processes of containers that kept files open for writing on it were stopped"
+        ),
+        "{note}"
+    );
+    let status = holder.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "the writing container stopped"
     );
     let condition = measure(driver, &volume, &target).await;
     assert!(

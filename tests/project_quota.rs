@@ -879,11 +879,16 @@ async fn a_volume_whose_audit_cannot_finish_is_fenced_until_one_does(fs_type: &s
         let events = events.lock().unwrap();
         events.iter().map(|e| e["reason"].to_string()).collect()
     };
-    assert!(
-        reasons().iter().any(|r| r.contains("AuditFenced")),
-        "{fs_type}: {:?}",
-        reasons()
-    );
+    // The Event is written by a task of its own, after the fence.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !reasons().iter().any(|r| r.contains("AuditFenced")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{fs_type}: no AuditFenced Event: {:?}",
+            reasons()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 
     drop(chain);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

@@ -55,6 +55,9 @@ pub struct Changed {
     pub changed: Vec<MountKey>,
     /// Mounts found but not changed, each with why.
     pub failed: Vec<String>,
+    /// Namespaces with a mount that could not be made read-only because files are open for
+    /// writing through it (the kernel answers EBUSY while any are): see `stop_processes_in`.
+    pub busy: Vec<u64>,
     /// Namespaces looked at.
     pub namespaces: usize,
 }
@@ -222,6 +225,9 @@ pub fn set_read_only(source: &Source, read_only: bool, select: &dyn Fn(&Found) -
                 for (found, result) in results {
                     match result {
                         Ok(()) => outcome.changed.push(found.key),
+                        Err(err) if read_only && err.raw_os_error() == Some(libc::EBUSY) => {
+                            outcome.busy.push(found.key.namespace)
+                        }
                         Err(err) => outcome.failed.push(format!(
                             "{} (mount {}): {err}",
                             found.mount_point.display(),
@@ -236,6 +242,54 @@ pub fn set_read_only(source: &Source, read_only: bool, select: &dyn Fn(&Found) -
         }
     }
     outcome
+}
+
+/// Kills (SIGKILL) every process whose mount namespace is one of `namespaces`, never one in
+/// this process's own namespace or in pid 1's; how many were signalled. A container keeping a
+/// file open for writing through a mount keeps that mount from being made read-only, and no
+/// descriptor can be revoked: its processes go, and kubelet restarts the container. Each is
+/// signalled through a pidfd opened before its namespace is looked at, so a pid reused
+/// meanwhile is never signalled (the pidfd's process is gone then, and the signal fails).
+pub fn stop_processes_in(namespaces: &[u64]) -> usize {
+    let inode = |path: &str| nix::sys::stat::stat(path).ok().map(|s| s.st_ino);
+    let protected = [inode("/proc/self/ns/mnt"), inode("/proc/1/ns/mnt")];
+    let mut stopped = 0;
+    for process in processes() {
+        let Some(pid) = process
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: plain integers; the result is a new descriptor or -1.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            continue;
+        }
+        // SAFETY: pidfd_open returned a descriptor nobody else owns.
+        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as libc::c_int) };
+        let Some(namespace) = inode(&format!("/proc/{pid}/ns/mnt")) else {
+            continue;
+        };
+        if !namespaces.contains(&namespace) || protected.contains(&Some(namespace)) {
+            continue;
+        }
+        // SAFETY: a pidfd we own, a signal number, no siginfo.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            stopped += 1;
+        }
+    }
+    stopped
 }
 
 type Results = Vec<(Found, io::Result<()>)>;
@@ -448,6 +502,52 @@ mod tests {
         go.send(false).unwrap();
         pod.join().unwrap();
     }
+    /// A process of another namespace keeps a file open for writing through its copy of the
+    /// mount: the kernel refuses to make that mount read-only (EBUSY), the namespace is named
+    /// busy, and stopping its processes ends the writer; our own namespace is never touched.
+    #[test]
+    fn a_namespace_writing_through_a_mount_is_busy_and_its_processes_can_be_stopped() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let scratch = tempfile::tempdir().unwrap();
+        let data = scratch.path().join("data");
+        let target = scratch.path().join("target");
+        fs::create_dir_all(&data).unwrap();
+        fs::create_dir_all(&target).unwrap();
+        bind(&data, &target, sys_mount::MountFlags::empty());
+        let source = source_of(&data).unwrap();
+        let script = format!(
+            "exec 3>>{}/held && echo ready && exec sleep 60",
+            target.display()
+        );
+        let mut writer = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare(1)");
+        let mut ready = [0u8; 6];
+        std::io::Read::read_exact(writer.stdout.as_mut().unwrap(), &mut ready).unwrap();
+        let theirs = nix::sys::stat::stat(format!("/proc/{}/ns/mnt", writer.id()).as_str())
+            .unwrap()
+            .st_ino;
+        let fenced = set_read_only(&source, true, &|_| true);
+        // Ours, and copies propagated into other namespaces of this machine, if any.
+        assert!(!fenced.changed.is_empty(), "our own target: {fenced:?}");
+        assert_eq!(fenced.busy, [theirs], "the writer's namespace: {fenced:?}");
+        assert!(fenced.failed.is_empty(), "{fenced:?}");
+        let own = nix::sys::stat::stat("/proc/self/ns/mnt").unwrap().st_ino;
+        assert_eq!(stop_processes_in(&[own]), 0, "never our own namespace");
+        assert_eq!(stop_processes_in(&fenced.busy), 1);
+        let status = writer.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        super::super::mount::unmount(&target).unwrap();
+    }
+
     /// A file unlinked while open still holds its blocks: counted for the mount it was opened
     /// through, once however many descriptors hold it, and no more once closed.
     #[test]

@@ -3,7 +3,10 @@
 //! eviction (`cluster::node::overflow`, after its grace), or whose project-id audit cannot
 //! finish (`audit`), has every mount of its data made read-only: kubelet's targets, and the
 //! pods' own mounts in their containers' namespaces (`host::nsmounts`), which a remount of the
-//! targets would not reach. Reads go on; writes fail with EROFS, so the pool stops filling.
+//! targets would not reach. Reads go on; writes fail with EROFS, so the pool stops filling. The
+//! kernel will not make a mount read-only while files are open for writing through it, and no
+//! descriptor can be revoked: a container that holds one has its processes stopped, and
+//! kubelet restarts it on the read-only target.
 //!
 //! The fence is in the record: it survives a restart, and every publication made while it
 //! stands is mounted read-only whatever was asked (kubelet's own record keeps what it asked).
@@ -51,6 +54,8 @@ pub struct FenceOutcome {
     /// Mounts found but not changed, each with why.
     pub failed: Vec<String>,
     pub namespaces: usize,
+    /// Processes stopped because their container kept files open for writing on the volume.
+    pub stopped: usize,
 }
 
 impl Volumes {
@@ -84,18 +89,22 @@ impl Volumes {
             nsmounts::source_of(&data).context(|| format!("locating {}", data.display()))?;
         let changed = nsmounts::set_read_only(&source, true, &|_| true);
         self.fenced_mounts.add(id, &changed.changed);
+        // A container writing through its mount keeps it writable (EBUSY): it is stopped, and
+        // kubelet restarts it on the target, read-only now; the next round checks its mount.
+        let stopped = nsmounts::stop_processes_in(&changed.busy);
         let outcome = FenceOutcome {
             new,
             mounts_changed: changed.changed.len(),
             failed: changed.failed,
             namespaces: changed.namespaces,
+            stopped,
         };
-        if new || outcome.mounts_changed > 0 || !outcome.failed.is_empty() {
+        if new || outcome.mounts_changed > 0 || outcome.stopped > 0 || !outcome.failed.is_empty() {
             let level_warn = !outcome.failed.is_empty();
             if level_warn {
-                warn!(volume = %id, ?cause, made_read_only = outcome.mounts_changed, namespaces = outcome.namespaces, failed = ?outcome.failed, "volume fenced read-only, but some of its mounts could not be changed");
+                warn!(volume = %id, ?cause, made_read_only = outcome.mounts_changed, stopped = outcome.stopped, namespaces = outcome.namespaces, failed = ?outcome.failed, "volume fenced read-only, but some of its mounts could not be changed");
             } else {
-                info!(volume = %id, ?cause, made_read_only = outcome.mounts_changed, namespaces = outcome.namespaces, why, "volume fenced read-only");
+                info!(volume = %id, ?cause, made_read_only = outcome.mounts_changed, stopped = outcome.stopped, namespaces = outcome.namespaces, why, "volume fenced read-only");
             }
         }
         Ok(outcome)
@@ -142,6 +151,7 @@ impl Volumes {
             mounts_changed: changed.changed.len(),
             failed: changed.failed,
             namespaces: changed.namespaces,
+            stopped: 0,
         }))
     }
 

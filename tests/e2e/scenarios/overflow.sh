@@ -119,7 +119,10 @@ spec:
     persistentVolumeClaim: {claimName: $1}
 YAML
 }
-hostile ghost 'exec 3>/data/ghost && rm /data/ghost && dd if=/dev/zero bs=1M count=48 >&3 2>/dev/null && sync && sleep 100000'
+# The ghost keeps its deleted file open for writing: the kernel will not make a mount read-only
+# while it does, so the fence stops the container and kubelet restarts it on the read-only
+# target, where the writer cannot start again (the outer sleep keeps the pod up).
+hostile ghost '(exec 3>/data/ghost && rm /data/ghost && dd if=/dev/zero bs=1M count=48 >&3 2>/dev/null && sync && exec sleep 100000) || true; exec sleep 100000'
 # Deeper than any path: each level is added on top by renames of short names (a shell's cd
 # would need the whole path).
 hostile deep 'cd /data && if [ ! -d c ]; then mkdir c && i=0 && while [ $i -lt 4100 ]; do mkdir n && mv c n/c && mv n c || exit 1; i=$((i+1)); done; fi; sleep 100000'
@@ -143,14 +146,17 @@ done
     fail "the ghost's overflow does not count its deleted file: $(events ghost VolumeOverflow)"
 [[ $(events deep VolumeOverflow) == *"cannot be measured"* ]] ||
     fail "the deep tree is not counted as overflowing: $(events deep VolumeOverflow)"
-for c in ghost deep; do
-    until_ok 240 "an OverflowFenced event on claim $c" '[[ -n $(events '"$c"' OverflowFenced) ]]'
-    said=$(pexec "$c" sh -c 'touch /data/after 2>&1' || true)
-    [[ $said == *"Read-only file system"* ]] || fail "pod $c still writes after its fence: '$said'"
-    expect_eq "$(kn get pod "$c" -o jsonpath='{.status.phase}')" Running "pod $c, fenced, not killed"
-done
+cannot_write() { [[ $(pexec "$1" sh -c 'touch /data/after 2>&1' || true) == *"Read-only file system"* ]]; }
+until_ok 240 "an OverflowFenced event on claim deep" '[[ -n $(events deep OverflowFenced) ]]'
+cannot_write deep || fail "pod deep still writes after its fence"
+expect_eq "$(kn get pod deep -o jsonpath='{.status.phase}')" Running "pod deep, fenced, not killed"
+until_ok 240 "an OverflowFenced event on claim ghost" '[[ -n $(events ghost OverflowFenced) ]]'
+[[ $(events ghost OverflowFenced) == *"kept files open for writing on it were stopped"* ]] ||
+    fail "the ghost's writer was not stopped: $(events ghost OverflowFenced)"
 [[ $(events ghost OverflowFenced) == *"expand the claim"* ]] ||
     fail "the fence's event does not say how to get out: $(events ghost OverflowFenced)"
+until_ok 150 "the ghost restarted, unable to write" \
+    '[[ $(kn get pod ghost -o jsonpath="{.status.containerStatuses[0].restartCount}") -ge 1 ]] && cannot_write ghost'
 
 step "the neighbour writes its whole filesystem"
 avail=$(pexec neighbour df -k /data | awk 'NR == 2 { print int($4 / 1024) }')

@@ -92,8 +92,14 @@ fn fenced_message(volume: &Overflowing, why: &str, outcome: &FenceOutcome) -> St
         0 => String::new(),
         n => format!(" ({n} could not be changed: {})", outcome.failed.join("; ")),
     };
+    let stopped = match outcome.stopped {
+        0 => String::new(),
+        n => format!(
+            "; {n} processes of containers that kept files open for writing on it were stopped (kubelet restarts them with the volume read-only)"
+        ),
+    };
     format!(
-        "volume {} (PV {}) is fenced read-only: {why}. {} of its mounts, in the pods' containers too, are now read-only{failed}: reads go on, writes fail. {}",
+        "volume {} (PV {}) is fenced read-only: {why}. {} of its mounts, in the pods' containers too, are now read-only{failed}{stopped}: reads go on, writes fail. {}",
         volume.id,
         volume.pv_name,
         outcome.mounts_changed,
