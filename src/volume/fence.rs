@@ -118,6 +118,11 @@ impl Volumes {
         id: &VolumeId,
         cause: Option<FenceCause>,
     ) -> Result<Option<FenceOutcome>> {
+        // Asked after every clean audit: an unfenced volume answers without its operation
+        // slot, so a publish running meanwhile is not turned away.
+        if self.get(id)?.fenced.is_none() {
+            return Ok(None);
+        }
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
         let Some(fenced) = &record.fenced else {
