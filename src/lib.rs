@@ -17,11 +17,12 @@
 //!   what both share; `loops`: the one list of background loops; `orphans`: the
 //!   `stickyvol cluster orphans` command.
 //! - [`volume`]: the domain: [`volume::Volumes`] and its operations (create, stage, publish,
-//!   expand, stats, the read-only fence, recovery), over `state` (ids, records, the journal), `space` (pools,
-//!   limits, accounting) and `copies` (snapshots, clones, export and import).
+//!   expand, stats, the read-only fence, recovery), over `state` (ids, records, the
+//!   journal), `space` (pools, limits, accounting) and `copies` (snapshots, clones, export and
+//!   import).
 //! - [`host`]: the mechanics, knowing nothing of CSI: mounts (also in other mount namespaces),
-//!   loop devices, image filesystems,
-//!   quotas, btrfs, tree walks, safe deletion, copies, the export stream.
+//!   loop devices, image filesystems, quotas, btrfs, tree walks, safe deletion, copies, the
+//!   export stream.
 //!
 //! Beside them: [`class`] (the StorageClass parameters, parsed once), [`config`] (flags into a
 //! checked configuration), [`server`] (sockets and the gRPC server), [`metrics`], [`cli`],
