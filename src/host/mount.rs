@@ -124,6 +124,11 @@ pub fn set_flags_on(mount: BorrowedFd<'_>, flags: MountFlags) -> io::Result<()> 
             attr.attr_set |= libc::MOUNT_ATTR_NODIRATIME;
         }
     }
+    set_attributes(mount, &attr)
+}
+
+/// mount_setattr(2) on the mount whose root `mount` is: sets and clears what `attr` says.
+pub fn set_attributes(mount: BorrowedFd<'_>, attr: &libc::mount_attr) -> io::Result<()> {
     // SAFETY: a descriptor, an empty C string and a mount_attr of the size we pass.
     let rc = unsafe {
         libc::syscall(
@@ -131,7 +136,7 @@ pub fn set_flags_on(mount: BorrowedFd<'_>, flags: MountFlags) -> io::Result<()> 
             mount.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const libc::mount_attr,
+            attr as *const libc::mount_attr,
             std::mem::size_of::<libc::mount_attr>(),
         )
     };

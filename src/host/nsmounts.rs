@@ -337,21 +337,7 @@ fn set_one(found: &Found, read_only: bool) -> io::Result<()> {
         propagation: 0,
         userns_fd: 0,
     };
-    // SAFETY: a descriptor, an empty C string and a mount_attr of the size we pass.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            opened.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    super::mount::set_attributes(opened.as_fd(), &attr)
 }
 
 /// The bytes held by files that no name reaches any more (unlinked, or made with O_TMPFILE)
