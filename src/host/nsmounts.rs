@@ -423,6 +423,37 @@ mod tests {
         super::super::mount::bind_onto(source, dir.as_fd(), flags).unwrap();
     }
 
+    /// A directory `data` bind-mounted at `target` in a scratch directory; unmounted when
+    /// dropped, also by a failed test.
+    struct Bound {
+        _scratch: tempfile::TempDir,
+        data: PathBuf,
+        target: PathBuf,
+    }
+
+    impl Bound {
+        fn new() -> Bound {
+            let scratch = tempfile::tempdir().unwrap();
+            let data = scratch.path().join("data");
+            let target = scratch.path().join("target");
+            fs::create_dir_all(&data).unwrap();
+            fs::create_dir_all(&target).unwrap();
+            bind(&data, &target, sys_mount::MountFlags::empty());
+            Bound {
+                _scratch: scratch,
+                data,
+                target,
+            }
+        }
+    }
+
+    impl Drop for Bound {
+        fn drop(&mut self) {
+            // Already gone where the test unmounted it; detached lazily if still busy.
+            let _ = nix::mount::umount2(&self.target, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
     /// A thread in a namespace of its own (a copy of ours, as a container runtime makes one)
     /// writes into its copy of the bind mount until told to stop; it reports each write's result.
     #[test]
@@ -431,12 +462,8 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
-        let scratch = tempfile::tempdir().unwrap();
-        let data = scratch.path().join("data");
-        let target = scratch.path().join("target");
-        fs::create_dir_all(&data).unwrap();
-        fs::create_dir_all(&target).unwrap();
-        bind(&data, &target, sys_mount::MountFlags::empty());
+        let bound = Bound::new();
+        let (data, target) = (bound.data.clone(), bound.target.clone());
         let source = source_of(&data).unwrap();
         let (go, commands) = std::sync::mpsc::channel::<bool>();
         let (report, results) = std::sync::mpsc::channel::<io::Result<()>>();
@@ -488,6 +515,7 @@ mod tests {
         go.send(false).unwrap();
         pod.join().unwrap();
     }
+
     /// A process of another namespace keeps a file open for writing through its copy of the
     /// mount: the kernel refuses to make that mount read-only (EBUSY), the namespace is named
     /// busy, and stopping its processes ends the writer; our own namespace is never touched.
@@ -497,12 +525,8 @@ mod tests {
             eprintln!("skipped: needs root");
             return;
         }
-        let scratch = tempfile::tempdir().unwrap();
-        let data = scratch.path().join("data");
-        let target = scratch.path().join("target");
-        fs::create_dir_all(&data).unwrap();
-        fs::create_dir_all(&target).unwrap();
-        bind(&data, &target, sys_mount::MountFlags::empty());
+        let bound = Bound::new();
+        let (data, target) = (bound.data.clone(), bound.target.clone());
         let source = source_of(&data).unwrap();
         let script = format!(
             "exec 3>>{}/held && echo ready && exec sleep 60",
@@ -531,7 +555,6 @@ mod tests {
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(libc::SIGKILL)
         );
-        super::super::mount::unmount(&target).unwrap();
     }
 
     /// A file unlinked while open still holds its blocks: counted for the mount it was opened
