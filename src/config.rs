@@ -123,6 +123,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CHECK_CLASSES", value_enum, default_value_t = Switch::Off)]
     pub check_classes: Switch,
 
+    /// Controller mode only: overflow evictions, which evicts the pods the node plugins' overflow
+    /// checks ask it to, each only if it runs on the asking node and uses that node's volume
+    /// (see docs/operations.md, "Volumes above their size"): on or off.
+    #[arg(long, env = "OVERFLOW_EVICTIONS", value_enum, default_value_t = Switch::Off)]
+    pub overflow_evictions: Switch,
+
     /// Seconds between the reconciler's Lease renewals (the Lease lasts three), and between
     /// its rounds while a lost node's claims are being handled; otherwise it acts on watched
     /// changes.
@@ -357,6 +363,8 @@ pub struct Config {
     pub restore_placement: bool,
     /// Whether the class check runs (controller mode only).
     pub check_classes: bool,
+    /// Whether overflow evictions run (controller mode).
+    pub overflow_evictions: bool,
     /// The looks for orphaned volumes, when they run (modes with volumes only).
     pub orphan_check: Option<OrphanCheckConfig>,
     /// Time between project-id audits, when they run (modes with volumes only).
@@ -387,7 +395,9 @@ pub enum ConfigError {
     MaxVolumes,
     #[error("--node-loss: {0}")]
     NodeLoss(String),
-    #[error("--restore-placement and --check-classes run only with --mode=controller")]
+    #[error(
+        "--restore-placement, --check-classes and --overflow-evictions run only with --mode=controller"
+    )]
     ControllerOnly,
     #[error("{flag} {value:?}: {why}")]
     Pool {
@@ -409,7 +419,10 @@ impl Config {
         )?;
         let restore_placement = args.restore_placement == Switch::On;
         let check_classes = args.check_classes == Switch::On;
-        if (restore_placement || check_classes) && args.mode != Mode::Controller {
+        let overflow_evictions = args.overflow_evictions == Switch::On;
+        if (restore_placement || check_classes || overflow_evictions)
+            && args.mode != Mode::Controller
+        {
             return Err(ConfigError::ControllerOnly);
         }
         if !is_label_value(&args.node_id) {
@@ -437,6 +450,7 @@ impl Config {
             node_loss,
             restore_placement,
             check_classes,
+            overflow_evictions,
             orphan_check,
             project_audit_interval,
             overflow_check,
@@ -947,6 +961,7 @@ mod tests {
             node_loss: NodeLossMode::Off,
             restore_placement: Switch::Off,
             check_classes: Switch::Off,
+            overflow_evictions: Switch::Off,
             node_loss_interval: 5,
             orphan_check_interval: 0,
             project_audit_interval: 600,

@@ -311,9 +311,10 @@ impl LoopMetrics {
             overflow_evictions: add(
                 registry,
                 "overflow_evictions",
-                "Evictions the overflow check asked for, by result: evicted, refused (a \
-             PodDisruptionBudget; asked again next round), gone (the pod was gone or \
-             replaced), failed (asked again next round)",
+                "Evictions the node plugins' overflow checks asked the controller for, by result: \
+             evicted, refused (a PodDisruptionBudget; asked again next round), gone (the pod \
+             was gone or replaced), not_allowed (not a pod of the asking node's volume, or a \
+             request not acted on), failed (asked again next round)",
             ),
             restore_placements: add(
                 registry,
@@ -428,7 +429,7 @@ impl Metrics {
         }
     }
 
-    /// Counts one eviction the overflow check asked for (`result`: a fixed set of words).
+    /// Counts one eviction a node's overflow check asked for (`result`: a fixed set of words).
     pub fn observe_overflow_eviction(&self, result: &'static str) {
         self.loops
             .overflow_evictions

@@ -2,9 +2,10 @@
 //! real driver, with `--overflow-check-interval`, against a stub API server (its kubeconfig).
 //! Volumes are published as kubelet publishes them with the CSIDriver's `podInfoOnMount` (the
 //! pod's name, namespace and uid in volume_context) and filled through the mount past their size;
-//! NodeGetVolumeStats measures them as kubelet's periodic call does. Then: an Eviction for that
-//! pod alone, carrying its uid, and Events on the claim; with `onOverflow: report` none; a
-//! PodDisruptionBudget's refusal (429) retried; a pool that enforces sizes never evicts.
+//! NodeGetVolumeStats measures them as kubelet's periodic call does. Then: an eviction request for
+//! that pod alone, carrying its uid, written on the volume's PV for the controller (which checks
+//! and evicts: `controller::evictions`' tests) and taken back once the volume fits, and Events on
+//! the claim; with `onOverflow: report` none; a pool that enforces sizes never asks.
 
 mod common;
 
@@ -28,21 +29,26 @@ const CLAIM_NS: &str = "shop";
 struct Api {
     /// Claims of namespace `shop` by name.
     claims: HashMap<String, Value>,
-    /// (pod name, request body) of every eviction asked for.
-    evictions: Vec<(String, Value)>,
-    /// How many more evictions of a pod a PodDisruptionBudget refuses, by pod name.
-    refusals: HashMap<String, usize>,
+    /// (PV name, merge patch) of every PV patch: the eviction requests, and their withdrawals.
+    requests: Vec<(String, Value)>,
     /// Bodies of the Events posted in namespace `shop`.
     events: Vec<Value>,
 }
 
 type Shared = Arc<Mutex<Api>>;
 
-/// GET a claim of `shop`, POST an eviction of a pod of `shop` (429 while `refusals` says so),
-/// POST an events.k8s.io Event in `shop`.
+/// GET a claim of `shop`, PATCH a PV (an eviction request), POST an events.k8s.io Event in
+/// `shop`.
 fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
     let path = path.split('?').next().unwrap_or_default();
     let mut api = api.lock().unwrap();
+    if let (Some(pv), "PATCH") = (path.strip_prefix("/api/v1/persistentvolumes/"), method) {
+        let patch: Value = serde_json::from_slice(body).unwrap();
+        api.requests.push((pv.to_string(), patch));
+        let reply =
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv}});
+        return (200, reply);
+    }
     if method == "POST" && path == format!("/apis/events.k8s.io/v1/namespaces/{CLAIM_NS}/events") {
         let event: Value = serde_json::from_slice(body).unwrap();
         api.events.push(event.clone());
@@ -57,17 +63,6 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
             Some(claim) => (200, claim.clone()),
             None => (404, status(404, "NotFound")),
         },
-        ("POST", ["pods", name, "eviction"]) => {
-            let eviction: Value = serde_json::from_slice(body).unwrap();
-            api.evictions.push((name.to_string(), eviction));
-            match api.refusals.get_mut(*name) {
-                Some(left) if *left > 0 => {
-                    *left -= 1;
-                    (429, status(429, "TooManyRequests"))
-                }
-                _ => (201, apistub::success()),
-            }
-        }
         _ => (404, status(404, "NotFound")),
     }
 }
@@ -215,13 +210,43 @@ fn reasons(api: &Shared) -> Vec<String> {
         .collect()
 }
 
-fn evicted_pods(api: &Shared) -> Vec<String> {
-    api.lock()
-        .unwrap()
-        .evictions
-        .iter()
-        .map(|(pod, _)| pod.clone())
+const REQUEST: &str = "stickyvol.csi.io/eviction-request";
+
+/// The eviction requests written (withdrawals left out), parsed, with their PV.
+fn requests(api: &Api) -> Vec<(String, Value)> {
+    (api.requests.iter())
+        .filter_map(|(pv, patch)| {
+            let text = patch["metadata"]["annotations"][REQUEST].as_str()?;
+            Some((pv.clone(), serde_json::from_str(text).unwrap()))
+        })
         .collect()
+}
+
+/// The pods the requests named, each once, in the order first asked for.
+fn asked_pods(api: &Shared) -> Vec<String> {
+    let mut pods: Vec<String> = Vec::new();
+    for (_, request) in requests(&api.lock().unwrap()) {
+        for pod in request["pods"].as_array().unwrap() {
+            let name = pod["name"].as_str().unwrap().to_string();
+            if !pods.contains(&name) {
+                pods.push(name);
+            }
+        }
+    }
+    pods
+}
+
+fn asked(api: &Api) -> bool {
+    !requests(api).is_empty()
+}
+
+/// The PV the stub bound claim `name` to.
+fn pv_of(api: &Shared, claim: &str) -> String {
+    let api = api.lock().unwrap();
+    api.claims[claim]["spec"]["volumeName"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// Lets the check run a few more rounds (it runs every second).
@@ -230,7 +255,7 @@ async fn a_few_rounds() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_overflowing_volume_has_its_pod_evicted_and_no_other() {
+async fn an_overflowing_volume_asks_for_its_pods_eviction_on_its_pv_and_no_other() {
     let setup = start(&[]).await;
     let driver = &setup.driver;
     let full = volume_of_claim(&setup, "full", &[]).await;
@@ -243,26 +268,32 @@ async fn an_overflowing_volume_has_its_pod_evicted_and_no_other() {
     assert!(condition.abnormal, "{condition:?}");
     assert!(!measure(driver, &fine, &fine_target).await.abnormal);
 
-    until(&setup.api, "the eviction and its event", |api| {
-        api.events.iter().any(|e| e["reason"] == "OverflowEvicted")
-    })
-    .await;
+    until(&setup.api, "the eviction request", asked).await;
     a_few_rounds().await;
-    assert_eq!(
-        evicted_pods(&setup.api),
-        ["writer"],
-        "one eviction, of that pod only"
-    );
+    assert_eq!(asked_pods(&setup.api), ["writer"], "that pod only");
+    let pv = pv_of(&setup.api, "full");
     {
         let api = setup.api.lock().unwrap();
-        let eviction = &api.evictions[0].1;
-        assert_eq!(eviction["kind"], "Eviction");
-        assert_eq!(eviction["apiVersion"], "policy/v1");
-        assert_eq!(eviction["metadata"]["namespace"], CLAIM_NS);
-        assert_eq!(
-            eviction["deleteOptions"]["preconditions"]["uid"], "uid-writer",
-            "only the pod published, never a namesake made since: {eviction}"
+        let written = requests(&api);
+        assert!(
+            written.iter().all(|(on, _)| *on == pv),
+            "on its own PV only"
         );
+        assert!(written.len() >= 2, "asked again every round: {written:?}");
+        let (first, last) = (&written[0].1, &written[written.len() - 1].1);
+        assert_eq!(
+            first["pods"][0]["uid"], "uid-writer",
+            "only the pod published, never a namesake made since: {first}"
+        );
+        assert!(
+            first["why"]
+                .as_str()
+                .unwrap()
+                .contains("more than its size of")
+        );
+        assert!(last["expiresUnixMs"].as_u64() > first["expiresUnixMs"].as_u64());
+        let label = &api.requests[0].1["metadata"]["labels"]["stickyvol.csi.io/eviction-requested"];
+        assert_eq!(label, "true", "the label the controller watches");
         for event in &api.events {
             assert_eq!(event["regarding"]["kind"], "PersistentVolumeClaim");
             assert_eq!(event["regarding"]["name"], "full");
@@ -270,33 +301,31 @@ async fn an_overflowing_volume_has_its_pod_evicted_and_no_other() {
             assert_eq!(event["type"], "Warning");
         }
     }
-    assert_eq!(
-        reasons(&setup.api),
-        ["VolumeOverflow", "OverflowEvicted"],
-        "each said once"
-    );
+    assert_eq!(reasons(&setup.api), ["VolumeOverflow"], "said once");
     let note = setup.api.lock().unwrap().events[0]["note"].to_string();
     assert!(
-        note.contains("more than its size of") && note.contains("evicting shop/writer"),
+        note.contains("more than its size of")
+            && note.contains("the controller evicts shop/writer"),
         "{note}"
     );
     let metrics = driver.scrape();
-    assert_eq!(
-        metrics.value(
-            "stickyvol_overflow_evictions_total",
-            &[("result", "evicted")]
-        ),
-        1.0
-    );
     assert_eq!(
         metrics.value("stickyvol_overflowing_volumes", &[("on_overflow", "evict")]),
         1.0
     );
 
-    // Back within its size (data removed): no longer counted.
+    // Back within its size (data removed): the request is taken back, no longer counted.
     fs::remove_file(full_target.join("big")).unwrap();
     measure(driver, &full, &full_target).await;
-    a_few_rounds().await;
+    until(&setup.api, "the request taken back", |api| {
+        let (on, last) = &api.requests[api.requests.len() - 1];
+        let metadata = &last["metadata"];
+        let has_null = |map: &Value, key: &str| map.get(key).is_some_and(Value::is_null);
+        *on == pv
+            && has_null(&metadata["annotations"], REQUEST)
+            && has_null(&metadata["labels"], "stickyvol.csi.io/eviction-requested")
+    })
+    .await;
     let metrics = driver.scrape();
     assert_eq!(
         metrics.value("stickyvol_overflowing_volumes", &[("on_overflow", "evict")]),
@@ -321,7 +350,8 @@ async fn report_evicts_nothing_but_says_so() {
     );
     until(&setup.api, "the event", |api| !api.events.is_empty()).await;
     a_few_rounds().await;
-    assert_eq!(evicted_pods(&setup.api), Vec::<String>::new());
+    assert_eq!(asked_pods(&setup.api), Vec::<String>::new());
+    assert!(setup.api.lock().unwrap().requests.is_empty());
     assert_eq!(reasons(&setup.api), ["VolumeOverflow"]);
     let note = setup.api.lock().unwrap().events[0]["note"].to_string();
     assert!(
@@ -366,68 +396,6 @@ async fn the_gauge_counts_what_stats_found_before_the_next_full_round() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_budget_refusal_is_announced_once_and_retried_until_allowed() {
-    let setup = start(&[]).await;
-    let driver = &setup.driver;
-    setup
-        .api
-        .lock()
-        .unwrap()
-        .refusals
-        .insert("guarded".into(), 3);
-    let volume = volume_of_claim(&setup, "db", &[]).await;
-    let target = publish_for_pod(driver, &volume, "guarded").await;
-    write(&target, "big", 2 * SIZE);
-    measure(driver, &volume, &target).await;
-    until(
-        &setup.api,
-        "the eviction allowed at the fourth try",
-        |api| api.events.iter().any(|e| e["reason"] == "OverflowEvicted"),
-    )
-    .await;
-    a_few_rounds().await;
-    assert_eq!(
-        evicted_pods(&setup.api),
-        ["guarded"; 4],
-        "retried, and not after success"
-    );
-    assert_eq!(
-        reasons(&setup.api),
-        [
-            "VolumeOverflow",
-            "OverflowEvictionRefused",
-            "OverflowEvicted"
-        ]
-    );
-    let refused = setup.api.lock().unwrap().events[1]["note"].to_string();
-    assert!(
-        refused.contains("refused by a PodDisruptionBudget"),
-        "{refused}"
-    );
-    let metrics = driver.scrape();
-    assert_eq!(
-        metrics.value(
-            "stickyvol_overflow_evictions_total",
-            &[("result", "refused")]
-        ),
-        3.0
-    );
-    assert_eq!(
-        metrics.value(
-            "stickyvol_overflow_evictions_total",
-            &[("result", "evicted")]
-        ),
-        1.0
-    );
-    assert!(
-        driver
-            .log_text()
-            .contains("a PodDisruptionBudget refuses the eviction")
-    );
-    driver.unpublish_ok(&volume, &target).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn pod_info_survives_a_restart_and_hostile_pod_info_is_refused() {
     let mut setup = start(&[]).await;
     let volume = volume_of_claim(&setup, "kept", &[]).await;
@@ -457,16 +425,13 @@ async fn pod_info_survives_a_restart_and_hostile_pod_info_is_refused() {
     setup.driver.kill9_and_restart().await;
     write(&target, "big", 2 * SIZE);
     measure(&setup.driver, &volume, &target).await;
-    until(&setup.api, "the eviction after the restart", |api| {
-        !api.evictions.is_empty()
-    })
-    .await;
-    assert_eq!(evicted_pods(&setup.api)[0], "survivor");
+    until(&setup.api, "the eviction request after the restart", asked).await;
+    assert_eq!(asked_pods(&setup.api), ["survivor"]);
     setup.driver.unpublish_ok(&volume, &target).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_pool_that_enforces_sizes_never_evicts() {
+async fn a_pool_that_enforces_sizes_never_asks_for_evictions() {
     // btrfs with quota: the qgroup counts extents shared by reflinked copies once, a walk
     // counts each copy. Three copies of 3/4 of the size are "above the size" to a walk, within
     // it to the quota: a check that walked a limited volume would evict.
@@ -513,8 +478,8 @@ async fn a_pool_that_enforces_sizes_never_evicts() {
     {
         let api = setup.api.lock().unwrap();
         assert!(
-            api.evictions.is_empty() && api.events.is_empty(),
-            "nothing evicted or reported"
+            api.requests.is_empty() && api.events.is_empty(),
+            "nothing asked or reported"
         );
     }
     assert!(driver.log_text().contains("overflow check starting"));
@@ -527,7 +492,7 @@ const MAX_DEPTH: usize = stickyvol::host::tree::MAX_DEPTH;
 /// A tenant cannot hide from the check by making its tree unmeasurable: a volume no walk can
 /// measure (a chain of directories deeper than walks enter) counts as above its size.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_volume_too_deep_to_measure_has_its_pod_evicted() {
+async fn a_volume_too_deep_to_measure_has_its_pods_eviction_asked_for() {
     let setup = start(&[]).await;
     let driver = &setup.driver;
     // Roomy enough that the chain's own blocks (4,100 directories, a block each) and the data
@@ -538,17 +503,14 @@ async fn a_volume_too_deep_to_measure_has_its_pod_evicted() {
     write(&target, "small", SIZE / 4);
     let chain = Chain::make(&target, MAX_DEPTH + 4);
 
-    until(&setup.api, "the eviction and its event", |api| {
-        api.events.iter().any(|e| e["reason"] == "OverflowEvicted")
-    })
-    .await;
-    assert_eq!(evicted_pods(&setup.api), ["climber"]);
-    assert_eq!(reasons(&setup.api), ["VolumeOverflow", "OverflowEvicted"]);
+    until(&setup.api, "the eviction request", asked).await;
+    assert_eq!(asked_pods(&setup.api), ["climber"]);
+    assert_eq!(reasons(&setup.api), ["VolumeOverflow"]);
     let note = setup.api.lock().unwrap().events[0]["note"].to_string();
     assert!(
         note.contains("cannot be measured")
             && note.contains(&format!("more than {MAX_DEPTH} levels deep"))
-            && note.contains("evicting shop/climber"),
+            && note.contains("the controller evicts shop/climber"),
         "{note}"
     );
     assert!(
@@ -597,12 +559,6 @@ fn host_write(dir: &Path, name: &str) -> Option<i32> {
 async fn a_pod_no_eviction_can_remove_is_fenced_read_only_after_its_grace() {
     let setup = start(&["--overflow-fence-after".into(), "2".into()]).await;
     let driver = &setup.driver;
-    setup
-        .api
-        .lock()
-        .unwrap()
-        .refusals
-        .insert("stubborn".into(), usize::MAX);
     let volume = volume_of_claim(&setup, "hog", &[]).await;
     let target = publish_for_pod(driver, &volume, "stubborn").await;
     // The container's mount namespace: a private copy holding its own mount of the target.
@@ -738,11 +694,8 @@ async fn bytes_a_pod_keeps_in_unlinked_open_files_count_against_its_volume() {
     hidden.sync_all().unwrap();
     let condition = measure(driver, &volume, &target).await;
     assert!(!condition.abnormal, "the walk sees nothing: {condition:?}");
-    until(&setup.api, "the eviction", |api| {
-        api.events.iter().any(|e| e["reason"] == "OverflowEvicted")
-    })
-    .await;
-    assert_eq!(evicted_pods(&setup.api), ["ghostwriter"]);
+    until(&setup.api, "the eviction request", asked).await;
+    assert_eq!(asked_pods(&setup.api), ["ghostwriter"]);
     let note = setup.api.lock().unwrap().events[0]["note"].to_string();
     assert!(
         note.contains("in deleted files its pods keep open"),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the RBAC and admission objects of a `helm template` rendering: what the controller's
-ServiceAccount may do is exactly what nodeLoss.mode and restorePlacement need, and the node
-plugin's ConfigMap rights are held to its own report by the ValidatingAdmissionPolicy.
+ServiceAccount may do is exactly what nodeLoss.mode, restorePlacement, checkClasses and the
+overflow check need, the node plugin's ConfigMap rights are held to its own report by the
+ValidatingAdmissionPolicy, and the node plugin cannot evict.
 
     check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES [OVERFLOW]]]
 
@@ -84,10 +85,16 @@ checking = (rules("*", "storage.k8s.io", ["storageclasses"], ["list", "watch"])
             | rules("*", "events.k8s.io", ["events"], ["create"]))
 if placement == "on":
     wanted = wanted | placing
+evicting = (rules("*", "", ["persistentvolumes"], ["list", "watch"])
+            | rules("*", "", ["pods"], ["get"])
+            | rules("*", "", ["pods/eviction"], ["create"])
+            | rules("*", "events.k8s.io", ["events"], ["create"]))
 if class_check == "on":
     wanted = wanted | checking
+if overflow == "on":
+    wanted = wanted | evicting
 got = grants("stickyvol-controller")
-check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}, checkClasses {class_check}: the controller may do exactly what they need"
+check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}, checkClasses {class_check}, overflow check {overflow}: the controller may do exactly what they need"
       + ("" if got == wanted else f" (extra: {sorted(got - wanted)}, missing: {sorted(wanted - got)})"))
 deletes = {g for g in got if g[3] == "delete"}
 check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with on: {sorted(deletes)}")
@@ -118,26 +125,25 @@ node_nodes = {g for g in node if g[2] == "nodes"}
 check(node_nodes == rules("*", "", ["nodes"], ["get", "list", "watch"]),
       f"the node plugin reads and watches Nodes, nothing more: {sorted(node_nodes)}")
 
-# The node plugin's evictions (the overflow check): pods/eviction create, no pod deletes, no pod
-# reads beyond its namespace, and the policy holding it to pods named by uid.
+# Evictions: the node plugin has no eviction right (it asks on its PV); the controller's
+# evictions are held by its fence to pods named by uid with their own grace period.
 pod_grants = {g for g in node if g[2].startswith("pods")}
-evicting = rules("*", "", ["pods/eviction"], ["create"]) if overflow == "on" else set()
-check(pod_grants == evicting | rules(ns, "", ["pods"], ["get"]),
-      f"overflow check {overflow}: the node plugin evicts pods only with it on, and reads only its namespace's: {sorted(pod_grants)}")
-evictions = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
-             and o["metadata"]["name"] == "stickyvol-overflow-evictions"]
-eviction_binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
-                    and o["spec"]["policyName"] == "stickyvol-overflow-evictions"]
-check(len(evictions) == 1 and len(eviction_binding) == 1, "the eviction policy and its binding are rendered")
-if evictions and eviction_binding:
-    spec = evictions[0]["spec"]
-    check(spec["failurePolicy"] == "Fail", "the eviction policy fails closed")
-    check(eviction_binding[0]["spec"]["validationActions"] == ["Deny"], "the eviction binding denies")
-    check(spec["matchConstraints"]["resourceRules"][0]["resources"] == ["pods/eviction"]
-          and spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"],
-          "the eviction policy sees every eviction")
-    check(any("preconditions.uid" in v["expression"] for v in spec["validations"]),
-          "the eviction policy wants the pod's uid")
+check(pod_grants == rules(ns, "", ["pods"], ["get"]),
+      f"the node plugin evicts nothing, and reads only its namespace's pods: {sorted(pod_grants)}")
+check(not [o for o in objs if o["metadata"]["name"] == "stickyvol-overflow-evictions"
+           and o["kind"].startswith("ValidatingAdmissionPolicy")],
+      "no policy for node evictions is left (the node plugin has no eviction right)")
+fence = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+         and o["metadata"]["name"] == "stickyvol-controller-fence"]
+check(len(fence) == 1, "the controller's fence is rendered")
+if fence:
+    spec = fence[0]["spec"]
+    seen = {(r, op) for rule in spec["matchConstraints"]["resourceRules"]
+            for r in rule["resources"] for op in rule["operations"]}
+    check(("pods/eviction", "CREATE") in seen, "the controller's fence sees its evictions")
+    check(any("preconditions.uid" in v["expression"] and "gracePeriodSeconds" in v["expression"]
+              for v in spec["validations"]),
+          "the controller's fence wants the pod's uid and its own grace period")
 
 # The node plugin's PVs, claims and snapshot contents: RBAC grants them cluster-wide, the policy
 # holds each node to its own (pinned with the driver's topology key, of the driver's name).

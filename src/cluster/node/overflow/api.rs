@@ -1,77 +1,28 @@
-//! The overflow check's Kubernetes calls: evict one pod, find a claim's uid, record an Event.
+//! The overflow check's Kubernetes calls: ask the controller to evict a volume's pods (or take
+//! the request back), find a claim's uid, record an Event.
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::policy::v1::Eviction;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta, Preconditions};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
-use kube::api::Api;
-use tonic::codegen::http;
+use kube::api::{Api, Patch, PatchParams};
 
 use crate::cluster::kit::events::{self, Kind, Recorder, Said};
+use crate::cluster::kit::eviction_request::{self, EvictionRequest};
 use crate::volume::overflow::ClaimRef;
-use crate::volume::state::record::PodRef;
 
-/// What an eviction request came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Evicted {
-    /// The API server accepted it: the pod is being deleted, with its own grace period.
-    Done,
-    /// That pod is gone, or the name now belongs to another pod (uid precondition failed).
-    Gone,
-    /// A PodDisruptionBudget does not allow it now (429).
-    RefusedByBudget(String),
-    /// Anything else (the API unreachable, forbidden, ...); tried again next round.
-    Failed(String),
-}
-
-/// Evicts exactly the pod kubelet published the volume for: the eviction carries the pod's uid
-/// as a precondition, so a pod of the same name made since (a StatefulSet's next one) is never
-/// evicted in its place. Built by hand: kube's `Api::evict` sends the options under a
-/// snake_case key the API server ignores, preconditions included.
-pub async fn evict(client: &Client, pod: &PodRef) -> Evicted {
-    let eviction = Eviction {
-        metadata: ObjectMeta {
-            name: Some(pod.name.clone()),
-            namespace: Some(pod.namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        delete_options: Some(DeleteOptions {
-            preconditions: Some(Preconditions {
-                uid: Some(pod.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteOptions::default()
-        }),
-    };
-    let mut body = match serde_json::to_value(&eviction) {
-        Ok(body) => body,
-        Err(err) => return Evicted::Failed(err.to_string()),
-    };
-    body["apiVersion"] = "policy/v1".into();
-    body["kind"] = "Eviction".into();
-    // Both are validated names (`request::pod_info`): nothing to escape in the path.
-    let url = format!(
-        "/api/v1/namespaces/{}/pods/{}/eviction",
-        pod.namespace, pod.name
-    );
-    let request = match http::Request::post(url)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string().into_bytes())
-    {
-        Ok(request) => request,
-        Err(err) => return Evicted::Failed(err.to_string()),
-    };
-    match client.request::<serde_json::Value>(request).await {
-        Ok(_) => Evicted::Done,
-        Err(kube::Error::Api(status)) => match status.code {
-            404 | 409 => Evicted::Gone,
-            429 => Evicted::RefusedByBudget(status.message),
-            _ => Evicted::Failed(format!(
-                "{} {}: {}",
-                status.code, status.reason, status.message
-            )),
-        },
-        Err(err) => Evicted::Failed(err.to_string()),
+/// Writes `request` on PV `pv_name` (None: takes any request off it). A node has no eviction
+/// right of its own: the controller reads the request, checks each pod and evicts
+/// (`kit::eviction_request`). A PV already gone is no error: nothing is left to ask for.
+pub async fn ask(
+    client: &Client,
+    pv_name: &str,
+    request: Option<&EvictionRequest>,
+) -> Result<(), kube::Error> {
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let patch = Patch::Merge(eviction_request::merge_patch(request));
+    match pvs.patch(pv_name, &PatchParams::default(), &patch).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err),
     }
 }
 

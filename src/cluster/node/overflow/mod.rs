@@ -1,19 +1,19 @@
 //! The overflow check (node driver, `--overflow-check-interval`): a directory volume whose size
-//! nothing enforces and that is measured above it gets its pods evicted through the Eviction
-//! API (`onOverflow: evict`, as kubelet evicts a pod whose emptyDir passes its sizeLimit) or is
-//! only reported (`report`), with a Warning Event on its claim and metrics either way. Which
-//! volumes overflow, and what measuring them costs, is `volume::overflow`'s; this is the loop
-//! that acts (`api` makes the calls).
+//! nothing enforces and that is measured above it gets its pods evicted (`onOverflow: evict`, as
+//! kubelet evicts a pod whose emptyDir passes its sizeLimit) or is only reported (`report`), with
+//! a Warning Event on its claim and metrics either way. Which volumes overflow, and what
+//! measuring them costs, is `volume::overflow`'s; this is the loop that acts (`api` makes the
+//! calls, `fence` makes the mounts of a volume still overflowing after its grace read-only).
 //!
-//! PodDisruptionBudgets are respected, unlike kubelet's own emptyDir eviction: we evict through
-//! the Eviction API, whose 429 answer means a budget refuses now. The pod is then left running,
-//! an Event says so once, the refusal is counted, and the eviction is asked again every round
-//! until the budget allows it or the volume fits its size again (the volume's condition stays
-//! abnormal meanwhile). A deletion that bypasses budgets would be kubelet's privilege, not a
-//! storage driver's.
+//! A node plugin evicts nothing itself: its credentials could then evict pods on any node. It
+//! writes the pods it wants evicted on the volume's PV (`kit::eviction_request`), again every
+//! round while the volume overflows, and takes the request back once it no longer does; the
+//! controller checks each pod and evicts it through the Eviction API
+//! (`controller::evictions`), which respects PodDisruptionBudgets. A budget that refuses for
+//! good meets the fence.
 //!
-//! Events are recorded when something changes (a volume starts overflowing, a pod is evicted,
-//! a budget starts refusing), never every round.
+//! Events are recorded when something changes (a volume starts overflowing, is fenced), never
+//! every round.
 
 pub mod api;
 mod fence;
@@ -29,13 +29,13 @@ use tracing::{info, warn};
 use crate::class::OnOverflow;
 use crate::cluster::kit::client::Retries;
 use crate::cluster::kit::events::Recorder;
+use crate::cluster::kit::eviction_request::{self, EvictionRequest};
 use crate::cluster::kit::task::{Inputs, Loop, NodeWork, Shutdown};
 use crate::metrics::Metrics;
 use crate::volume::Volumes;
 use crate::volume::overflow::Overflowing;
 use crate::volume::state::id::VolumeId;
 use crate::volume::state::record::PodRef;
-use api::Evicted;
 
 /// How often the loop looks whether stats noticed an overflow (a mutex and a set: cheap).
 const NOTICE_POLL: Duration = Duration::from_secs(1);
@@ -67,10 +67,8 @@ struct Seen {
     fenced: bool,
     /// The class's choice, for the gauge (None until `act` has seen the volume).
     on_overflow: Option<OnOverflow>,
-    /// Pods (by uid) whose eviction was accepted, or found gone: not asked again.
-    evicted: HashSet<String>,
-    /// Pods (by uid) a budget refuses, announced once per refusal streak.
-    refused: HashSet<String>,
+    /// The PV an eviction request was written on (None: none is, or it was taken back).
+    asked_on: Option<String>,
     /// The claim's uid once read (None: unknown, or not bound to this volume).
     claim_uid: Option<String>,
 }
@@ -81,22 +79,10 @@ impl Default for Seen {
             since: std::time::Instant::now(),
             fenced: false,
             on_overflow: None,
-            evicted: HashSet::new(),
-            refused: HashSet::new(),
+            asked_on: None,
             claim_uid: None,
         }
     }
-}
-
-/// The counters a round adds to.
-fn count(metrics: &Metrics, outcome: &Evicted) {
-    let result = match outcome {
-        Evicted::Done => "evicted",
-        Evicted::Gone => "gone",
-        Evicted::RefusedByBudget(_) => "refused",
-        Evicted::Failed(_) => "failed",
-    };
-    metrics.observe_overflow_eviction(result);
 }
 
 fn pod_list(pods: &[PodRef]) -> String {
@@ -152,17 +138,17 @@ fn overflow_message(volume: &Overflowing) -> String {
             "{what}. onOverflow: evict, but kubelet named no pod for it (CSIDriver podInfoOnMount off when it was mounted?): nothing evicted"
         ),
         (OnOverflow::Evict, false) => format!(
-            "{what}. onOverflow: evict: evicting {}, as kubelet evicts a pod whose emptyDir passes its sizeLimit; the data stays: {fix} before a pod uses it again",
+            "{what}. onOverflow: evict: the controller evicts {}, as kubelet evicts a pod whose emptyDir passes its sizeLimit; the data stays: {fix} before a pod uses it again",
             pod_list(&volume.pods)
         ),
     }
 }
 
-/// Acts on one overflowing volume: announces it when new, evicts what is left to evict.
+/// Acts on one overflowing volume: announces it when new, asks for its pods' eviction.
 async fn act(
     client: &Client,
     recorder: &Recorder,
-    metrics: &Metrics,
+    settings: &Settings,
     tracker: &mut Tracker,
     volume: &Overflowing,
 ) {
@@ -185,70 +171,55 @@ async fn act(
             api::record_event(recorder, claim, uid, "VolumeOverflow", "Measure", message).await;
         }
     }
-    if volume.on_overflow != OnOverflow::Evict {
+    if volume.on_overflow == OnOverflow::Evict {
+        ask(client, settings, seen, volume).await;
+    }
+}
+
+/// Asks the controller to evict the volume's pods, again (a new expiry, a change the controller
+/// sees, its retry), or takes the request back when kubelet names no pod for it any more.
+async fn ask(client: &Client, settings: &Settings, seen: &mut Seen, volume: &Overflowing) {
+    if volume.pods.is_empty() {
+        withdraw(client, seen).await;
         return;
     }
-    for pod in &volume.pods {
-        if seen.evicted.contains(&pod.uid) {
-            continue;
+    let request = EvictionRequest {
+        pods: volume
+            .pods
+            .iter()
+            .take(eviction_request::MAX_PODS)
+            .cloned()
+            .collect(),
+        why: why_overflowing(volume),
+        // Outlives the rounds between two writes, with one to spare: a request stays valid while
+        // the node keeps asking, and means nothing soon after it stops.
+        expires_unix_ms: eviction_request::now_unix_ms() + 3 * settings.interval.as_millis() as u64,
+    };
+    match api::ask(client, &volume.pv_name, Some(&request)).await {
+        Ok(()) => {
+            if seen.asked_on.is_none() {
+                info!(volume = %volume.id, pv = %volume.pv_name, pods = %pod_list(&volume.pods), "overflow check: asked the controller to evict the volume's pods");
+            }
+            seen.asked_on = Some(volume.pv_name.clone());
         }
-        let outcome = api::evict(client, pod).await;
-        count(metrics, &outcome);
-        let event = outcome_event(seen, volume, pod, &outcome);
-        if let (Some((reason, message)), Some(claim)) = (event, &volume.claim) {
-            let uid = seen.claim_uid.as_deref();
-            api::record_event(recorder, claim, uid, reason, "Evict", message).await;
-        }
-    }
-}
-
-/// What `seen` learns from an eviction's outcome, and the Event it calls for, if any: an
-/// eviction done, or a budget's first refusal in a row.
-fn outcome_event(
-    seen: &mut Seen,
-    volume: &Overflowing,
-    pod: &PodRef,
-    outcome: &Evicted,
-) -> Option<(&'static str, String)> {
-    if !matches!(outcome, Evicted::RefusedByBudget(_)) {
-        seen.refused.remove(&pod.uid);
-    }
-    match outcome {
-        Evicted::Done => {
-            info!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, "overflow check: pod evicted");
-            seen.evicted.insert(pod.uid.clone());
-            Some((
-                "OverflowEvicted",
-                format!(
-                    "evicted pod {}/{}: volume {} {}",
-                    pod.namespace,
-                    pod.name,
-                    volume.id,
-                    why_overflowing(volume)
-                ),
-            ))
-        }
-        Evicted::Gone => {
-            seen.evicted.insert(pod.uid.clone());
-            None
-        }
-        Evicted::RefusedByBudget(why) => {
-            warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, why, "overflow check: a PodDisruptionBudget refuses the eviction; asked again next round");
-            seen.refused.insert(pod.uid.clone()).then(|| ("OverflowEvictionRefused", format!(
-                "eviction of pod {}/{} refused by a PodDisruptionBudget ({}); volume {} stays above its size, asked again every round",
-                pod.namespace, pod.name, truncate(why), volume.id
-            )))
-        }
-        Evicted::Failed(why) => {
-            warn!(volume = %volume.id, pod = %pod.name, namespace = %pod.namespace, error = %why, "overflow check: eviction failed; asked again next round");
-            None
+        Err(err) => {
+            warn!(volume = %volume.id, pv = %volume.pv_name, error = %err, "overflow check: could not ask for the eviction; asked again next round");
         }
     }
 }
 
-/// At most 200 characters of a message from the API server.
-fn truncate(text: &str) -> String {
-    text.chars().take(200).collect()
+/// Takes back the eviction request `seen` wrote, if any (kept to try again next round if the
+/// API server does not answer).
+async fn withdraw(client: &Client, seen: &mut Seen) {
+    let Some(pv_name) = seen.asked_on.clone() else {
+        return;
+    };
+    match api::ask(client, &pv_name, None).await {
+        Ok(()) => seen.asked_on = None,
+        Err(err) => {
+            warn!(pv = %pv_name, error = %err, "overflow check: could not take back an eviction request; it expires by itself");
+        }
+    }
 }
 
 /// One round: measures (see `volume::overflow`) all watched volumes, or those in `only`, and acts
@@ -275,14 +246,11 @@ pub async fn round(
             }
         };
     if full {
-        // A volume back within its size (or unpublished, or deleted) is announced anew if it
-        // overflows again.
-        let current: HashSet<&VolumeId> = found.iter().map(|v| &v.id).collect();
-        tracker.volumes.retain(|id, _| current.contains(id));
+        forget_fitting(client, tracker, &found).await;
     }
     let recorder = Recorder::new(client.clone(), api::REPORTING_CONTROLLER, &settings.node);
     for volume in &found {
-        act(client, &recorder, metrics, tracker, volume).await;
+        act(client, &recorder, settings, tracker, volume).await;
     }
     fence::fence_overdue(volumes, &recorder, settings, tracker, &found).await;
     if full {
@@ -293,6 +261,22 @@ pub async fn round(
     // drops those back within their size).
     let (evicting, reporting) = tracker.overflowing();
     metrics.set_overflowing_volumes(evicting, reporting);
+}
+
+/// Forgets the volumes a full round no longer finds overflowing (back within their size,
+/// unpublished, deleted), taking back their eviction requests: each is announced anew if it
+/// overflows again.
+async fn forget_fitting(client: &Client, tracker: &mut Tracker, found: &[Overflowing]) {
+    let current: HashSet<&VolumeId> = found.iter().map(|v| &v.id).collect();
+    let fitting: Vec<VolumeId> = (tracker.volumes.keys())
+        .filter(|id| !current.contains(id))
+        .cloned()
+        .collect();
+    for id in fitting {
+        if let Some(mut seen) = tracker.volumes.remove(&id) {
+            withdraw(client, &mut seen).await;
+        }
+    }
 }
 
 impl Tracker {
@@ -355,8 +339,8 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
     let Some(interval) = config.overflow_check else {
         return Ok(None);
     };
-    // Without kube's retries: they would repeat a PodDisruptionBudget's 429 for minutes (its
-    // Retry-After, 15 times) inside one round, and hide the refusal; the next round is the retry.
+    // Without kube's retries: the next round is the retry, and a round must not stall on one
+    // PV while the fence's grace runs for the others.
     let Some(work) = inputs.node_work("overflow check", Retries::Off).await else {
         return Ok(None);
     };
@@ -405,7 +389,7 @@ mod tests {
             evict.contains("uses 20 bytes, more than its size of 10 bytes"),
             "{evict}"
         );
-        assert!(evict.contains("evicting ns/p1"), "{evict}");
+        assert!(evict.contains("the controller evicts ns/p1"), "{evict}");
         let report = overflow_message(&volume(OnOverflow::Report, vec![pod(1)]));
         assert!(report.contains("no pod is evicted"), "{report}");
         let blind = overflow_message(&volume(OnOverflow::Evict, Vec::new()));
@@ -428,7 +412,7 @@ mod tests {
             )),
             "{message}"
         );
-        assert!(message.contains("evicting ns/p1"), "{message}");
+        assert!(message.contains("the controller evicts ns/p1"), "{message}");
         assert!(!message.contains("uses 0 bytes"), "{message}");
         deep.on_overflow = OnOverflow::Report;
         let report = overflow_message(&deep);
