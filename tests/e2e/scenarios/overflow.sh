@@ -1,6 +1,7 @@
 # A directory volume whose pool cannot limit its size (the e2e nodes' pool, plain ext4) behaves
-# like an emptyDir with a sizeLimit: filled past its size, its pod is evicted through the
-# Eviction API with an Event on its claim, while another pod on the node keeps running; a claim
+# like an emptyDir with a sizeLimit: filled past its size, its pod is evicted (the node plugin
+# asks on the PV, the controller evicts through the Eviction API) with an Event on its claim,
+# while another pod on the node keeps running; a claim
 # of an `onOverflow: report` class filled the same way evicts nothing, and its Event and the
 # driver's metrics say so. The overflow check acts when kubelet's periodic NodeGetVolumeStats
 # (every minute) finds a volume above its size, or at its own round (--overflow-check-interval,
@@ -64,7 +65,9 @@ driver_metrics() { k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/$driver:8080/
 # Set just after the round that sent the Event.
 until_ok 30 "stickyvol_overflowing_volumes counting the report volume" \
     'grep -q "^stickyvol_overflowing_volumes{on_overflow=\"report\"} [1-9]" <<<"$(driver_metrics)"'
-metrics=$(driver_metrics) || fail "the metrics endpoint did not answer"
+# The controller evicts (the node plugin asks on the PV): the controller counts.
+metrics=$(k get --raw "/api/v1/namespaces/$DRIVER_NS/pods/stickyvol-controller-0:8080/proxy/metrics") ||
+    fail "the controller's metrics endpoint did not answer"
 grep -q '^stickyvol_overflow_evictions_total{result="evicted"} [1-9]' <<<"$metrics" ||
     fail "stickyvol_overflow_evictions_total does not count the eviction: $(grep overflow <<<"$metrics")"
 
