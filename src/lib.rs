@@ -11,7 +11,8 @@
 //! - [`admin`]: our admin API, served on its own root-only socket, and its
 //!   `stickyvol volumes` / `stickyvol volume …` commands.
 //! - [`cluster`]: everything that talks to the Kubernetes API. `controller`: the loops of
-//!   `--mode=controller` (restore placement, class check, node-loss reconciler); `node`: the
+//!   `--mode=controller` (restore placement, class check, node-loss reconciler, the evictions
+//!   the nodes ask for); `node`: the
 //!   loops a node plugin runs (overflow check, pool-full Events, project-id audit, node loss'
 //!   node side); `kit`:
 //!   what both share; `loops`: the one list of background loops; `orphans`: the
