@@ -191,6 +191,22 @@ pub struct ServeArgs {
     )]
     pub overflow_fence_after: u64,
 
+    /// Where this node plugin listens for node-to-node transfers (`stickyvol volume pull` on
+    /// another node, a claim moving there): an IP address (the pod's) and a port, which the
+    /// node's advert ConfigMap in `--namespace` names. Unset: no transfers from or to this node
+    /// (modes all and node only).
+    #[arg(long, env = "TRANSFER_ADDRESS", value_name = "IP:PORT")]
+    pub transfer_address: Option<std::net::SocketAddr>,
+    /// This node plugin's ServiceAccount token for the audience `stickyvol.csi.io/transfer`
+    /// (a projected volume), which a source has the API server review.
+    #[arg(
+        long,
+        env = "TRANSFER_TOKEN_FILE",
+        value_name = "PATH",
+        default_value = "/var/run/secrets/stickyvol/transfer/token"
+    )]
+    pub transfer_token_file: PathBuf,
+
     /// The pod's own namespace (from the downward API): where the reconciler's Lease is, and
     /// where the orphan check keeps this node's report for `stickyvol cluster orphans`.
     #[arg(long, env = "POD_NAMESPACE")]
@@ -373,6 +389,16 @@ pub struct Config {
     pub overflow_check: Option<Duration>,
     /// How long an overflowing volume's pods may go on writing before it is fenced read-only.
     pub overflow_fence_after: Duration,
+    /// Node-to-node transfers, when this node plugin serves them.
+    pub transfer: Option<TransferConfig>,
+}
+
+/// Where transfers listen, the token they present, where the adverts are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferConfig {
+    pub address: std::net::SocketAddr,
+    pub token_file: PathBuf,
+    pub namespace: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -417,6 +443,7 @@ impl Config {
             args.overflow_check_interval,
             args.mode,
         )?;
+        let transfer = transfer(&args)?;
         let restore_placement = args.restore_placement == Switch::On;
         let check_classes = args.check_classes == Switch::On;
         let overflow_evictions = args.overflow_evictions == Switch::On;
@@ -455,6 +482,7 @@ impl Config {
             project_audit_interval,
             overflow_check,
             overflow_fence_after: Duration::from_secs(args.overflow_fence_after),
+            transfer,
             socket_path,
             admin_socket,
             node_id: args.node_id,
@@ -567,6 +595,29 @@ fn host_interval(flag: &str, seconds: u64, mode: Mode) -> Result<Option<Duration
         (_, false) => Err(ConfigError::NodeLoss(format!(
             "{flag} runs only where the volumes are (--mode=all or node)"
         ))),
+    }
+}
+
+/// Transfers' settings, when `--transfer-address` asks for them: a node plugin's, an address
+/// others can reach (not 0.0.0.0), and `--namespace` for the adverts.
+fn transfer(args: &ServeArgs) -> Result<Option<TransferConfig>, ConfigError> {
+    let Some(address) = args.transfer_address else {
+        return Ok(None);
+    };
+    let refuse = |why: &str| Err(ConfigError::NodeLoss(format!("--transfer-address: {why}")));
+    if !args.mode.works_on_host() {
+        return refuse("transfers run only where the volumes are (--mode=all or node)");
+    }
+    if address.ip().is_unspecified() {
+        return refuse("an address other nodes can reach (the pod's IP), not 0.0.0.0 or ::");
+    }
+    match args.namespace.as_deref() {
+        Some(ns) if is_object_name(ns) => Ok(Some(TransferConfig {
+            address,
+            token_file: args.transfer_token_file.clone(),
+            namespace: ns.to_string(),
+        })),
+        _ => refuse("needs --namespace (POD_NAMESPACE), where the nodes' adverts are"),
     }
 }
 
@@ -967,6 +1018,8 @@ mod tests {
             project_audit_interval: 600,
             overflow_check_interval: 0,
             overflow_fence_after: 120,
+            transfer_address: None,
+            transfer_token_file: PathBuf::from("/var/run/secrets/stickyvol/transfer/token"),
             namespace: None,
             identity: None,
         }

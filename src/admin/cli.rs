@@ -102,6 +102,17 @@ pub enum VolumeCommand {
         #[arg(value_name = "ID")]
         volume_id: String,
     },
+    /// Fill this node's unpublished volume with the data of a volume on another node, straight
+    /// from that node's plugin (replacing what it holds). The source's PV must be annotated
+    /// stickyvol.csi.io/move-to=<this node>.
+    Pull {
+        /// This node's volume id (sv-…), the copy's target.
+        #[arg(value_name = "ID")]
+        volume_id: String,
+        /// The source volume's PV name.
+        #[arg(long = "from", value_name = "PV")]
+        source_pv: String,
+    },
     /// Write the volume's content to stdout as an export stream.
     ///
     /// An unpublished volume is read directly (and held for the export); a published one from
@@ -177,6 +188,7 @@ fn command_name(command: &AdminCommand) -> &'static str {
             VolumeCommand::Show { .. } => "stickyvol volume show",
             VolumeCommand::Delete { .. } => "stickyvol volume delete",
             VolumeCommand::Unfence { .. } => "stickyvol volume unfence",
+            VolumeCommand::Pull { .. } => "stickyvol volume pull",
             VolumeCommand::Export { .. } => "stickyvol volume export",
             VolumeCommand::Import { .. } => "stickyvol volume import",
         },
@@ -197,6 +209,10 @@ fn dispatch(command: AdminCommand) -> Result<(), Failure> {
                 VolumeCommand::Show { volume_id, json } => show(socket, &volume_id, json),
                 VolumeCommand::Delete { volume_id } => delete(socket, &volume_id),
                 VolumeCommand::Unfence { volume_id } => unfence(socket, &volume_id),
+                VolumeCommand::Pull {
+                    volume_id,
+                    source_pv,
+                } => pull(socket, &volume_id, &source_pv),
                 VolumeCommand::Export { volume_id, quiet } => export(socket, &volume_id, quiet),
                 VolumeCommand::Import {
                     volume_id,
@@ -291,6 +307,17 @@ fn unfence(socket: PathBuf, volume_id: &str) -> Result<(), Failure> {
     print_stdout(&format!(
         "unfenced {volume_id}: {} mounts writable again\n",
         lifted.mounts_writable
+    ))
+}
+
+fn pull(socket: PathBuf, volume_id: &str, source_pv: &str) -> Result<(), Failure> {
+    let pulled = block_on(async {
+        let mut admin = Admin::connect(&socket, None).await?;
+        admin.pull_volume(volume_id, source_pv).await
+    })??;
+    print_stdout(&format!(
+        "pulled {} bytes ({} of data, {} entries) from PV {source_pv} on node {} into {volume_id}, sha256 {}\n",
+        pulled.stream_bytes, pulled.data_bytes, pulled.entries, pulled.source_node, pulled.sha256
     ))
 }
 

@@ -289,6 +289,22 @@ impl Admin {
         }
     }
 
+    /// Fills the volume from PV `source_pv` on another node, straight from that node's plugin.
+    pub async fn pull_volume(
+        &mut self,
+        volume_id: &str,
+        source_pv: &str,
+    ) -> Result<api::PullVolumeResponse, AdminError> {
+        let request = api::PullVolumeRequest {
+            volume_id: volume_id.to_string(),
+            source_pv: source_pv.to_string(),
+        };
+        match self.client.pull_volume(request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(self.status(status)),
+        }
+    }
+
     /// Streams the volume's export into `out` (through a writer thread, so a slow reader of
     /// `out` holds the driver back instead of filling memory). `on_start` hears the stream's
     /// `start`, `on_progress` the stream bytes received so far. Returns the stream's length.

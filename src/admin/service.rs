@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::stream::{CHUNKS_IN_FLIGHT, ChunkReader, ChunkWriter};
 use crate::admin_api::{self as api, admin_server::Admin, export_volume_response::Message};
+use crate::cluster::node::transfer::{self, target::PullError};
 use crate::faces::driver::{Driver, blocking};
 use crate::faces::request;
 use crate::volume::Volumes;
@@ -79,6 +80,42 @@ impl Admin for AdminService {
         })
         .await?;
         Ok(Response::new(api::RemoveVolumeResponse {}))
+    }
+
+    async fn pull_volume(
+        &self,
+        request: Request<api::PullVolumeRequest>,
+    ) -> Result<Response<api::PullVolumeResponse>, Status> {
+        let request = request.into_inner();
+        let id = request::volume_id(&request.volume_id)?;
+        if !crate::config::is_object_name(&request.source_pv) {
+            return Err(Status::invalid_argument(format!(
+                "source_pv {:?} is not a PV name",
+                request.source_pv.chars().take(80).collect::<String>()
+            )));
+        }
+        let volumes = self.volumes()?;
+        let Some(puller) = transfer::puller(&self.driver.config, &volumes).await else {
+            return Err(Status::failed_precondition(
+                "this node plugin serves no transfers: it runs without --transfer-address (or without Kubernetes credentials)",
+            ));
+        };
+        let pulled = puller
+            .pull(&id, &request.source_pv)
+            .await
+            .map_err(|err| match err {
+                PullError::Refused(why) => Status::permission_denied(why),
+                PullError::Unreachable(why) => Status::unavailable(why),
+                PullError::Import(err) => Status::from(err),
+            })?;
+        info!(volume = %id, source_pv = %request.source_pv, source_node = %pulled.source_node, bytes = pulled.stream_bytes, sha256 = %pulled.sha256, "admin: volume pulled");
+        Ok(Response::new(api::PullVolumeResponse {
+            source_node: pulled.source_node,
+            stream_bytes: pulled.stream_bytes,
+            data_bytes: pulled.data_bytes,
+            entries: pulled.entries,
+            sha256: pulled.sha256,
+        }))
     }
 
     async fn unfence_volume(

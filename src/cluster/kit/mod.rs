@@ -1,10 +1,11 @@
 //! What both sides of the cluster wing share: the slim object types the watches decode
-//! (`slim`), the one Event recorder (`events`), the one way to make a Kubernetes client
-//! (`client`), the names Kubernetes gives its annotations, taints and finalizers (`names`), what a
-//! background loop is (`task`), what a node asks the controller to evict
-//! (`eviction_request`), and, for unit tests, an in-process fake API server (`fake_api`).
-//! Nothing here uses the rest of `cluster`.
+//! (`slim`), which node a PV is pinned to (`affinity`), the one Event recorder (`events`), the
+//! one way to make a Kubernetes client (`client`), the names Kubernetes and we give annotations,
+//! taints and finalizers (`names`), what a background loop is (`task`), what a node asks the
+//! controller to evict (`eviction_request`), and, for unit tests, an in-process fake API server
+//! (`fake_api`). Nothing here uses the rest of `cluster`.
 
+pub mod affinity;
 pub mod client;
 pub mod events;
 pub mod eviction_request;

@@ -10,3 +10,7 @@ pub const PROVISIONER_FINALIZER: &str = "external-provisioner.volume.kubernetes.
 
 /// The taint Kubernetes documents for a node shut down non-gracefully.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// On one of our PVs: the node its volume may be copied to (`cluster::node::transfer`), set by
+/// the cluster's admin (or, for a move, the controller); a node plugin writes only its own PVs.
+pub const MOVE_TO: &str = "stickyvol.csi.io/move-to";

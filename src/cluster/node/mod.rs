@@ -1,9 +1,11 @@
 //! What a node plugin runs against the Kubernetes API, beside the CSI services: the overflow
 //! check (`overflow`), the Events on claims of volumes a full pool starves (`pool_full`), the
-//! periodic project-id audit and its Events (`project_audit`) and node loss' node side
-//! (`nodeloss`). The host is reached only through `crate::volume`.
+//! periodic project-id audit and its Events (`project_audit`), node loss' node side
+//! (`nodeloss`) and node-to-node transfers (`transfer`). The host is reached only through
+//! `crate::volume`.
 
 pub mod nodeloss;
 pub mod overflow;
 pub mod pool_full;
 pub mod project_audit;
+pub mod transfer;

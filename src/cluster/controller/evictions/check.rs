@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
-use crate::cluster::controller::nodeloss::observe::pinned_by;
+use crate::cluster::kit::affinity::pinned_by;
 use crate::cluster::kit::slim::Pod;
 
 /// What a request's PV says about where it may evict.

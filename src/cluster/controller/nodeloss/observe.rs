@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, VolumeNodeAffinity};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::decide::provenance::{OwnerView, TemplateView};
 use super::decide::{ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView, StatefulSetView};
 use crate::class::OnNodeLoss;
+pub use crate::cluster::kit::affinity::pinned_by;
 use crate::cluster::kit::names::PROVISIONER_FINALIZER;
 use crate::cluster::kit::slim::{self, Pod, StatefulSet};
 
@@ -50,26 +51,6 @@ pub fn node(node: &slim::Node) -> NodeView {
 /// our provisioner writes it); None for any other shape, which `decide` then leaves alone.
 pub fn pinned_node(pv: &PersistentVolume, topology_key: &str) -> Option<String> {
     pinned_by(pv.spec.as_ref()?.node_affinity.as_ref(), topology_key)
-}
-
-/// `pinned_node` of a PV's node affinity.
-pub fn pinned_by(affinity: Option<&VolumeNodeAffinity>, topology_key: &str) -> Option<String> {
-    let terms = &affinity?.required.as_ref()?.node_selector_terms;
-    let mut found: Option<String> = None;
-    for term in terms {
-        for req in term.match_expressions.as_deref().unwrap_or_default() {
-            if req.key != topology_key {
-                continue;
-            }
-            match (req.operator.as_str(), req.values.as_deref()) {
-                ("In", Some([value])) if found.as_ref().is_none_or(|f| f == value) => {
-                    found = Some(value.clone());
-                }
-                _ => return None,
-            }
-        }
-    }
-    found
 }
 
 pub fn pv(pv: &slim::PersistentVolume, topology_key: &str) -> PvView {

@@ -1,0 +1,158 @@
+//! Node-to-node transfers (node plugin, `--transfer-address`): a volume's data copied straight
+//! from the node plugin that holds it into a volume of another node, never through the API
+//! server; what `stickyvol volume pull` does, and what moving a claim to another node builds on.
+//!
+//! - `tls`: each node plugin's self-signed certificate, made at start, and the pinning client;
+//! - `advert`: where a node's endpoint and certificate are found (a ConfigMap only it writes);
+//! - `wire`: what the two ends say before the stream;
+//! - `grant`: whom a source gives a volume to: the node plugin (token reviewed by the API server,
+//!   bound to a pod on that node) of the node the volume's PV is marked to move to;
+//! - `source`: the listener; `target`: the pull.
+//!
+//! What it protects against: a pod, or any other program, that reaches the address and knows a
+//! volume's id gets nothing without a token of this driver's node plugins bound to the node the
+//! PV names (the token's audience is the transfer's own, so a token taken from another API
+//! cannot be replayed here, nor this one there); nobody on the path reads or changes the data
+//! (TLS 1.3; the puller pins the source's certificate from an advert only the source's node may
+//! write); a stream damaged or cut anyway fails the import's checksum, leaving the target empty.
+
+pub mod advert;
+pub mod grant;
+pub mod source;
+pub mod target;
+pub mod tls;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tracing::{error, info, warn};
+
+use crate::cluster::kit::client::{self, Retries};
+use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
+use crate::volume::Volumes;
+
+/// What both sides need to know.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver: String,
+    pub topology_key: String,
+    pub node: String,
+    /// The driver's namespace, where the adverts are.
+    pub namespace: String,
+    /// Where the source listens; what the advert says (the port once bound, if 0 was asked).
+    pub address: SocketAddr,
+    /// This node plugin's token for the transfer audience (projected by kubelet).
+    pub token_file: PathBuf,
+}
+
+/// The settings, where the configuration asks for transfers (a node plugin with an address).
+pub fn settings(config: &crate::config::Config) -> Option<Settings> {
+    let transfer = config.transfer.as_ref()?;
+    Some(Settings {
+        driver: config.driver_name.clone(),
+        topology_key: config.topology_key(),
+        node: config.node_id.clone(),
+        namespace: transfer.namespace.clone(),
+        address: transfer.address,
+        token_file: transfer.token_file.clone(),
+    })
+}
+
+/// The puller the admin API uses, where transfers are configured and a client can be made.
+pub async fn puller(
+    config: &crate::config::Config,
+    volumes: &Arc<Volumes>,
+) -> Option<target::Puller> {
+    let settings = settings(config)?;
+    let client = match client::make(Retries::On).await {
+        Ok(client) => client,
+        Err(err) => {
+            error!(error = %err, "transfers off: no Kubernetes client configuration");
+            return None;
+        }
+    };
+    Some(target::Puller {
+        client,
+        volumes: volumes.clone(),
+        settings,
+    })
+}
+
+/// The listener, and its advert written (again after a failure) until it is.
+async fn run(source: Arc<source::Source>, listener: TcpListener, shutdown: Shutdown) {
+    let advert = advert::Advert {
+        node: source.settings.node.clone(),
+        address: source.settings.address,
+        fingerprint: source.fingerprint.clone(),
+    };
+    let settings = source.settings.clone();
+    let client = source.client.clone();
+    let serving = tokio::spawn(source::serve(listener, source));
+    let publishing = async {
+        loop {
+            match advert::publish(&client, &settings.namespace, &settings.driver, &advert).await {
+                Ok(()) => {
+                    info!(address = %advert.address, certificate = %advert.fingerprint, "transfer: endpoint advertised");
+                    return;
+                }
+                Err(err) => {
+                    warn!(error = %err, "transfer: could not write this node's advert; retrying in 10 s");
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = publishing => {}
+        _ = shutdown.clone().wait() => {}
+    }
+    shutdown.wait().await;
+    serving.abort();
+}
+
+/// The transfer listener, where the configuration asks for one and this instance has volumes.
+pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loop>, kube::Error> {
+    let Some(mut settings) = settings(inputs.config) else {
+        return Ok(None);
+    };
+    let Some(work) = inputs.node_work("transfers", Retries::On).await else {
+        return Ok(None);
+    };
+    let made = tls::Identity::generate().and_then(|identity| {
+        let config = identity.server_config()?;
+        Ok((identity.fingerprint, TlsAcceptor::from(config)))
+    });
+    let (fingerprint, acceptor) = match made {
+        Ok(made) => made,
+        Err(why) => {
+            error!(why, "transfers off");
+            return Ok(None);
+        }
+    };
+    let listener = match TcpListener::bind(settings.address).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            error!(address = %settings.address, error = %err, "transfers off: cannot listen");
+            return Ok(None);
+        }
+    };
+    settings.address = listener.local_addr().unwrap_or(settings.address);
+    info!(address = %settings.address, "transfers starting");
+    let source = Arc::new(source::Source {
+        client: work.client,
+        volumes: work.volumes,
+        settings,
+        acceptor,
+        fingerprint,
+    });
+    Ok(Some(Loop::new(
+        "transfers",
+        Duration::ZERO,
+        run(source, listener, shutdown),
+    )))
+}

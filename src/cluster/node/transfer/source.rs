@@ -1,0 +1,121 @@
+//! The source's side: a TLS listener that gives a volume's export stream to the node plugin the
+//! volume's PV is marked to move to (`grant`), and to nobody else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::BufReader;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::io::SyncIoBridge;
+use tracing::{info, warn};
+
+use super::wire::{self, Answer, Ask};
+use super::{Settings, grant};
+use crate::volume::Volumes;
+use crate::volume::state::id::VolumeId;
+
+/// How long a peer may take to finish the TLS handshake and say what it wants.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+/// Transfers served at once; more wait for their TCP accept.
+const AT_ONCE: usize = 4;
+
+/// What every connection is served with.
+pub struct Source {
+    pub client: kube::Client,
+    pub volumes: Arc<Volumes>,
+    pub settings: Settings,
+    pub acceptor: TlsAcceptor,
+    /// SHA-256 of the certificate `acceptor` serves, hex.
+    pub fingerprint: String,
+}
+
+/// Serves connections on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, source: Arc<Source>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                warn!(error = %err, "transfer: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let source = source.clone();
+        tokio::spawn(async move {
+            if let Err(why) = handle(tcp, &source).await {
+                warn!(peer = %peer, why, "transfer: not served");
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// One connection: the handshake, the ask, the grant, then the stream.
+async fn handle(tcp: TcpStream, source: &Source) -> Result<(), String> {
+    let tls = tokio::time::timeout(HANDSHAKE, source.acceptor.accept(tcp))
+        .await
+        .map_err(|_| "no TLS handshake in time".to_string())?
+        .map_err(|err| format!("TLS handshake: {err}"))?;
+    let mut reader = BufReader::new(tls);
+    let ask: Ask = tokio::time::timeout(HANDSHAKE, wire::read_line(&mut reader))
+        .await
+        .map_err(|_| "no ask in time".to_string())?
+        .map_err(|err| err.to_string())?;
+    let opened = open(source, &ask).await;
+    let answer = Answer {
+        refused: opened.as_ref().err().cloned(),
+    };
+    wire::write_line(&mut reader, &answer)
+        .await
+        .map_err(|err| format!("answering: {err}"))?;
+    let (export, peer) = opened?;
+    let out = SyncIoBridge::new(reader.into_inner());
+    let volume = ask.volume.clone();
+    let sent = tokio::task::spawn_blocking(move || {
+        let mut out = out;
+        let summary = export.write_to(&mut out).map_err(|err| err.to_string())?;
+        out.shutdown().map_err(|err| err.to_string())?;
+        Ok::<_, String>(summary)
+    })
+    .await
+    .map_err(|err| err.to_string())??;
+    let sha256: String = sent.sha256.iter().map(|b| format!("{b:02x}")).collect();
+    info!(
+        volume,
+        peer,
+        bytes = sent.stream_bytes,
+        sha256,
+        "transfer: volume sent"
+    );
+    Ok(())
+}
+
+/// The export the ask may have, and the asking node; else why not.
+async fn open(
+    source: &Source,
+    ask: &Ask,
+) -> Result<(crate::volume::copies::transfer::ExportSource, String), String> {
+    let settings = &source.settings;
+    let own_token = std::fs::read_to_string(&settings.token_file)
+        .map_err(|err| format!("the source cannot read its own token: {err}"))?;
+    let ours = (
+        settings.driver.as_str(),
+        settings.topology_key.as_str(),
+        settings.node.as_str(),
+    );
+    let asked = (ask.pv.as_str(), ask.volume.as_str(), ask.token.as_str());
+    let peer = grant::grant(&source.client, own_token.trim(), ours, asked).await?;
+    let id = VolumeId::parse(&ask.volume).ok_or_else(|| format!("no volume {}", ask.volume))?;
+    let volumes = source.volumes.clone();
+    let export = tokio::task::spawn_blocking(move || volumes.open_export(&id))
+        .await
+        .map_err(|err| err.to_string())?
+        .map_err(|err| err.to_string())?;
+    info!(volume = %ask.volume, pv = %ask.pv, peer, how = %export.description, "transfer: sending a volume");
+    Ok((export, peer))
+}

@@ -1,0 +1,331 @@
+//! Node-to-node transfers: two real drivers (nodes `node-a` and `node-b`) with
+//! `--transfer-address` on loopback, against one stub API server that reviews their tokens,
+//! holds their adverts and the source's PV. `PullVolume` on node-b copies node-a's volume over
+//! TLS when the PV says `stickyvol.csi.io/move-to: node-b`, and only then; a third node's plugin,
+//! a token of another ServiceAccount, and a source whose certificate is not the advertised one
+//! are refused.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use common::apistub::{self, status};
+use common::*;
+use serde_json::{Value, json};
+use stickyvol::admin_api::{PullVolumeRequest, admin_client::AdminClient};
+
+const NAMESPACE: &str = "stickyvol";
+const NODE_USER: &str = "system:serviceaccount:stickyvol:stickyvol-node";
+
+/// What the stub API server holds.
+#[derive(Default)]
+struct Api {
+    /// ConfigMaps of the driver's namespace, by name.
+    config_maps: HashMap<String, Value>,
+    /// PVs by name.
+    pvs: HashMap<String, Value>,
+    /// Token → (username, node of its pod).
+    tokens: HashMap<String, (String, String)>,
+}
+
+type Shared = Arc<Mutex<Api>>;
+
+fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+    let path = path.split('?').next().unwrap_or_default();
+    let mut api = api.lock().unwrap();
+    let config_maps = format!("/api/v1/namespaces/{NAMESPACE}/configmaps/");
+    if let Some(name) = path.strip_prefix(&config_maps) {
+        return match method {
+            "PATCH" => {
+                let applied: Value = serde_json::from_slice(body).unwrap();
+                api.config_maps.insert(name.to_string(), applied.clone());
+                (200, applied)
+            }
+            "GET" => match api.config_maps.get(name) {
+                Some(found) => (200, found.clone()),
+                None => (404, status(404, "NotFound")),
+            },
+            _ => (405, status(405, "MethodNotAllowed")),
+        };
+    }
+    if let (Some(name), "GET") = (path.strip_prefix("/api/v1/persistentvolumes/"), method) {
+        return match api.pvs.get(name) {
+            Some(found) => (200, found.clone()),
+            None => (404, status(404, "NotFound")),
+        };
+    }
+    if (method, path) == ("POST", "/apis/authentication.k8s.io/v1/tokenreviews") {
+        let review: Value = serde_json::from_slice(body).unwrap();
+        let token = review["spec"]["token"].as_str().unwrap_or_default();
+        assert_eq!(
+            review["spec"]["audiences"],
+            json!(["stickyvol.csi.io/transfer"])
+        );
+        let status = match api.tokens.get(token) {
+            Some((user, node)) => {
+                json!({"authenticated": true, "audiences": ["stickyvol.csi.io/transfer"],
+                "user": {"username": user, "extra": {"authentication.kubernetes.io/node-name": [node]}}})
+            }
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        };
+        let reply = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                           "spec": review["spec"], "status": status});
+        return (201, reply);
+    }
+    (404, status(404, "NotFound"))
+}
+
+/// A node plugin of `node` serving transfers, talking to the stub, presenting `token`.
+async fn start_node(node: &'static str, token: &str, kubeconfig: &Path, dir: &Path) -> TestDriver {
+    let token_file = dir.join(format!("{node}.token"));
+    fs::write(&token_file, token).unwrap();
+    let options = Options {
+        node_id: Some(node),
+        kubeconfig: Some(kubeconfig.to_path_buf()),
+        extra_args: vec![
+            "--transfer-address".into(),
+            "127.0.0.1:0".into(),
+            "--namespace".into(),
+            NAMESPACE.into(),
+            "--transfer-token-file".into(),
+            token_file.display().to_string(),
+        ],
+        ..Options::default()
+    };
+    TestDriver::start_with(options).await
+}
+
+/// Waits for `node`'s advert in the stub.
+async fn advertised(api: &Shared, node: &str) -> Value {
+    let name = format!("{DRIVER_NAME}-transfer-{node}");
+    for _ in 0..100 {
+        if let Some(found) = api.lock().unwrap().config_maps.get(&name) {
+            return found.clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("no advert {name}");
+}
+
+/// The PV of `volume` on node-a, as csi-provisioner makes it, moving to `move_to` if any.
+fn source_pv(api: &Shared, volume: &str, move_to: Option<&str>) {
+    let mut annotations = json!({});
+    if let Some(node) = move_to {
+        annotations["stickyvol.csi.io/move-to"] = json!(node);
+    }
+    api.lock().unwrap().pvs.insert(
+        "pvc-source".into(),
+        json!({"apiVersion": "v1", "kind": "PersistentVolume",
+               "metadata": {"name": "pvc-source", "annotations": annotations},
+               "spec": {"csi": {"driver": DRIVER_NAME, "volumeHandle": volume},
+                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "topology.stickyvol.csi.io/node", "operator": "In", "values": ["node-a"]}]}]}}}}),
+    );
+}
+
+async fn pull(
+    driver: &TestDriver,
+    volume: &str,
+) -> Result<stickyvol::admin_api::PullVolumeResponse, tonic::Status> {
+    AdminClient::new(driver.admin_channel().await)
+        .pull_volume(PullVolumeRequest {
+            volume_id: volume.to_string(),
+            source_pv: "pvc-source".into(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+struct Setup {
+    api: Shared,
+    source: TestDriver,
+    target: TestDriver,
+    source_volume: String,
+    target_volume: String,
+    _dir: tempfile::TempDir,
+}
+
+/// node-a holds a volume with a file and a tree; node-b an empty volume of the same size.
+async fn setup() -> Setup {
+    let api = Shared::default();
+    api.lock().unwrap().tokens.extend([
+        (
+            "token-a".to_string(),
+            (NODE_USER.to_string(), "node-a".to_string()),
+        ),
+        (
+            "token-b".to_string(),
+            (NODE_USER.to_string(), "node-b".to_string()),
+        ),
+        (
+            "token-c".to_string(),
+            (NODE_USER.to_string(), "node-c".to_string()),
+        ),
+        (
+            "token-x".to_string(),
+            (
+                "system:serviceaccount:shop:default".to_string(),
+                "node-b".to_string(),
+            ),
+        ),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let stub = api.clone();
+    let kubeconfig = apistub::serve(
+        Arc::new(move |method: &str, path: &str, body: &[u8]| handle(&stub, method, path, body)),
+        dir.path(),
+    )
+    .await;
+    let source = start_node("node-a", "token-a", &kubeconfig, dir.path()).await;
+    let target = start_node("node-b", "token-b", &kubeconfig, dir.path()).await;
+    let made = source
+        .create(create_request(
+            "source",
+            mount_cap(Mode::SingleNodeWriter),
+            64 << 20,
+        ))
+        .await;
+    let mount = source.mount_target();
+    source
+        .publish_ok(&made, &mount, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    fs::create_dir_all(mount.join("tree/deep")).unwrap();
+    fs::write(mount.join("tree/deep/file"), vec![0x5a; 3 << 20]).unwrap();
+    fs::write(mount.join("note"), "moved with its node").unwrap();
+    source.unpublish_ok(&made, &mount).await;
+    let empty = target
+        .create(create_request(
+            "target",
+            mount_cap(Mode::SingleNodeWriter),
+            64 << 20,
+        ))
+        .await;
+    Setup {
+        api,
+        source,
+        target,
+        source_volume: made.volume_id,
+        target_volume: empty.volume_id,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_marked_to_move_is_pulled_straight_from_its_node_over_tls() {
+    let setup = setup().await;
+    let advert = advertised(&setup.api, "node-a").await;
+    assert_eq!(advert["data"]["node"], "node-a");
+    assert!(
+        advert["data"]["address"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
+    assert_eq!(advert["data"]["certSha256"].as_str().unwrap().len(), 64);
+    source_pv(&setup.api, &setup.source_volume, Some("node-b"));
+
+    let pulled = pull(&setup.target, &setup.target_volume)
+        .await
+        .expect("PullVolume");
+    assert_eq!(pulled.source_node, "node-a");
+    assert!(pulled.data_bytes >= 3 << 20, "{pulled:?}");
+    assert_eq!(pulled.sha256.len(), 64);
+    let target = setup
+        .target
+        .create(create_request(
+            "target",
+            mount_cap(Mode::SingleNodeWriter),
+            64 << 20,
+        ))
+        .await;
+    let mount = setup.target.mount_target();
+    setup
+        .target
+        .publish_ok(&target, &mount, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    assert_eq!(
+        fs::read(mount.join("tree/deep/file")).unwrap(),
+        vec![0x5a; 3 << 20]
+    );
+    assert_eq!(
+        fs::read_to_string(mount.join("note")).unwrap(),
+        "moved with its node"
+    );
+    setup.target.unpublish_ok(&target, &mount).await;
+    assert!(setup.source.log_text().contains("transfer: volume sent"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_gives_nothing_to_a_node_its_pv_does_not_name() {
+    let setup = setup().await;
+    advertised(&setup.api, "node-a").await;
+    source_pv(&setup.api, &setup.source_volume, None);
+    let unmarked = pull(&setup.target, &setup.target_volume).await.unwrap_err();
+    assert_eq!(
+        unmarked.code(),
+        tonic::Code::PermissionDenied,
+        "{unmarked:?}"
+    );
+    assert!(
+        unmarked.message().contains("is not to move"),
+        "{unmarked:?}"
+    );
+
+    // Marked for another node: node-b (which knows the id and the address) is refused.
+    source_pv(&setup.api, &setup.source_volume, Some("node-c"));
+    let elsewhere = pull(&setup.target, &setup.target_volume).await.unwrap_err();
+    assert!(
+        elsewhere
+            .message()
+            .contains("to move to node-c, not to node-b"),
+        "{elsewhere:?}"
+    );
+
+    // Marked for node-b, but the asker's token is another ServiceAccount's, bound to node-b.
+    source_pv(&setup.api, &setup.source_volume, Some("node-b"));
+    fs::write(setup._dir.path().join("node-b.token"), "token-x").unwrap();
+    let stranger = pull(&setup.target, &setup.target_volume).await.unwrap_err();
+    assert!(
+        stranger
+            .message()
+            .contains("is not this driver's node plugin"),
+        "{stranger:?}"
+    );
+    // And a token the API server does not vouch for.
+    fs::write(setup._dir.path().join("node-b.token"), "forged").unwrap();
+    let forged = pull(&setup.target, &setup.target_volume).await.unwrap_err();
+    assert!(
+        forged
+            .message()
+            .contains("not valid for stickyvol.csi.io/transfer"),
+        "{forged:?}"
+    );
+    assert!(
+        !setup.source.log_text().contains("forged"),
+        "tokens are never logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_puller_refuses_a_source_whose_certificate_is_not_the_advertised_one() {
+    let setup = setup().await;
+    advertised(&setup.api, "node-a").await;
+    source_pv(&setup.api, &setup.source_volume, Some("node-b"));
+    let name = format!("{DRIVER_NAME}-transfer-node-a");
+    setup
+        .api
+        .lock()
+        .unwrap()
+        .config_maps
+        .get_mut(&name)
+        .unwrap()["data"]["certSha256"] = json!("00".repeat(32));
+    let impostor = pull(&setup.target, &setup.target_volume).await.unwrap_err();
+    assert_eq!(impostor.code(), tonic::Code::Unavailable, "{impostor:?}");
+    assert!(
+        impostor.message().contains("not the one its advert names"),
+        "{impostor:?}"
+    );
+}
