@@ -102,8 +102,11 @@ check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with
 # The node plugin: ConfigMaps only in its namespace, and the policy holding it to its report.
 node = grants("stickyvol-node")
 config_maps = {g for g in node if g[2] == "configmaps"}
-check(config_maps == rules(ns, "", ["configmaps"], ["create", "patch", "delete"]),
-      f"the node plugin writes ConfigMaps only in {ns}, no update or list: {sorted(config_maps)}")
+check(config_maps == rules(ns, "", ["configmaps"], ["create", "patch", "delete", "get"]),
+      f"the node plugin writes ConfigMaps (its report, its transfer advert) and reads them only in {ns}, no update or list: {sorted(config_maps)}")
+transfer = {g for g in node if g[1] == "authentication.k8s.io"}
+check(transfer == rules("*", "authentication.k8s.io", ["tokenreviews"], ["create"]),
+      f"the node plugin reviews tokens (transfers), nothing more of authentication: {sorted(transfer)}")
 policy = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
           and o["metadata"]["name"] == "stickyvol-orphan-report"]
 binding = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
