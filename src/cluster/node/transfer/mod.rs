@@ -7,7 +7,8 @@
 //! - `wire`: what the two ends say before the stream;
 //! - `grant`: whom a source gives a volume to: the node plugin (token reviewed by the API server,
 //!   bound to a pod on that node) of the node the volume's PV is marked to move to;
-//! - `source`: the listener; `target`: the pull.
+//! - `source`: the listener; `target`: the pull; `requests`: pulls asked for on this node's PVs
+//!   (what a move will ask), their results written back there.
 //!
 //! What it protects against: a pod, or any other program, that reaches the address and knows a
 //! volume's id gets nothing without a token of this driver's node plugins bound to the node the
@@ -18,6 +19,7 @@
 
 pub mod advert;
 pub mod grant;
+pub mod requests;
 pub mod source;
 pub mod target;
 pub mod tls;
@@ -92,7 +94,13 @@ async fn run(source: Arc<source::Source>, listener: TcpListener, shutdown: Shutd
     };
     let settings = source.settings.clone();
     let client = source.client.clone();
+    let puller = Arc::new(target::Puller {
+        client: client.clone(),
+        volumes: source.volumes.clone(),
+        settings: settings.clone(),
+    });
     let serving = tokio::spawn(source::serve(listener, source));
+    let pulling = tokio::spawn(requests::run(puller));
     let publishing = async {
         loop {
             match advert::publish(&client, &settings.namespace, &settings.driver, &advert).await {
@@ -113,6 +121,7 @@ async fn run(source: Arc<source::Source>, listener: TcpListener, shutdown: Shutd
     }
     shutdown.wait().await;
     serving.abort();
+    pulling.abort();
 }
 
 /// The transfer listener, where the configuration asks for one and this instance has volumes.
