@@ -1395,6 +1395,54 @@ mod tests {
     }
 
     #[test]
+    fn transfers_listen_where_others_reach_a_node_plugin_and_advertise_in_its_namespace() {
+        let with = |mode, address: &str, namespace: Option<&str>| {
+            let mut a = args("n");
+            a.mode = mode;
+            a.transfer_address = Some(address.parse().unwrap());
+            a.namespace = namespace.map(Into::into);
+            Config::from_args(a)
+        };
+        let on = with(Mode::Node, "10.1.2.3:9820", Some("stickyvol")).unwrap();
+        assert_eq!(
+            on.transfer,
+            Some(TransferConfig {
+                address: "10.1.2.3:9820".parse().unwrap(),
+                token_file: PathBuf::from("/var/run/secrets/stickyvol/transfer/token"),
+                namespace: "stickyvol".into(),
+            })
+        );
+        assert_eq!(
+            Config::from_args(args("n")).unwrap().transfer,
+            None,
+            "off unless asked"
+        );
+        for (mode, address, namespace, why) in [
+            (
+                Mode::Controller,
+                "10.1.2.3:9820",
+                Some("stickyvol"),
+                "where the volumes are",
+            ),
+            (Mode::Node, "0.0.0.0:9820", Some("stickyvol"), "not 0.0.0.0"),
+            (Mode::Node, "[::]:9820", Some("stickyvol"), "not 0.0.0.0"),
+            (Mode::Node, "10.1.2.3:9820", None, "needs --namespace"),
+            (
+                Mode::Node,
+                "10.1.2.3:9820",
+                Some("Bad_NS"),
+                "needs --namespace",
+            ),
+        ] {
+            let err = with(mode, address, namespace).unwrap_err().to_string();
+            assert!(
+                err.contains("--transfer-address") && err.contains(why),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn the_orphan_check_reports_in_the_pods_namespace_when_it_has_one() {
         let with = |mode, seconds, namespace: Option<&str>| {
             let mut a = args("n");
