@@ -329,3 +329,63 @@ async fn a_puller_refuses_a_source_whose_certificate_is_not_the_advertised_one()
         "{impostor:?}"
     );
 }
+
+/// What a program that reaches the source's address hears: it pins the advertised certificate
+/// and asks in the source's own words, with `token`.
+async fn ask_directly(api: &Shared, pv: &str, volume: &str, token: &str) -> Option<String> {
+    use stickyvol::cluster::node::transfer::{tls, wire};
+    let advert = advertised(api, "node-a").await;
+    let address: std::net::SocketAddr =
+        advert["data"]["address"].as_str().unwrap().parse().unwrap();
+    let pin = advert["data"]["certSha256"].as_str().unwrap();
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(tls::client_config(pin).unwrap());
+    let stream = connector.connect(tls::server_name(), tcp).await.unwrap();
+    let mut stream = tokio::io::BufReader::new(stream);
+    let ask = wire::Ask {
+        pv: pv.into(),
+        volume: volume.into(),
+        token: token.into(),
+    };
+    wire::write_line(&mut stream, &ask).await.unwrap();
+    let answer: wire::Answer = wire::read_line(&mut stream).await.unwrap();
+    answer.refused
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_program_that_knows_the_address_and_the_volume_gets_nothing_without_the_nodes_token() {
+    let setup = setup().await;
+    source_pv(&setup.api, &setup.source_volume, Some("node-b"));
+    let forged = ask_directly(
+        &setup.api,
+        "pvc-source",
+        &setup.source_volume,
+        "stolen-or-made-up",
+    )
+    .await;
+    assert!(
+        forged
+            .unwrap()
+            .contains("not valid for stickyvol.csi.io/transfer")
+    );
+    let of_another_node =
+        ask_directly(&setup.api, "pvc-source", &setup.source_volume, "token-c").await;
+    assert!(
+        of_another_node
+            .unwrap()
+            .contains("to move to node-b, not to node-c")
+    );
+    let crafted = ask_directly(
+        &setup.api,
+        "../../namespaces/x",
+        &setup.source_volume,
+        "token-b",
+    )
+    .await;
+    assert!(crafted.unwrap().contains("names no PV or volume"));
+    // The right token in the right words is served (the stream follows).
+    assert_eq!(
+        ask_directly(&setup.api, "pvc-source", &setup.source_volume, "token-b").await,
+        None
+    );
+}

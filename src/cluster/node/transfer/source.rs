@@ -101,6 +101,10 @@ async fn open(
     ask: &Ask,
 ) -> Result<(crate::volume::copies::transfer::ExportSource, String), String> {
     let settings = &source.settings;
+    // Both go into URLs and logs: names Kubernetes allows, or nothing is read.
+    if !crate::config::is_object_name(&ask.pv) || VolumeId::parse(&ask.volume).is_none() {
+        return Err("the ask names no PV or volume of this driver".into());
+    }
     let own_token = std::fs::read_to_string(&settings.token_file)
         .map_err(|err| format!("the source cannot read its own token: {err}"))?;
     let ours = (

@@ -119,6 +119,10 @@ impl Puller {
     /// The node and volume id of PV `name`: one of ours, pinned to another node.
     async fn source_of(&self, name: &str) -> Result<(String, String), PullError> {
         let settings = &self.settings;
+        if !crate::config::is_object_name(name) {
+            let shown: String = name.chars().take(80).collect();
+            return Err(PullError::Refused(format!("{shown:?} is not a PV name")));
+        }
         let pv = Api::<PersistentVolume>::all(self.client.clone())
             .get_opt(name)
             .await
