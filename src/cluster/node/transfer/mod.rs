@@ -158,6 +158,7 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
         settings,
         acceptor,
         fingerprint,
+        streams: source::stream_slots(),
     });
     Ok(Some(Loop::new(
         "transfers",

@@ -17,8 +17,11 @@ use crate::volume::state::id::VolumeId;
 
 /// How long a peer may take to finish the TLS handshake and say what it wants.
 const HANDSHAKE: Duration = Duration::from_secs(10);
-/// Transfers served at once; more wait for their TCP accept.
-const AT_ONCE: usize = 4;
+/// Connections handled at once (handshakes, asks, streams); more wait for their TCP accept. A
+/// peer that opens some and says nothing holds one for `HANDSHAKE` at most.
+const CONNECTIONS: usize = 16;
+/// Streams sent at once (each reads a whole volume); a granted ask beyond waits its turn.
+const STREAMS: usize = 4;
 
 /// What every connection is served with.
 pub struct Source {
@@ -28,11 +31,18 @@ pub struct Source {
     pub acceptor: TlsAcceptor,
     /// SHA-256 of the certificate `acceptor` serves, hex.
     pub fingerprint: String,
+    /// Taken by each stream while it is sent (`STREAMS`).
+    pub streams: Arc<tokio::sync::Semaphore>,
+}
+
+/// The stream slots a `Source` starts with.
+pub fn stream_slots() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(STREAMS))
 }
 
 /// Serves connections on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, source: Arc<Source>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
@@ -74,6 +84,7 @@ async fn handle(tcp: TcpStream, source: &Source) -> Result<(), String> {
         .await
         .map_err(|err| format!("answering: {err}"))?;
     let (export, peer) = opened?;
+    let _turn = source.streams.acquire().await.map_err(|err| err.to_string())?;
     let out = SyncIoBridge::new(reader.into_inner());
     let volume = ask.volume.clone();
     let sent = tokio::task::spawn_blocking(move || {
