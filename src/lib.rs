@@ -14,7 +14,7 @@
 //!   `--mode=controller` (restore placement, class check, node-loss reconciler, the evictions
 //!   the nodes ask for); `node`: the
 //!   loops a node plugin runs (overflow check, pool-full Events, project-id audit, node loss'
-//!   node side); `kit`:
+//!   node side, node-to-node transfers); `kit`:
 //!   what both share; `loops`: the one list of background loops; `orphans`: the
 //!   `stickyvol cluster orphans` command.
 //! - [`volume`]: the domain: [`volume::Volumes`] and its operations (create, stage, publish,

@@ -84,7 +84,11 @@ async fn handle(tcp: TcpStream, source: &Source) -> Result<(), String> {
         .await
         .map_err(|err| format!("answering: {err}"))?;
     let (export, peer) = opened?;
-    let _turn = source.streams.acquire().await.map_err(|err| err.to_string())?;
+    let _turn = source
+        .streams
+        .acquire()
+        .await
+        .map_err(|err| err.to_string())?;
     let out = SyncIoBridge::new(reader.into_inner());
     let volume = ask.volume.clone();
     let sent = tokio::task::spawn_blocking(move || {
