@@ -204,7 +204,7 @@ impl Admin for AdminService {
             stream_bytes: summary.stream_bytes,
             data_bytes: summary.data_bytes,
             entries: summary.entries,
-            sha256: summary.sha256.iter().map(|b| format!("{b:02x}")).collect(),
+            sha256: summary.sha256_hex(),
         }))
     }
 }

@@ -100,13 +100,6 @@ fn well_formed(pod: &PodRef) -> bool {
     namespace_ok && crate::config::is_object_name(&pod.name) && uid_ok
 }
 
-/// Now, in milliseconds since the epoch.
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,6 +135,13 @@ pub struct Summary {
     pub sha256: [u8; 32],
 }
 
+impl Summary {
+    /// The stream's checksum as people and logs see it: lower-case hex.
+    pub fn sha256_hex(&self) -> String {
+        format::hex(&self.sha256)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
     #[error("not a stickyvol export stream")]

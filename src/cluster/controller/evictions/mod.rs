@@ -94,7 +94,7 @@ impl Evictor {
                 return;
             }
         };
-        match eviction_request::parse(annotation, eviction_request::now_unix_ms()) {
+        match eviction_request::parse(annotation, crate::volume::state::record::now_ms()) {
             Ok(request) => self.act(&name, &asker, &request).await,
             // A leftover of a node that stopped asking: nothing to say.
             Err(Unusable::Expired) => {}
@@ -392,7 +392,7 @@ mod tests {
     }
 
     fn fresh() -> String {
-        request(UID, eviction_request::now_unix_ms() + 60_000)
+        request(UID, crate::volume::state::record::now_ms() + 60_000)
     }
 
     fn reasons(api: &Shared) -> Vec<String> {
@@ -452,7 +452,7 @@ mod tests {
         let mut evictor = evictor(&api);
         let other = request(
             "11111111-2222-3333-4444-555555555555",
-            eviction_request::now_unix_ms() + 60_000,
+            crate::volume::state::record::now_ms() + 60_000,
         );
         evictor.handle(&pv(DRIVER, &other)).await;
         assert!(api.lock().unwrap().evictions.is_empty());

@@ -193,7 +193,8 @@ async fn ask(client: &Client, settings: &Settings, seen: &mut Seen, volume: &Ove
         why: why_overflowing(volume),
         // Outlives the rounds between two writes, with one to spare: a request stays valid while
         // the node keeps asking, and means nothing soon after it stops.
-        expires_unix_ms: eviction_request::now_unix_ms() + 3 * settings.interval.as_millis() as u64,
+        expires_unix_ms: crate::volume::state::record::now_ms()
+            + 3 * settings.interval.as_millis() as u64,
     };
     match api::ask(client, &volume.pv_name, Some(&request)).await {
         Ok(()) => {

@@ -99,7 +99,7 @@ async fn handle(tcp: TcpStream, source: &Source) -> Result<(), String> {
     })
     .await
     .map_err(|err| err.to_string())??;
-    let sha256: String = sent.sha256.iter().map(|b| format!("{b:02x}")).collect();
+    let sha256 = sent.sha256_hex();
     info!(
         volume,
         peer,
@@ -117,9 +117,10 @@ async fn open(
 ) -> Result<(crate::volume::copies::transfer::ExportSource, String), String> {
     let settings = &source.settings;
     // Both go into URLs and logs: names Kubernetes allows, or nothing is read.
-    if !crate::config::is_object_name(&ask.pv) || VolumeId::parse(&ask.volume).is_none() {
+    let id = VolumeId::parse(&ask.volume).filter(|_| crate::config::is_object_name(&ask.pv));
+    let Some(id) = id else {
         return Err("the ask names no PV or volume of this driver".into());
-    }
+    };
     let own_token = std::fs::read_to_string(&settings.token_file)
         .map_err(|err| format!("the source cannot read its own token: {err}"))?;
     let ours = (
@@ -129,7 +130,6 @@ async fn open(
     );
     let asked = (ask.pv.as_str(), ask.volume.as_str(), ask.token.as_str());
     let peer = grant::grant(&source.client, own_token.trim(), ours, asked).await?;
-    let id = VolumeId::parse(&ask.volume).ok_or_else(|| format!("no volume {}", ask.volume))?;
     let volumes = source.volumes.clone();
     let export = tokio::task::spawn_blocking(move || volumes.open_export(&id))
         .await
