@@ -5,7 +5,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::admin::cli::AdminCommand;
-use crate::cluster::orphans::ClusterCommand;
+use crate::cluster::command::ClusterCommand;
 use crate::config::{DoctorArgs, ServeArgs};
 
 /// stickyvol: a CSI driver for sticky, node-local, emptyDir-style persistent volumes.
@@ -53,10 +53,12 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
-    use crate::cluster::orphans::{ClusterCommand, OrphansArgs};
+    use crate::cluster::command::ClusterCommand;
+    use crate::cluster::moving::MoveArgs;
+    use crate::cluster::orphans::OrphansArgs;
 
     #[test]
-    fn the_command_line_is_consistent_and_parses_cluster_orphans() {
+    fn the_command_line_is_consistent_and_parses_the_cluster_commands() {
         Cli::command().debug_assert();
         let cli = Cli::try_parse_from(["stickyvol", "cluster", "orphans", "--json"]).unwrap();
         assert!(matches!(
@@ -64,5 +66,11 @@ mod tests {
             Command::Cluster(ClusterCommand::Orphans(OrphansArgs { json: true, .. }))
         ));
         assert!(Cli::try_parse_from(["stickyvol", "cluster"]).is_err());
+        let cli = Cli::try_parse_from(["stickyvol", "cluster", "move", "shop/data-0", "--to", "b"])
+            .unwrap();
+        let Command::Cluster(ClusterCommand::Move(MoveArgs { claim, to, .. })) = cli.command else {
+            panic!("cluster move parses")
+        };
+        assert_eq!((claim.as_str(), to.as_str()), ("shop/data-0", "b"));
     }
 }

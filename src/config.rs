@@ -129,6 +129,12 @@ pub struct ServeArgs {
     #[arg(long, env = "OVERFLOW_EVICTIONS", value_enum, default_value_t = Switch::Off)]
     pub overflow_evictions: Switch,
 
+    /// Controller mode only: moves, which take a claim of ours to another node with its data
+    /// when asked (`stickyvol cluster move`; see docs/operations.md, "Moving a volume to another
+    /// node"): on or off. Needs --namespace, where the nodes' transfer adverts are.
+    #[arg(long, env = "MOVES", value_enum, default_value_t = Switch::Off)]
+    pub moves: Switch,
+
     /// Seconds between the reconciler's Lease renewals (the Lease lasts three), and between
     /// its rounds while a lost node's claims are being handled; otherwise it acts on watched
     /// changes.
@@ -381,6 +387,8 @@ pub struct Config {
     pub check_classes: bool,
     /// Whether overflow evictions run (controller mode).
     pub overflow_evictions: bool,
+    /// When moves run (controller mode): the driver's namespace, where the adverts are.
+    pub moves: Option<String>,
     /// The looks for orphaned volumes, when they run (modes with volumes only).
     pub orphan_check: Option<OrphanCheckConfig>,
     /// Time between project-id audits, when they run (modes with volumes only).
@@ -422,9 +430,12 @@ pub enum ConfigError {
     #[error("--node-loss: {0}")]
     NodeLoss(String),
     #[error(
-        "--restore-placement, --check-classes and --overflow-evictions run only with --mode=controller"
+        "--restore-placement, --check-classes, --overflow-evictions and --moves run only with --mode=controller"
     )]
     ControllerOnly,
+    /// A setting that needs another, or a mode, it was not given.
+    #[error("{0}")]
+    Needs(String),
     #[error("{flag} {value:?}: {why}")]
     Pool {
         flag: &'static str,
@@ -447,7 +458,8 @@ impl Config {
         let restore_placement = args.restore_placement == Switch::On;
         let check_classes = args.check_classes == Switch::On;
         let overflow_evictions = args.overflow_evictions == Switch::On;
-        if (restore_placement || check_classes || overflow_evictions)
+        let moves = moves(&args)?;
+        if (restore_placement || check_classes || overflow_evictions || moves.is_some())
             && args.mode != Mode::Controller
         {
             return Err(ConfigError::ControllerOnly);
@@ -478,6 +490,7 @@ impl Config {
             restore_placement,
             check_classes,
             overflow_evictions,
+            moves,
             orphan_check,
             project_audit_interval,
             overflow_check,
@@ -586,6 +599,20 @@ fn node_loss(args: &ServeArgs) -> Result<Option<NodeLossConfig>, ConfigError> {
     }))
 }
 
+/// Moves' namespace (the adverts'), when they run.
+fn moves(args: &ServeArgs) -> Result<Option<String>, ConfigError> {
+    if args.moves == Switch::Off {
+        return Ok(None);
+    }
+    match args.namespace.as_deref() {
+        Some(ns) if is_object_name(ns) => Ok(Some(ns.to_string())),
+        _ => Err(ConfigError::Needs(
+            "--moves=on needs --namespace (POD_NAMESPACE), where the nodes' transfer adverts are"
+                .into(),
+        )),
+    }
+}
+
 /// The interval of a check that looks at this node's volumes (0: off); asking for it in a
 /// mode without volumes (controller) is refused rather than ignored.
 fn host_interval(flag: &str, seconds: u64, mode: Mode) -> Result<Option<Duration>, ConfigError> {
@@ -604,7 +631,7 @@ fn transfer(args: &ServeArgs) -> Result<Option<TransferConfig>, ConfigError> {
     let Some(address) = args.transfer_address else {
         return Ok(None);
     };
-    let refuse = |why: &str| Err(ConfigError::NodeLoss(format!("--transfer-address: {why}")));
+    let refuse = |why: &str| Err(ConfigError::Needs(format!("--transfer-address: {why}")));
     if !args.mode.works_on_host() {
         return refuse("transfers run only where the volumes are (--mode=all or node)");
     }
@@ -1013,6 +1040,7 @@ mod tests {
             restore_placement: Switch::Off,
             check_classes: Switch::Off,
             overflow_evictions: Switch::Off,
+            moves: Switch::Off,
             node_loss_interval: 5,
             orphan_check_interval: 0,
             project_audit_interval: 600,

@@ -60,7 +60,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Admin(command) => stickyvol::admin::cli::run(command),
-        Command::Cluster(command) => stickyvol::cluster::orphans::run(command),
+        Command::Cluster(command) => stickyvol::cluster::command::run(command),
         Command::Doctor(args) => doctor(args),
         Command::Serve(args) => serve(args),
     }

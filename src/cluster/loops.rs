@@ -6,7 +6,7 @@
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::controller::{class_check, evictions, nodeloss::reconcile, placement};
+use super::controller::{class_check, evictions, moves, nodeloss::reconcile, placement};
 use super::kit::task::{Inputs, Loop, Shutdown, Stop};
 use super::node::{nodeloss::returned, overflow, pool_full, project_audit, transfer};
 
@@ -20,7 +20,7 @@ pub struct Running {
 /// fails the start (the controller's loops); the node's loops serve without one, and say so.
 pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
     let (stop, shutdown) = Shutdown::new();
-    let made: [Option<Loop>; 9] = [
+    let made: [Option<Loop>; 10] = [
         // Claims of StatefulSets pinned to a lost node are released (controller mode).
         reconcile::start(inputs, shutdown.clone()).await?,
         // Restores and clones go to their source's node (controller mode).
@@ -29,6 +29,8 @@ pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
         class_check::start(inputs, shutdown.clone()).await?,
         // The pods the nodes' overflow checks ask for are evicted, if theirs (controller mode).
         evictions::start(inputs, shutdown.clone()).await?,
+        // Claims asked to move go to their new node with their data (controller mode).
+        moves::start(inputs, shutdown.clone()).await?,
         // A node that comes back: volumes whose PV is gone move to lost+found.
         returned::start(inputs, shutdown.clone()).await?,
         // Pods moving files out of their volume's project are caught and undone.

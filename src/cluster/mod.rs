@@ -6,13 +6,16 @@
 //! - `kit`: what both share (object types, the Event recorder, the client, Kubernetes' names,
 //!   the unit tests' fake API server);
 //! - `loops`: the one list of background loops, started and stopped in one place;
-//! - `orphans`: `stickyvol cluster orphans`, which reads what both sides write.
+//! - `command`: `stickyvol cluster …`; `orphans` (`cluster orphans`) reads what both sides
+//!   write, `moving` (`cluster move`) asks the controller's moves and follows one.
 //!
-//! Arrows: `loops` and `orphans` use both sides; `controller` and `node` use `kit` and never
+//! Arrows: `loops`, `orphans` and `moving` use both sides; `controller` and `node` use `kit` and never
 //! each other; `kit` uses nothing else of `cluster`.
 
+pub mod command;
 pub mod controller;
 pub mod kit;
 pub mod loops;
+pub mod moving;
 pub mod node;
 pub mod orphans;

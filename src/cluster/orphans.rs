@@ -8,22 +8,13 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use serde::Serialize;
 
 use super::controller::nodeloss::decide::{self, Action, Decision, Options, Snapshot};
 use super::controller::nodeloss::reconcile::{self, Settings};
 use super::controller::nodeloss::view::ClusterView;
 use super::node::nodeloss::report::{self, Entry, NodeReport, State};
-
-/// Commands that ask the Kubernetes API rather than the driver on this node.
-#[derive(Debug, Subcommand)]
-pub enum ClusterCommand {
-    /// Our PVs whose node is deleted or tainted node.kubernetes.io/out-of-service, with the
-    /// node-loss reconciler's decision for each, and the volumes that no PV names, as their
-    /// nodes report them (KUBECONFIG, or in-cluster credentials).
-    Orphans(OrphansArgs),
-}
 
 #[derive(Debug, Args)]
 pub struct OrphansArgs {
@@ -213,8 +204,7 @@ fn pv_table(orphans: &[Orphan]) -> String {
     out
 }
 
-pub fn run(command: ClusterCommand) -> ExitCode {
-    let ClusterCommand::Orphans(args) = command;
+pub fn run(args: OrphansArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

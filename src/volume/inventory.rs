@@ -9,9 +9,10 @@ use tracing::debug;
 use super::available::cheap_usage;
 use super::copies::snapshot::SnapshotRecord;
 use super::space::pool::Pool;
+use super::state::id::VolumeId;
 use super::state::record::VolumeRecord;
 use super::{Condition, Volumes};
-use crate::error::{Error, Result};
+use crate::error::{Error, IoContext, Result};
 
 /// csi-provisioner's `--extra-create-metadata` parameters.
 pub const PARAM_PV_NAME: &str = "csi.storage.k8s.io/pv/name";
@@ -38,6 +39,24 @@ impl VolumeReport {
 }
 
 impl Volumes {
+    /// Records that volume `id` serves claim `namespace/name` from now on (a move re-bound the
+    /// claim to it; csi-provisioner named the move's temporary claim): Events about the volume
+    /// go to that claim.
+    pub fn name_claim(&self, id: &VolumeId, namespace: &str, name: &str) -> Result<()> {
+        let _slot = self.claim(id)?;
+        let record = self.get(id)?;
+        let mut parameters = record.parameters.clone();
+        parameters.insert(PARAM_PVC_NAMESPACE.into(), namespace.into());
+        parameters.insert(PARAM_PVC_NAME.into(), name.into());
+        self.store
+            .put(VolumeRecord {
+                parameters,
+                ..(*record).clone()
+            })
+            .context(|| format!("writing the record of volume {id}"))?;
+        Ok(())
+    }
+
     /// Every volume, or those of pool `pool` (NOT_FOUND for a pool this node lacks), by id;
     /// `measure` walks plain directories for their usage.
     pub fn describe_all(&self, pool: Option<&str>, measure: bool) -> Result<Vec<VolumeReport>> {

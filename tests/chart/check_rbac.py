@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Checks the RBAC and admission objects of a `helm template` rendering: what the controller's
-ServiceAccount may do is exactly what nodeLoss.mode, restorePlacement, checkClasses and the
-overflow check need, the node plugin's ConfigMap rights are held to its own report by the
+ServiceAccount may do is exactly what nodeLoss.mode, restorePlacement, checkClasses, the
+overflow check and moves need, the node plugin's ConfigMap rights are held to its own report by the
 ValidatingAdmissionPolicy, and the node plugin cannot evict.
 
-    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES [OVERFLOW]]]
+    check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES [OVERFLOW [MOVES]]]]
 
 MODE is off, dry-run or on; DRIVER the driverName rendered; PLACEMENT (restorePlacement),
-CLASSES (checkClasses) and OVERFLOW (overflowCheckInterval > 0) on (default) or off.
+CLASSES (checkClasses), OVERFLOW (overflowCheckInterval > 0) and MOVES (moves) on (default) or
+off.
 """
 import sys
 
@@ -17,6 +18,7 @@ rendered, mode, driver = sys.argv[1:4]
 placement = sys.argv[4] if len(sys.argv) > 4 else "on"
 class_check = sys.argv[5] if len(sys.argv) > 5 else "on"
 overflow = sys.argv[6] if len(sys.argv) > 6 else "on"
+moves = sys.argv[7] if len(sys.argv) > 7 else "on"
 failures = []
 
 
@@ -93,11 +95,26 @@ if class_check == "on":
     wanted = wanted | checking
 if overflow == "on":
     wanted = wanted | evicting
+moving = (rules("*", "", ["persistentvolumeclaims"], ["get", "list", "create", "delete", "patch"])
+          | rules("*", "", ["persistentvolumes"], ["get", "list", "patch"])
+          | rules("*", "", ["pods"], ["get", "list"])
+          | rules("*", "", ["nodes"], ["get"])
+          | rules("*", "apps", ["statefulsets"], ["get"])
+          | rules("*", "events.k8s.io", ["events"], ["create"])
+          | rules(ns, "", ["configmaps"], ["get"])
+          | rules(ns, "storage.k8s.io", ["csistoragecapacities"], ["list"]))
+if moves == "on":
+    wanted = wanted | moving
 got = grants("stickyvol-controller")
-check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}, checkClasses {class_check}, overflow check {overflow}: the controller may do exactly what they need"
+check(got == wanted, f"nodeLoss.mode {mode}, restorePlacement {placement}, checkClasses {class_check}, overflow check {overflow}, moves {moves}: the controller may do exactly what they need"
       + ("" if got == wanted else f" (extra: {sorted(got - wanted)}, missing: {sorted(wanted - got)})"))
 deletes = {g for g in got if g[3] == "delete"}
-check(bool(deletes) == (mode == "on"), f"nodeLoss.mode {mode}: deletes only with on: {sorted(deletes)}")
+# Node loss deletes PVs, claims and pods; a move only claims (its own temporary one, and the
+# claim it makes again).
+wanted_deletes = (rules("*", "", ["persistentvolumeclaims"], ["delete"]) if moves == "on" else set()) \
+    | ({g for g in writes if g[3] == "delete"} if mode == "on" else set())
+check(deletes == wanted_deletes,
+      f"nodeLoss.mode {mode}, moves {moves}: deletes only what they need: {sorted(deletes)}")
 
 # The node plugin: ConfigMaps only in its namespace, and the policy holding it to its report.
 node = grants("stickyvol-node")
@@ -144,6 +161,8 @@ if fence:
     seen = {(r, op) for rule in spec["matchConstraints"]["resourceRules"]
             for r in rule["resources"] for op in rule["operations"]}
     check(("pods/eviction", "CREATE") in seen, "the controller's fence sees its evictions")
+    check(("persistentvolumeclaims", "CREATE") in seen and ("persistentvolumeclaims", "DELETE") in seen,
+          "the controller's fence sees the claims it creates and deletes")
     check(any("preconditions.uid" in v["expression"] and "gracePeriodSeconds" in v["expression"]
               for v in spec["validations"]),
           "the controller's fence wants the pod's uid and its own grace period")

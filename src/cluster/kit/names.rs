@@ -14,3 +14,9 @@ pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 /// On one of our PVs: the node its volume may be copied to (`cluster::node::transfer`), set by
 /// the cluster's admin (or, for a move, the controller); a node plugin writes only its own PVs.
 pub const MOVE_TO: &str = "stickyvol.csi.io/move-to";
+
+/// The ConfigMap, in the driver's namespace, where `node`'s plugin says where its transfer
+/// endpoint is (`cluster::node::transfer::advert`).
+pub fn transfer_advert(driver: &str, node: &str) -> String {
+    format!("{driver}-transfer-{node}")
+}

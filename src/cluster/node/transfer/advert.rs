@@ -25,10 +25,7 @@ pub struct Advert {
     pub fingerprint: String,
 }
 
-/// The advert's name for `node`.
-pub fn name(driver: &str, node: &str) -> String {
-    format!("{driver}-transfer-{node}")
-}
+pub use crate::cluster::kit::names::transfer_advert as name;
 
 /// Writes this node's advert (replacing the one of an earlier start).
 pub async fn publish(

@@ -14,38 +14,24 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tracing::{info, warn};
 
 use super::target::{PullError, Puller};
 use crate::cluster::kit::affinity::pinned_by;
+use crate::cluster::kit::pull_request::{PULL_CLAIM, PULL_FROM, PULL_RESULT, PULL_TO, PullResult};
+use crate::config::is_object_name;
 use crate::volume::state::id::VolumeId;
-
-/// On a PV of this node to fill: the node it is on (a label, so each node watches its own).
-pub const PULL_TO: &str = "stickyvol.csi.io/pull-to";
-/// The source's PV name.
-pub const PULL_FROM: &str = "stickyvol.csi.io/pull-from";
-/// What the pull came to (`PullResult` as JSON).
-pub const PULL_RESULT: &str = "stickyvol.csi.io/pull-result";
-
-/// The outcome written back on the PV.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PullResult {
-    /// The source PV the result is for.
-    pub from: String,
-    /// The stream's checksum, which the import checked (None: failed).
-    pub sha256: Option<String>,
-    pub bytes: Option<u64>,
-    /// Why it failed.
-    pub error: Option<String>,
-}
 
 /// What to do with a PV the watch gives: pull into `volume` from `from`, or nothing.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Wanted {
-    Pull { volume: String, from: String },
+    Pull {
+        volume: String,
+        from: String,
+        /// The claim (namespace, name) to record for the volume once filled.
+        claim: Option<(String, String)>,
+    },
     Nothing,
 }
 
@@ -64,15 +50,18 @@ pub fn wanted(pv: &PersistentVolume, (driver, topology_key, node): (&str, &str, 
     let (Some(csi), true) = (csi, to == node && pinned.as_deref() == Some(node)) else {
         return Wanted::Nothing;
     };
-    let done = (annotations.get(PULL_RESULT))
-        .and_then(|text| serde_json::from_str::<PullResult>(text).ok())
-        .is_some_and(|result| &result.from == from);
+    let done = PullResult::on(Some(&annotations)).is_some_and(|result| &result.from == from);
     if done {
         return Wanted::Nothing;
     }
+    let claim = (annotations.get(PULL_CLAIM))
+        .and_then(|claim| claim.split_once('/'))
+        .filter(|(namespace, name)| is_object_name(namespace) && is_object_name(name))
+        .map(|(namespace, name)| (namespace.to_string(), name.to_string()));
     Wanted::Pull {
         volume: csi.volume_handle.clone(),
         from: from.clone(),
+        claim,
     }
 }
 
@@ -100,7 +89,12 @@ pub async fn run(puller: Arc<Puller>) {
             settings.topology_key.as_str(),
             settings.node.as_str(),
         );
-        let Wanted::Pull { volume, from } = wanted(&pv, ours) else {
+        let Wanted::Pull {
+            volume,
+            from,
+            claim,
+        } = wanted(&pv, ours)
+        else {
             continue;
         };
         let name = pv.metadata.name.clone().unwrap_or_default();
@@ -109,22 +103,25 @@ pub async fn run(puller: Arc<Puller>) {
         }
         let (puller, running) = (puller.clone(), running.clone());
         tokio::spawn(async move {
-            pull_and_answer(&puller, &name, &volume, &from).await;
+            pull_and_answer(&puller, &name, (&volume, claim), &from).await;
             running.lock().unwrap().remove(&name);
         });
     }
 }
 
-/// Does one pull and writes its result on PV `name`.
-async fn pull_and_answer(puller: &Puller, name: &str, volume: &str, from: &str) {
+/// Does one pull (then records the volume's claim, if the PV names one) and writes its result
+/// on PV `name`.
+async fn pull_and_answer(
+    puller: &Puller,
+    name: &str,
+    (volume, claim): (&str, Option<(String, String)>),
+    from: &str,
+) {
     let result = match VolumeId::parse(volume) {
         None => Err(format!(
             "PV {name} names no volume of this driver: {volume:?}"
         )),
-        Some(id) => puller.pull(&id, from).await.map_err(|err| match err {
-            PullError::Refused(why) | PullError::Unreachable(why) => why,
-            PullError::Import(err) => err.to_string(),
-        }),
+        Some(id) => pull_for_claim(puller, &id, from, claim).await,
     };
     let answer = match &result {
         Ok(pulled) => {
@@ -157,6 +154,30 @@ async fn pull_and_answer(puller: &Puller, name: &str, volume: &str, from: &str) 
     {
         warn!(pv = name, error = %err, "transfer: could not write a pull's result on its PV");
     }
+}
+
+/// Pulls into `id` from PV `from`; then names `claim` in the volume's record.
+async fn pull_for_claim(
+    puller: &Puller,
+    id: &VolumeId,
+    from: &str,
+    claim: Option<(String, String)>,
+) -> Result<super::target::Pulled, String> {
+    let pulled = puller.pull(id, from).await.map_err(|err| match err {
+        PullError::Refused(why) | PullError::Unreachable(why) => why,
+        PullError::Import(err) => err.to_string(),
+    })?;
+    if let Some((namespace, name)) = claim {
+        let volumes = puller.volumes.clone();
+        let id = id.clone();
+        let named = tokio::task::spawn_blocking(move || volumes.name_claim(&id, &namespace, &name));
+        match named.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(format!("recording the volume's claim: {err}")),
+            Err(err) => return Err(format!("recording the volume's claim: {err}")),
+        }
+    }
+    Ok(pulled)
 }
 
 #[cfg(test)]
@@ -199,6 +220,7 @@ mod tests {
         let pull = Wanted::Pull {
             volume: "sv-new".into(),
             from: "pvc-old".into(),
+            claim: None,
         };
         assert_eq!(wanted(&asked, OURS), pull);
         let done = json!({"from": "pvc-old", "sha256": "ab"});
@@ -219,6 +241,20 @@ mod tests {
             wanted(&pv(None, Some("pvc-old"), None, "b"), OURS),
             Wanted::Nothing
         );
+        // The claim the volume is for, when the PV names one (and only a well-formed one).
+        let mut named = pv(Some("b"), Some("pvc-old"), None, "b");
+        let annotations = named.metadata.annotations.as_mut().unwrap();
+        annotations.insert(PULL_CLAIM.into(), "shop/data-0".into());
+        let Wanted::Pull { claim, .. } = wanted(&named, OURS) else {
+            panic!("a pull is wanted")
+        };
+        assert_eq!(claim, Some(("shop".into(), "data-0".into())));
+        let annotations = named.metadata.annotations.as_mut().unwrap();
+        annotations.insert(PULL_CLAIM.into(), "shop/../etc".into());
+        assert!(matches!(
+            wanted(&named, OURS),
+            Wanted::Pull { claim: None, .. }
+        ));
         // Labelled for this node but pinned to another: not this node's volume.
         assert_eq!(
             wanted(&pv(Some("b"), Some("pvc-old"), None, "c"), OURS),

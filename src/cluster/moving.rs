@@ -1,0 +1,234 @@
+//! `stickyvol cluster move NAMESPACE/CLAIM --to NODE`: from anywhere with a kubeconfig, asks the
+//! controller to move a claim to another node with its data, after the same checks the
+//! controller makes (`controller::moves::accept`, so a refusal is said at once), then follows
+//! the move, a line per change, until the claim is bound on the new node. The request is two
+//! words on the claim (a label and an annotation): the move goes on if this command is stopped,
+//! and running it again follows the move under way.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::controller::moves::MOVE_REFUSED;
+use super::controller::moves::accept::{self, Checked, Settings};
+use super::controller::moves::state::{MOVE_REQUESTED, MOVING, MoveState};
+use super::kit::affinity::pinned_by;
+use super::kit::client::{self, Retries};
+use super::kit::names::MOVE_TO;
+use super::kit::pull_request::PullResult;
+
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    /// The claim, as NAMESPACE/NAME.
+    pub claim: String,
+    /// The node to move it to.
+    #[arg(long)]
+    pub to: String,
+    /// CSI driver name.
+    #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
+    pub driver_name: String,
+    /// The driver's namespace, where the nodes' transfer adverts are.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "stickyvol")]
+    pub namespace: String,
+    /// Ask, and return without following the move.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Stop following after this many seconds (the move goes on); 0: follow to the end.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub timeout: u64,
+}
+
+/// How the follow ended.
+enum Ended {
+    Moved(String),
+    Refused(String),
+}
+
+pub fn run(args: MoveArgs) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(move_claim(&args)),
+        Err(err) => Err(err.to_string()),
+    };
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("stickyvol cluster move: {why}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn move_claim(args: &MoveArgs) -> Result<String, String> {
+    let (namespace, name) = (args.claim.split_once('/'))
+        .filter(|(ns, n)| crate::config::is_object_name(ns) && crate::config::is_object_name(n))
+        .ok_or_else(|| format!("{:?} is not NAMESPACE/NAME", args.claim))?;
+    let client = client::make(Retries::On).await.map_err(|e| e.to_string())?;
+    let settings = Settings {
+        topology_key: format!("topology.{}/node", args.driver_name),
+        driver: args.driver_name.clone(),
+        namespace: args.namespace.clone(),
+    };
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    let claim = (claims.get_opt(name).await.map_err(|e| e.to_string())?)
+        .ok_or_else(|| format!("there is no claim {namespace}/{name}"))?;
+    match accept::check(&client, &settings, &claim, &args.to).await {
+        Err(why) => return Err(format!("not moved: {why}")),
+        Ok(Checked::Started(state)) if state.to != args.to => {
+            return Err(format!(
+                "claim {namespace}/{name} is being moved to node {} already",
+                state.to
+            ));
+        }
+        Ok(Checked::Started(_)) => {
+            println!("a move of {namespace}/{name} is under way; following it")
+        }
+        Ok(Checked::May { .. }) => {
+            let ask = json!({"metadata": {
+                "labels": {MOVE_REQUESTED: "true"},
+                "annotations": {MOVE_TO: args.to, MOVE_REFUSED: null},
+            }});
+            (claims
+                .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+                .await)
+                .map_err(|e| format!("asking for the move on the claim: {e}"))?;
+            println!("asked: {namespace}/{name} to node {}", args.to);
+        }
+    }
+    if args.no_wait {
+        return Ok(
+            "the controller moves it; `stickyvol cluster move` again follows the move".into(),
+        );
+    }
+    let limit = (args.timeout > 0).then(|| Duration::from_secs(args.timeout));
+    match follow(&client, &settings, (namespace, name), &args.to, limit).await? {
+        Ended::Moved(line) => Ok(line),
+        Ended::Refused(why) => Err(format!("not moved: {why}")),
+    }
+}
+
+/// Prints each new sentence of the move's state until the claim is bound on `to`.
+async fn follow(
+    client: &Client,
+    settings: &Settings,
+    (namespace, name): (&str, &str),
+    to: &str,
+    limit: Option<Duration>,
+) -> Result<Ended, String> {
+    let started = Instant::now();
+    let mut said = String::new();
+    loop {
+        let now = match state_of(client, (namespace, name)).await? {
+            Some(state) => state.status,
+            None => match finished(client, settings, (namespace, name), to).await? {
+                Progress::Done(line) => return Ok(Ended::Moved(line)),
+                Progress::Refused(why) => return Ok(Ended::Refused(why)),
+                Progress::Waiting(line) => line,
+            },
+        };
+        if now != said {
+            println!("[{:>4} s] {now}", started.elapsed().as_secs());
+            said = now;
+        }
+        if limit.is_some_and(|limit| started.elapsed() >= limit) {
+            return Err("stopped following (--timeout); the move goes on".into());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The state of the move of `namespace/name`, from the PV it is kept on.
+async fn state_of(
+    client: &Client,
+    (namespace, name): (&str, &str),
+) -> Result<Option<MoveState>, String> {
+    let moving = Api::<PersistentVolume>::all(client.clone())
+        .list(&ListParams::default().labels(MOVING))
+        .await
+        .map_err(|e| format!("listing the moves: {e}"))?;
+    Ok(moving
+        .items
+        .iter()
+        .filter_map(|pv| MoveState::on(pv.metadata.annotations.as_ref())?.ok())
+        .find(|state| state.claim.namespace == namespace && state.claim.name == name))
+}
+
+enum Progress {
+    Done(String),
+    Refused(String),
+    Waiting(String),
+}
+
+/// With no move kept on a PV: done (the claim bound on `to`), refused, or not taken yet.
+async fn finished(
+    client: &Client,
+    settings: &Settings,
+    (namespace, name): (&str, &str),
+    to: &str,
+) -> Result<Progress, String> {
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    let claim = claims.get_opt(name).await.map_err(|e| e.to_string())?;
+    let Some(claim) = claim else {
+        return Ok(Progress::Waiting(format!(
+            "claim {namespace}/{name} does not exist"
+        )));
+    };
+    let annotations = claim.metadata.annotations.clone().unwrap_or_default();
+    if let Some(why) = annotations.get(MOVE_REFUSED) {
+        return Ok(Progress::Refused(why.clone()));
+    }
+    let volume = (claim.spec.as_ref()).and_then(|s| s.volume_name.clone());
+    let bound = (claim.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound");
+    let pv = match (volume, bound) {
+        (Some(volume), true) => Api::<PersistentVolume>::all(client.clone())
+            .get_opt(&volume)
+            .await
+            .map_err(|e| e.to_string())?,
+        _ => None,
+    };
+    let affinity = pv
+        .as_ref()
+        .and_then(|pv| pv.spec.as_ref()?.node_affinity.as_ref());
+    if let Some(pv) = pv
+        .as_ref()
+        .filter(|_| pinned_by(affinity, &settings.topology_key).as_deref() == Some(to))
+    {
+        let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+        let copied = match PullResult::on(pv.metadata.annotations.as_ref()) {
+            Some(PullResult {
+                sha256: Some(sha256),
+                bytes,
+                from,
+                ..
+            }) => {
+                format!(
+                    ", copied from PV {from}: {} bytes, sha256 {sha256}",
+                    bytes.unwrap_or_default()
+                )
+            }
+            _ => String::new(),
+        };
+        return Ok(Progress::Done(format!(
+            "moved: claim {namespace}/{name} is bound to PV {pv_name} on node {to}{copied}"
+        )));
+    }
+    let asked = (claim.metadata.labels.as_ref()).is_some_and(|l| l.contains_key(MOVE_REQUESTED));
+    Ok(match asked {
+        true => Progress::Waiting(
+            "waiting for the controller to take the request (it runs with --moves=on)".into(),
+        ),
+        false => Progress::Refused(format!(
+            "claim {namespace}/{name} is not bound on node {to}, and no move of it is asked for or under way"
+        )),
+    })
+}
