@@ -12,11 +12,11 @@
 //!   `stickyvol volumes` / `stickyvol volume …` commands.
 //! - [`cluster`]: everything that talks to the Kubernetes API. `controller`: the loops of
 //!   `--mode=controller` (restore placement, class check, node-loss reconciler, the evictions
-//!   the nodes ask for); `node`: the
+//!   the nodes ask for, moves of claims to another node); `node`: the
 //!   loops a node plugin runs (overflow check, pool-full Events, project-id audit, node loss'
 //!   node side, node-to-node transfers); `kit`:
-//!   what both share; `loops`: the one list of background loops; `orphans`: the
-//!   `stickyvol cluster orphans` command.
+//!   what both share; `loops`: the one list of background loops; `command`, `orphans` and
+//!   `moving`: the `stickyvol cluster orphans` and `stickyvol cluster move` commands.
 //! - [`volume`]: the domain: [`volume::Volumes`] and its operations (create, stage, publish,
 //!   expand, stats, the read-only fence, recovery), over `state` (ids, records, the
 //!   journal), `space` (pools, limits, accounting) and `copies` (snapshots, clones, export and

@@ -258,6 +258,64 @@ async fn a_volume_marked_to_move_is_pulled_straight_from_its_node_over_tls() {
     assert!(setup.source.log_text().contains("transfer: volume sent"));
 }
 
+/// The source sends its answer and the stream's start in one buffer, so the first bytes come in
+/// the same read as the answer: the puller must read them from its buffer (an image volume's
+/// move once failed with "not a stickyvol export stream" on a real cluster, where they came
+/// together by chance). A block volume's bytes arrive whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_block_volume_whose_stream_follows_the_answer_at_once_arrives_whole() {
+    let setup = setup().await;
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let size = 8 << 20;
+    let data = pattern(size as usize, 7);
+    let source = (setup.source)
+        .create(thin(create_request("raw-source", cap.clone(), size)))
+        .await;
+    let staging = setup.source.staging_path();
+    setup
+        .source
+        .stage(&source, &staging, cap.clone())
+        .await
+        .unwrap();
+    let device = setup.source.mount_target();
+    setup.source.publish_ok(&source, &device, cap.clone()).await;
+    write_synced(&device, &data);
+    setup.source.unpublish_ok(&source, &device).await;
+    setup
+        .source
+        .unstage(&source.volume_id, &staging)
+        .await
+        .unwrap();
+    let target = (setup.target)
+        .create(thin(create_request("raw-target", cap.clone(), size)))
+        .await;
+    source_pv(&setup.api, &source.volume_id, Some("node-b"));
+
+    let pulled = pull(&setup.target, &target.volume_id)
+        .await
+        .expect("PullVolume");
+    assert_eq!(pulled.source_node, "node-a");
+    let staging = setup.target.staging_path();
+    setup
+        .target
+        .stage(&target, &staging, cap.clone())
+        .await
+        .unwrap();
+    let device = setup.target.mount_target();
+    setup.target.publish_ok(&target, &device, cap.clone()).await;
+    let arrived = fs::read(&device).unwrap();
+    setup.target.unpublish_ok(&target, &device).await;
+    setup
+        .target
+        .unstage(&target.volume_id, &staging)
+        .await
+        .unwrap();
+    assert!(
+        arrived[..data.len()] == data[..],
+        "the device holds the bytes written on node-a"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_source_gives_nothing_to_a_node_its_pv_does_not_name() {
     let setup = setup().await;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
+use super::draining::{self, DrainArgs};
 use super::moving::{self, MoveArgs};
 use super::orphans::{self, OrphansArgs};
 
@@ -19,11 +20,15 @@ pub enum ClusterCommand {
     /// Move a claim to another node with its data: the controller (--moves=on) copies its
     /// volume node to node and binds the claim to the new one; this follows the move.
     Move(MoveArgs),
+    /// After `kubectl cordon` and `kubectl drain`: move each claim of ours on the node that a
+    /// pod waits for to a node where that pod may run (`--dry-run`: say where).
+    Drain(DrainArgs),
 }
 
 pub fn run(command: ClusterCommand) -> ExitCode {
     match command {
         ClusterCommand::Orphans(args) => orphans::run(args),
         ClusterCommand::Move(args) => moving::run(args),
+        ClusterCommand::Drain(args) => draining::run(args),
     }
 }

@@ -94,14 +94,7 @@ async fn move_claim(args: &MoveArgs) -> Result<String, String> {
             println!("a move of {namespace}/{name} is under way; following it")
         }
         Ok(Checked::May { .. }) => {
-            let ask = json!({"metadata": {
-                "labels": {MOVE_REQUESTED: "true"},
-                "annotations": {MOVE_TO: args.to, MOVE_REFUSED: null},
-            }});
-            (claims
-                .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
-                .await)
-                .map_err(|e| format!("asking for the move on the claim: {e}"))?;
+            ask(&client, (namespace, name), &args.to).await?;
             println!("asked: {namespace}/{name} to node {}", args.to);
         }
     }
@@ -117,6 +110,21 @@ async fn move_claim(args: &MoveArgs) -> Result<String, String> {
     }
 }
 
+/// Asks the controller to move claim `namespace/name` to `to` (the label and annotation it acts
+/// on; a refusal written earlier is taken off).
+pub async fn ask(client: &Client, (namespace, name): (&str, &str), to: &str) -> Result<(), String> {
+    let ask = json!({"metadata": {
+        "labels": {MOVE_REQUESTED: "true"},
+        "annotations": {MOVE_TO: to, MOVE_REFUSED: null},
+    }});
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    (claims
+        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await)
+        .map_err(|e| format!("asking for the move on claim {namespace}/{name}: {e}"))?;
+    Ok(())
+}
+
 /// Prints each new sentence of the move's state until the claim is bound on `to`.
 async fn follow(
     client: &Client,
@@ -128,13 +136,10 @@ async fn follow(
     let started = Instant::now();
     let mut said = String::new();
     loop {
-        let now = match state_of(client, (namespace, name)).await? {
-            Some(state) => state.status,
-            None => match finished(client, settings, (namespace, name), to).await? {
-                Progress::Done(line) => return Ok(Ended::Moved(line)),
-                Progress::Refused(why) => return Ok(Ended::Refused(why)),
-                Progress::Waiting(line) => line,
-            },
+        let now = match progress(client, settings, (namespace, name), to).await? {
+            Progress::Done(line) => return Ok(Ended::Moved(line)),
+            Progress::Refused(why) => return Ok(Ended::Refused(why)),
+            Progress::Waiting(line) => line,
         };
         if now != said {
             println!("[{:>4} s] {now}", started.elapsed().as_secs());
@@ -163,10 +168,27 @@ async fn state_of(
         .find(|state| state.claim.namespace == namespace && state.claim.name == name))
 }
 
-enum Progress {
+/// Where a move asked for stands.
+pub enum Progress {
+    /// The claim is bound on the target: the last line.
     Done(String),
+    /// Refused, or nothing asked and nothing under way: why.
     Refused(String),
+    /// Under way (or not taken yet): what it does now.
     Waiting(String),
+}
+
+/// Where the move of `namespace/name` to `to` stands.
+pub async fn progress(
+    client: &Client,
+    settings: &Settings,
+    claim: (&str, &str),
+    to: &str,
+) -> Result<Progress, String> {
+    match state_of(client, claim).await? {
+        Some(state) => Ok(Progress::Waiting(state.status)),
+        None => finished(client, settings, claim, to).await,
+    }
 }
 
 /// With no move kept on a PV: done (the claim bound on `to`), refused, or not taken yet.

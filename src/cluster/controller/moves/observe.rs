@@ -95,10 +95,18 @@ pub async fn pods_using(
         .collect())
 }
 
-/// Whether `pod` uses claim `name` and has not ended.
-fn uses(pod: &Pod, name: &str) -> bool {
+/// Whether `pod` uses claim `name`: it names it, is on a node, and has not ended. A pod not
+/// scheduled yet mounts nothing: it waits for the claim (after `kubectl drain`, for the move),
+/// and once the claim is being deleted neither the scheduler nor kubelet starts it with it.
+pub fn uses(pod: &Pod, name: &str) -> bool {
     let phase = (pod.status.as_ref()).and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) {
+        return false;
+    }
+    let scheduled = (pod.spec.as_ref())
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    if !scheduled {
         return false;
     }
     let volumes = pod.spec.as_ref().map(|s| s.volumes.as_slice());
@@ -149,15 +157,19 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_uses_a_claim_until_it_ends() {
-        let pod = |phase: &str, claim: &str| -> Pod {
+    fn a_pod_uses_a_claim_from_its_scheduling_until_it_ends() {
+        let on = |phase: &str, claim: &str, node: &str| -> Pod {
             serde_json::from_value(json!({
                 "metadata": {"name": "db-0"},
-                "spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]},
+                "spec": {"nodeName": node,
+                         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]},
                 "status": {"phase": phase}
             }))
             .unwrap()
         };
+        let pod = |phase: &str, claim: &str| on(phase, claim, "a");
+        // Waiting to be scheduled (a drained node's pod, waiting for the move): not a user.
+        assert!(!uses(&on("Pending", "data-db-0", ""), "data-db-0"));
         assert!(uses(&pod("Running", "data-db-0"), "data-db-0"));
         assert!(uses(&pod("Pending", "data-db-0"), "data-db-0"));
         assert!(!uses(&pod("Succeeded", "data-db-0"), "data-db-0"));

@@ -76,14 +76,17 @@ async fn handle(tcp: TcpStream, source: &Source) -> Result<(), String> {
         .await
         .map_err(|_| "no ask in time".to_string())?
         .map_err(|err| err.to_string())?;
-    let opened = open(source, &ask).await;
-    let answer = Answer {
-        refused: opened.as_ref().err().cloned(),
+    let (export, peer) = match open(source, &ask).await {
+        Ok(opened) => opened,
+        Err(why) => {
+            let refused = Answer {
+                refused: Some(why.clone()),
+            };
+            (wire::write_line(&mut reader, &refused).await)
+                .map_err(|err| format!("answering: {err}"))?;
+            return Err(why);
+        }
     };
-    wire::write_line(&mut reader, &answer)
-        .await
-        .map_err(|err| format!("answering: {err}"))?;
-    let (export, peer) = opened?;
     let _turn = source
         .streams
         .acquire()
@@ -91,9 +94,18 @@ async fn handle(tcp: TcpStream, source: &Source) -> Result<(), String> {
         .map_err(|err| err.to_string())?;
     let out = SyncIoBridge::new(reader.into_inner());
     let volume = ask.volume.clone();
+    // The answer and the stream's start go out together, in one buffer: fewer TLS records, and
+    // the puller must (and does) read the stream from behind the answer in its own buffer.
     let sent = tokio::task::spawn_blocking(move || {
-        let mut out = out;
+        use std::io::Write;
+        let mut out = std::io::BufWriter::with_capacity(64 << 10, out);
+        let mut answer = serde_json::to_vec(&Answer { refused: None }).unwrap_or_default();
+        answer.push(b'\n');
+        out.write_all(&answer)
+            .map_err(|err| format!("answering: {err}"))?;
         let summary = export.write_to(&mut out).map_err(|err| err.to_string())?;
+        out.flush().map_err(|err| err.to_string())?;
+        let mut out = out.into_inner().map_err(|err| err.to_string())?;
         out.shutdown().map_err(|err| err.to_string())?;
         Ok::<_, String>(summary)
     })

@@ -100,7 +100,9 @@ impl Puller {
             )));
         }
         info!(target = %target, source = %volume, source_node, "transfer: pulling a volume");
-        let input = SyncIoBridge::new(reader.into_inner());
+        // The reader itself, not what it wraps: the stream's first bytes may have come with
+        // the answer and sit in its buffer (an image's export starts at once).
+        let input = SyncIoBridge::new(reader);
         let volumes = self.volumes.clone();
         let id = target.clone();
         let summary = tokio::task::spawn_blocking(move || volumes.import(&id, true, input))
