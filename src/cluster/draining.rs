@@ -16,6 +16,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 
 use super::controller::moves::accept::{self, Checked, Settings};
+use super::controller::moves::state::MoveState;
 use super::controller::placement::fits::{NodeFacts, excluded_by};
 use super::kit::affinity::pinned_by;
 use super::kit::client::{self, Retries};
@@ -146,7 +147,10 @@ async fn plan(
             .collect();
         let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace);
         let claim = claims.get_opt(&name).await.map_err(|e| read("claims", e))?;
+        // A move under way (an earlier drain cut short): followed to where it goes.
+        let moving = MoveState::on(pv.metadata.annotations.as_ref()).and_then(Result::ok);
         let target = match (&claim, waiting.is_empty() && !all) {
+            _ if moving.is_some() => Ok(moving.map(|state| state.to).unwrap_or_default()),
             (None, _) => Err(format!("claim {namespace}/{name} does not exist")),
             (Some(_), true) => Err("nobody waits for it (--all moves it anyway)".into()),
             (Some(claim), false) => target(client, settings, claim, &waiting, &others).await,
@@ -230,6 +234,12 @@ async fn run_moves(
                 break;
             };
             let (namespace, name) = claim.split_once('/').unwrap_or_default();
+            // A move under way needs no asking (its claim may be gone meanwhile).
+            let under_way = moving::progress(client, settings, (namespace, name), &to).await;
+            if let Ok(Progress::Waiting(_)) = under_way {
+                active.push((claim, to, String::new()));
+                continue;
+            }
             match moving::ask(client, (namespace, name), &to).await {
                 Ok(()) => active.push((claim, to, String::new())),
                 Err(why) => {

@@ -201,8 +201,8 @@ async fn finished(
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
     let claim = claims.get_opt(name).await.map_err(|e| e.to_string())?;
     let Some(claim) = claim else {
-        return Ok(Progress::Waiting(format!(
-            "claim {namespace}/{name} does not exist"
+        return Ok(Progress::Refused(format!(
+            "claim {namespace}/{name} does not exist, and no move of it is under way"
         )));
     };
     let annotations = claim.metadata.annotations.clone().unwrap_or_default();

@@ -208,6 +208,27 @@ other_node() {
     for n in "${E2E_NODES[@]}"; do [[ $n == "$1" ]] || { echo "$n"; return; }; done
 }
 
+# watch_pv_phases: every phase every PV takes from now on, recorded until
+# expect_never_available (a watch: no change is missed between two looks).
+watch_pv_phases() {
+    PV_PHASES=$E2E_STATE/results/$NS-pv-phases
+    "$KUBECTL" get pv --watch --no-headers \
+        -o 'custom-columns=NAME:.metadata.name,PHASE:.status.phase,NS:.spec.claimRef.namespace' \
+        >"$PV_PHASES" 2>&1 &
+    PV_WATCHER=$!
+    defer "kill $PV_WATCHER 2>/dev/null || true"
+}
+# expect_never_available PV...: since watch_pv_phases, no PV claimed from this namespace and none
+# of PV... was Available (free for any claim to take, with its data).
+expect_never_available() {
+    local ours=" $* " available
+    kill "$PV_WATCHER" 2>/dev/null || true
+    available=$(awk -v ns="$NS" -v ours="$ours" \
+        '$2 == "Available" && ($3 == ns || index(ours, " " $1 " "))' "$PV_PHASES")
+    [[ -z $available ]] || fail "PVs holding data were Available: $available"
+    grep -q Released "$PV_PHASES" || fail "the watch of PV phases saw no change: $(head -3 "$PV_PHASES")"
+}
+
 # claim NAME SIZE [CLASS] [MODE] [ACCESS]: a claim of the default stickyvol class.
 claim() {
     apply <<YAML

@@ -2,8 +2,10 @@
 # whose claims are all on the second node (the first cordoned while they are made); that node
 # cordoned and its pods evicted (`kubectl drain`): they wait, Pending, their volumes pinning them
 # there. `stickyvol cluster drain --dry-run` says each claim goes to the first node and changes
-# nothing; `stickyvol cluster drain` moves the three (two at a time), and the three pods run on
-# the first node with their data. No lane: it cordons nodes.
+# nothing; `stickyvol cluster drain` moves the three (two at a time): once a copy runs, the
+# controller (and the drain command in it) and the first node's plugin are killed, and the drain
+# run again finishes the moves; the three pods run on the first node with their data, and no PV
+# of theirs was Available at any moment. No lane: it cordons nodes and kills the controller.
 source "$(dirname "$0")/../lib/scenario.sh"
 
 from=${E2E_NODES[1]}
@@ -30,11 +32,11 @@ spec:
       containers:
       - name: app
         image: $TEST_IMAGE
-        command: [sh, -c, "[ -f /data/sum ] || { dd if=/dev/urandom of=/data/blob bs=1M count=8 2>/dev/null && sha256sum /data/blob > /data/sum && sync; }; sleep 100000"]
+        command: [sh, -c, "[ -f /data/sum ] || { dd if=/dev/urandom of=/data/blob bs=1M count=64 2>/dev/null && sha256sum /data/blob > /data/sum && sync; }; sleep 100000"]
         volumeMounts: [{name: data, mountPath: /data}]
   volumeClaimTemplates:
   - metadata: {name: data}
-    spec: {storageClassName: stickyvol, accessModes: [ReadWriteOnce], resources: {requests: {storage: 32Mi}}}
+    spec: {storageClassName: stickyvol, accessModes: [ReadWriteOnce], resources: {requests: {storage: 96Mi}}}
 YAML
 defer "kn delete statefulset web --ignore-not-found --wait=true --timeout=60s >/dev/null"
 declare -A sum
@@ -65,14 +67,32 @@ for i in 0 1 2; do
 done
 [[ -z $(kn get pvc -l stickyvol.csi.io/move-requested -o name) ]] || fail "the dry run asked for moves"
 
-step "drained: the three claims moved, the pods run on $to with their data"
+step "drained, with the controller and $to's node plugin killed mid-move"
+watch_pv_phases
+first=$E2E_STATE/results/$NS-drain-first
 started=$SECONDS
-out=$(drain "$from" --parallel 2) || fail "the drain failed: $out"
-log "measured: three 32 MiB claims of a drained node moved in $((SECONDS - started)) s"
-[[ $(grep -c "moved: claim $NS/data-web-" <<<"$out") == 3 ]] || fail "not three moves ended: $out"
+drain "$from" --parallel 2 >"$first" &
+# Killed once a copy is asked for (a PV labelled for its node's pull), polled closely: copies of
+# 64 MiB take a second or two.
+deadline=$((SECONDS + 90))
+until [[ -n $(k get pv -l stickyvol.csi.io/pull-to -o name 2>/dev/null) ]]; do
+    ((SECONDS < deadline)) || fail "no copy was asked for within 90 s: $(cat "$first")"
+    sleep 0.2
+done
+plugin=$(driver_pod "$to")
+k -n "$DRIVER_NS" delete pod stickyvol-controller-0 "$plugin" --wait=false >/dev/null
+wait $! 2>/dev/null || true
+log "the first drain, cut: $(tail -n 2 "$first" | tr '\n' ' ')"
+k -n "$DRIVER_NS" rollout status statefulset/stickyvol-controller --timeout=180s >/dev/null ||
+    fail "the controller did not come back"
+until_ok 180 "$to's node plugin back" '[[ -n $(ready_driver_pod "$to") ]]'
+out=$(drain "$from" --parallel 2) || fail "the drain run again failed: $out"
+log "measured: three 96 MiB claims (64 MiB of data each) of a drained node moved in $((SECONDS - started)) s (two kills and the restarts included)"
 for i in 0 1 2; do
     wait_pod_running "web-$i" 180
     expect_eq "$(pod_node "web-$i")" "$to" "web-$i's node"
     expect_eq "$(pexec "web-$i" cat /data/sum)" "${sum[$i]}" "web-$i's data (its checksum file)"
     pexec "web-$i" sha256sum -c /data/sum >/dev/null || fail "web-$i's data does not match its checksum"
 done
+expect_never_available $(for i in 0 1 2; do pv_of "data-web-$i"; done)
+[[ -z $(k get pv -l stickyvol.csi.io/moving -o name) ]] || fail "a move was left under way"
