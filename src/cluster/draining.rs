@@ -205,7 +205,7 @@ async fn target(
             Ok(Checked::May { .. }) => return Ok(node.name.clone()),
             Ok(Checked::Started(state)) => return Ok(state.to),
             Err(why) => {
-                why_not.insert(node.name.clone(), why);
+                why_not.insert(node.name.clone(), why.why);
             }
         }
     }

@@ -36,22 +36,50 @@ pub enum Checked {
     Started(Box<MoveState>),
 }
 
+/// Why a claim may not move, in a sentence; `lasting` unless the API could not be read (then
+/// the controller keeps the request and looks again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub why: String,
+    pub lasting: bool,
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal { why, lasting: true }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+/// A read that failed: not the claim's fault, asked again later.
+fn unreadable(what: &str, err: kube::Error) -> Refusal {
+    Refusal {
+        why: format!("reading {what}: {err}"),
+        lasting: false,
+    }
+}
+
 /// Checks that `claim` may move to node `to`; why not, in a sentence.
 pub async fn check(
     client: &Client,
     settings: &Settings,
     claim: &PersistentVolumeClaim,
     to: &str,
-) -> Result<Checked, String> {
+) -> Result<Checked, Refusal> {
     let named = claim_name(claim);
-    let read = |what: &str, err: kube::Error| format!("reading {what}: {err}");
+    let read = unreadable;
     if !crate::config::is_label_value(to) || to.is_empty() {
-        return Err(format!("{to:?} is not a node name"));
+        return Err(format!("{to:?} is not a node name").into());
     }
     let volume = (claim.spec.as_ref()).and_then(|s| s.volume_name.clone());
     let bound = (claim.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound");
     let (Some(volume), true) = (volume, bound) else {
-        return Err(format!("claim {named} is not bound to a volume"));
+        return Err(format!("claim {named} is not bound to a volume").into());
     };
     let pv = Api::<PersistentVolume>::all(client.clone())
         .get_opt(&volume)
@@ -64,7 +92,7 @@ pub async fn check(
     }
     let from = pinned_to(&pv, settings, &named)?;
     if from == to {
-        return Err(format!("claim {named} is on node {to} already"));
+        return Err(format!("claim {named} is on node {to} already").into());
     }
     let nodes = Api::<Node>::all(client.clone());
     let node = nodes
@@ -72,7 +100,7 @@ pub async fn check(
         .await
         .map_err(|err| read("the node", err))?;
     if node.is_none() {
-        return Err(format!("there is no node {to}"));
+        return Err(format!("there is no node {to}").into());
     }
     for node in [&from, to] {
         transfers_served(client, settings, node).await?;
@@ -111,7 +139,7 @@ fn pinned_to(pv: &PersistentVolume, settings: &Settings, named: &str) -> Result<
 }
 
 /// Ok when `node`'s plugin publishes a transfer endpoint.
-async fn transfers_served(client: &Client, settings: &Settings, node: &str) -> Result<(), String> {
+async fn transfers_served(client: &Client, settings: &Settings, node: &str) -> Result<(), Refusal> {
     let name = transfer_advert(&settings.driver, node);
     let adverts = Api::<ConfigMap>::namespaced(client.clone(), &settings.namespace);
     match adverts.get_opt(&name).await {
@@ -119,8 +147,9 @@ async fn transfers_served(client: &Client, settings: &Settings, node: &str) -> R
         Ok(None) => Err(format!(
             "node {node} serves no transfers: no ConfigMap {}/{name} (its stickyvol node plugin is not running, or runs without --transfer-address)",
             settings.namespace
-        )),
-        Err(err) => Err(format!("reading {}/{name}: {err}", settings.namespace)),
+        )
+        .into()),
+        Err(err) => Err(unreadable(&format!("{}/{name}", settings.namespace), err)),
     }
 }
 
@@ -132,7 +161,7 @@ async fn room_on(
     settings: &Settings,
     pv: &PersistentVolume,
     to: &str,
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let spec = pv.spec.as_ref();
     let class = spec
         .and_then(|s| s.storage_class_name.clone())
@@ -146,7 +175,7 @@ async fn room_on(
     let capacities = Api::<CSIStorageCapacity>::namespaced(client.clone(), &settings.namespace)
         .list(&ListParams::default())
         .await
-        .map_err(|err| format!("reading the nodes' capacities: {err}"))?;
+        .map_err(|err| unreadable("the nodes' capacities", err))?;
     let on_node = capacities.items.iter().filter(|c| {
         let labels = (c.node_topology.as_ref()).and_then(|t| t.match_labels.as_ref());
         c.storage_class_name == class
@@ -162,7 +191,8 @@ async fn room_on(
     match room {
         Some(room) if room < size => Err(format!(
             "node {to} has room for {room} bytes in class {class}; the volume takes {size}"
-        )),
+        )
+        .into()),
         _ => Ok(()),
     }
 }

@@ -102,7 +102,11 @@ impl Mover {
                     }
                 }
             }
-            Err(why) => why,
+            Err(refusal) if !refusal.lasting => {
+                warn!(claim = %named, why = %refusal, "moves: a request's checks could not read the API; next round");
+                return;
+            }
+            Err(refusal) => refusal.why,
         };
         warn!(claim = %named, why = %refused, "moves: request refused");
         let patch = json!({"metadata": {
@@ -219,4 +223,195 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
     // A round cut by the stop is taken again by the next start: nothing to wait for.
     let run = run(mover, shutdown.wait());
     Ok(Some(Loop::new("moves", Duration::ZERO, run)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::{Value, json};
+
+    use crate::cluster::kit::fake_api::{self, Answer, respond, status};
+
+    const DRIVER: &str = "stickyvol.csi.io";
+    const KEY: &str = "topology.stickyvol.csi.io/node";
+
+    /// Objects by path; every write, as (method, path, body); paths that answer 500.
+    #[derive(Default)]
+    struct Cluster {
+        objects: BTreeMap<String, Value>,
+        writes: Vec<(String, String, Value)>,
+        broken: Vec<String>,
+    }
+    type Shared = Arc<Mutex<Cluster>>;
+
+    /// RFC 7386, as the API server applies a merge patch.
+    fn merge(target: &mut Value, patch: &Value) {
+        let (Some(target_map), Some(patch_map)) = (target.as_object_mut(), patch.as_object())
+        else {
+            *target = patch.clone();
+            return;
+        };
+        for (key, value) in patch_map {
+            if value.is_null() {
+                target_map.remove(key);
+            } else {
+                merge(target_map.entry(key.clone()).or_insert(json!({})), value);
+            }
+        }
+    }
+
+    fn handle(cluster: &Shared, method: &str, path: &str, body: &[u8]) -> Answer {
+        let mut cluster = cluster.lock().unwrap();
+        if cluster.broken.iter().any(|p| p == path) {
+            return respond(500, &status(500, "InternalError"));
+        }
+        let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        if method != "GET" {
+            cluster
+                .writes
+                .push((method.into(), path.into(), body.clone()));
+        }
+        match method {
+            "GET" => match cluster.objects.get(path) {
+                Some(object) => respond(200, object),
+                // A collection: its items (the fake ignores label selectors).
+                None if path.ends_with('s') => {
+                    let prefix = format!("{path}/");
+                    let items: Vec<&Value> = (cluster.objects.iter())
+                        .filter(|(p, _)| p.starts_with(&prefix) && !p[prefix.len()..].contains('/'))
+                        .map(|(_, o)| o)
+                        .collect();
+                    respond(200, &json!({"metadata": {}, "items": items}))
+                }
+                None => respond(404, &status(404, "NotFound")),
+            },
+            "PATCH" => match cluster.objects.get_mut(path) {
+                Some(object) => {
+                    merge(object, &body);
+                    let object = object.clone();
+                    respond(200, &object)
+                }
+                None => respond(404, &status(404, "NotFound")),
+            },
+            "POST" => respond(201, &body),
+            _ => respond(405, &json!({})),
+        }
+    }
+
+    /// Claim shop/data bound to pvc-old on node a, asking to go to `to`; nodes a and b, both
+    /// serving transfers.
+    fn cluster(to: &str) -> Shared {
+        let cluster = Shared::default();
+        let mut c = cluster.lock().unwrap();
+        c.objects.insert(
+            "/api/v1/namespaces/shop/persistentvolumeclaims/data".into(),
+            json!({"metadata": {"name": "data", "namespace": "shop", "uid": "claim-uid",
+                                "labels": {MOVE_REQUESTED: "true"}, "annotations": {MOVE_TO: to}},
+                   "spec": {"volumeName": "pvc-old", "storageClassName": "stickyvol"},
+                   "status": {"phase": "Bound"}}),
+        );
+        c.objects.insert(
+            "/api/v1/persistentvolumes/pvc-old".into(),
+            json!({"metadata": {"name": "pvc-old", "resourceVersion": "7"},
+                   "spec": {"csi": {"driver": DRIVER, "volumeHandle": "sv-old"},
+                            "persistentVolumeReclaimPolicy": "Delete",
+                            "capacity": {"storage": "1Gi"}, "storageClassName": "stickyvol",
+                            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                                {"key": KEY, "operator": "In", "values": ["a"]}]}]}}}}),
+        );
+        for node in ["a", "b"] {
+            c.objects.insert(
+                format!("/api/v1/nodes/{node}"),
+                json!({"metadata": {"name": node}}),
+            );
+            let advert = format!("{DRIVER}-transfer-{node}");
+            c.objects.insert(
+                format!("/api/v1/namespaces/stickyvol/configmaps/{advert}"),
+                json!({"metadata": {"name": advert}}),
+            );
+        }
+        drop(c);
+        cluster
+    }
+
+    fn mover(cluster: &Shared) -> Mover {
+        let shared = cluster.clone();
+        let client = fake_api::client(move |m, p, b| handle(&shared, m, p, b));
+        let settings = Settings {
+            driver: DRIVER.into(),
+            topology_key: KEY.into(),
+            namespace: "stickyvol".into(),
+        };
+        Mover::new(client, settings, "controller-0".into())
+    }
+
+    fn claim(cluster: &Shared) -> PersistentVolumeClaim {
+        let c = cluster.lock().unwrap();
+        let path = "/api/v1/namespaces/shop/persistentvolumeclaims/data";
+        serde_json::from_value(c.objects[path].clone()).unwrap()
+    }
+
+    fn events(cluster: &Shared) -> Vec<String> {
+        let c = cluster.lock().unwrap();
+        (c.writes.iter())
+            .filter(|(_, path, _)| path.ends_with("/events"))
+            .map(|(_, _, body)| body["reason"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_request_that_passes_the_checks_starts_by_keeping_the_old_pv() {
+        let cluster = cluster("b");
+        mover(&cluster).request(&claim(&cluster)).await;
+        let c = cluster.lock().unwrap();
+        let pv = &c.objects["/api/v1/persistentvolumes/pvc-old"];
+        assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+        assert_eq!(pv["metadata"]["labels"][MOVING], "true");
+        let state: MoveState = serde_json::from_str(
+            pv["metadata"]["annotations"][state::MOVE_STATE]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!((state.from.as_str(), state.to.as_str()), ("a", "b"));
+        assert_eq!(state.reclaim_policy, "Delete");
+        assert_eq!(state.claim.uid, "claim-uid");
+        // Retain and the state in one write, conditional on the PV read.
+        let (_, _, patch) = (c.writes.iter())
+            .find(|(m, p, _)| m == "PATCH" && p.ends_with("/pvc-old"))
+            .unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        drop(c);
+        assert_eq!(events(&cluster), ["MoveStarted"]);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_cannot_be_done_is_taken_off_with_why() {
+        let cluster = cluster("c");
+        mover(&cluster).request(&claim(&cluster)).await;
+        let after = claim(&cluster);
+        let labels = after.metadata.labels.unwrap_or_default();
+        let annotations = after.metadata.annotations.unwrap_or_default();
+        assert!(!labels.contains_key(MOVE_REQUESTED));
+        assert!(!annotations.contains_key(MOVE_TO));
+        assert_eq!(annotations[MOVE_REFUSED], "there is no node c");
+        let c = cluster.lock().unwrap();
+        let pv = &c.objects["/api/v1/persistentvolumes/pvc-old"];
+        assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
+        drop(c);
+        assert_eq!(events(&cluster), ["MoveRefused"]);
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_checks_cannot_read_the_api_is_kept_for_the_next_round() {
+        let cluster = cluster("b");
+        (cluster.lock().unwrap().broken).push("/api/v1/nodes/b".into());
+        mover(&cluster).request(&claim(&cluster)).await;
+        assert!(cluster.lock().unwrap().writes.is_empty());
+        let labels = claim(&cluster).metadata.labels.unwrap_or_default();
+        assert_eq!(labels[MOVE_REQUESTED], "true");
+    }
 }
