@@ -1,6 +1,6 @@
 //! Each step's write (`decide::Step`): one request, or two where the first makes the second
 //! safe to repeat (the new PV set to Retain before the state records it; before its temporary
-//! claim is deleted). "Already exists" and "not found" count as done: a step cut by a crash is
+//! claim is deleted; the claim read before its finalizers are written). "Already exists" and "not found" count as done: a step cut by a crash is
 //! taken again.
 
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::{Value, json};
 
-use super::state::{MOVE_OF, MOVE_STATE, MOVING, MoveState};
+use super::state::{MOVE_FINALIZER, MOVE_OF, MOVE_STATE, MOVING, MoveState};
 use crate::cluster::kit::names::{MOVE_TO, SELECTED_NODE};
 use crate::cluster::kit::pull_request::{PULL_CLAIM, PULL_FROM, PULL_RESULT, PULL_TO};
 use crate::cluster::kit::slim::{Pod, StatefulSet};
@@ -163,23 +163,48 @@ impl Writer<'_> {
         Ok(uid.as_deref() == Some(owner.uid.as_str()))
     }
 
-    /// Pre-binds the new PV to the claim made again, by uid: the PV controller binds the two,
-    /// and no other claim can take the PV meanwhile.
-    pub async fn bind(
-        &self,
-        state: &MoveState,
-        new_pv: &str,
-        uid: &str,
-    ) -> Result<(), kube::Error> {
+    /// Pre-binds the new PV to the claim's name, without a uid: whichever claim of that name
+    /// comes next (the one the move makes, or one a StatefulSet makes first) binds to it, and
+    /// no other claim can.
+    pub async fn pre_bind(&self, state: &MoveState, new_pv: &str) -> Result<(), kube::Error> {
         let patch = json!({"spec": {"claimRef": {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
             "namespace": state.claim.namespace,
             "name": state.claim.name,
-            "uid": uid,
+            "uid": null,
             "resourceVersion": null,
         }}});
         self.patch_pv(new_pv, patch).await
+    }
+
+    /// Adds (or takes off) the move's finalizer on the claim `namespace/name` with `uid`: a
+    /// whole new list, conditional on the claim read (its other finalizers kept).
+    pub async fn hold_claim(
+        &self,
+        (namespace, name, uid): (&str, &str, &str),
+        hold: bool,
+    ) -> Result<(), kube::Error> {
+        let claims = self.claims(namespace);
+        let Some(claim) = claims.get_opt(name).await? else {
+            return Ok(());
+        };
+        if claim.metadata.uid.as_deref() != Some(uid) {
+            return Ok(());
+        }
+        let mut finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+        finalizers.retain(|f| f != MOVE_FINALIZER);
+        if hold {
+            finalizers.push(MOVE_FINALIZER.to_string());
+        }
+        let patch = json!({"metadata": {
+            "resourceVersion": claim.metadata.resource_version,
+            "finalizers": finalizers,
+        }});
+        let patched = claims
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        gone_is_done(patched.map(drop))
     }
 
     /// The end: the new PV gets the old one's reclaim policy (its copy's result stays on it, as

@@ -4,15 +4,18 @@
 //!
 //! The order, and why:
 //! 1. (before this: the old PV set to Retain, the state saved on it: nothing below loses data)
-//! 2. the pods using the claim are waited for, never stopped;
+//! 2. the pods on a node using the claim are waited for, never stopped (a pod waiting to be
+//!    scheduled, as after `kubectl drain`, mounts nothing);
 //! 3. a temporary claim has the new volume provisioned on the target node, by its own
 //!    csi-provisioner; the new PV is set to Retain before anything records it;
-//! 4. the claim is deleted (by uid): from then on no pod can mount the old volume, so the copy
-//!    reads data nobody writes;
+//! 4. the claim is held (a finalizer of ours), then deleted by uid: while it is being deleted no
+//!    pod can start with it, and it still exists, so a StatefulSet does not make it again; the
+//!    old volume is not written while it is copied;
 //! 5. the target node pulls the old volume, straight from the old node, checksummed;
-//! 6. the temporary claim is deleted (the new PV, Retain, keeps its data);
-//! 7. the claim is made again bound to the new PV, and the PV pre-bound to it by uid: never an
-//!    Available PV that holds data;
+//! 6. the temporary claim is deleted (the new PV, Retain, keeps its data) and the new PV is
+//!    pre-bound to the claim's name: whichever claim of that name comes next binds to it, ours
+//!    or one a StatefulSet makes, never another;
+//! 7. the claim is let go (the finalizer removed) and made again bound to the new PV;
 //! 8. once bound: the new PV gets the old one's reclaim policy, the old PV is released to Delete.
 
 use super::state::MoveState;
@@ -24,6 +27,8 @@ pub struct ClaimSeen {
     pub volume_name: Option<String>,
     pub bound: bool,
     pub deleting: bool,
+    /// It carries the move's finalizer.
+    pub held: bool,
 }
 
 /// Where the copy into the new PV stands (its pull annotations).
@@ -38,8 +43,8 @@ pub enum Copy {
 /// The new PV as the move sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewPv {
-    /// The uid its claimRef names.
-    pub claim_uid: Option<String>,
+    /// The claim name its claimRef names (the temporary claim's, then the moved claim's).
+    pub claim_name: Option<String>,
     pub copy: Copy,
 }
 
@@ -49,7 +54,7 @@ pub struct Observed {
     pub state: MoveState,
     /// The claim of the moved name now: the original, or one made again.
     pub claim: Option<ClaimSeen>,
-    /// Pods using the original claim (not Succeeded or Failed), `namespace/name`.
+    /// Pods on a node using the original claim (not Succeeded or Failed), `namespace/name`.
     pub pods: Vec<String>,
     pub temporary: Option<ClaimSeen>,
     /// The new PV, when the state names one (None: it is gone).
@@ -65,8 +70,9 @@ pub enum Step {
     WaitForNewVolume,
     /// The temporary claim is bound to this PV: set it to Retain, then record it.
     AdoptNewPv(String),
+    /// Put the move's finalizer on the claim, so that deleting it leaves it in place.
+    HoldClaim,
     DeleteClaim,
-    WaitForClaimGone,
     AskCopy,
     WaitForCopy,
     /// A copy failed: counted and reported once, then tried again after a pause.
@@ -76,9 +82,12 @@ pub enum Step {
         seconds: u64,
     },
     DeleteTemporaryClaim,
+    /// Point the new PV's claimRef at the claim's name (no uid: whichever claim of that name).
+    PreBindNewPv,
+    /// Take the move's finalizer off the held claim: it goes.
+    ReleaseClaim,
+    WaitForClaimGone,
     CreateClaim,
-    /// Pre-bind the new PV to the claim made again (its uid).
-    BindNewPv(String),
     WaitForBinding,
     Finish,
     /// Something outside the move is in its way: said, and looked at again each round.
@@ -115,11 +124,14 @@ pub fn next(seen: &Observed) -> Step {
         ));
     };
     if let Some(claim) = original {
-        return match (claim.deleting, seen.pods.is_empty()) {
-            (true, _) => Step::WaitForClaimGone,
-            (false, false) => Step::WaitForPods(seen.pods.clone()),
-            (false, true) => Step::DeleteClaim,
-        };
+        match (claim.held, claim.deleting, seen.pods.is_empty()) {
+            // A pod that started before the claim was deleted still runs: waited for.
+            (_, _, false) => return Step::WaitForPods(seen.pods.clone()),
+            (false, false, true) => return Step::HoldClaim,
+            (true, false, true) => return Step::DeleteClaim,
+            // Being deleted and held (or gone but for other finalizers): frozen, copied.
+            (_, true, true) => {}
+        }
     }
     match &new_pv.copy {
         Copy::NotAsked => return Step::AskCopy,
@@ -127,7 +139,7 @@ pub fn next(seen: &Observed) -> Step {
         Copy::Failed(why) => return after_failure(state, why, seen.now_unix_ms),
         Copy::Done { .. } => {}
     }
-    rebind(seen, new_pv_name, new_pv)
+    rebind(seen, new_pv_name, new_pv, original)
 }
 
 /// After a failed copy: note it once, then wait the pause out, then ask again.
@@ -146,32 +158,45 @@ fn after_failure(state: &MoveState, why: &str, now: u64) -> Step {
     }
 }
 
-/// With the data copied: the claim made again and bound to the new PV.
-fn rebind(seen: &Observed, new_pv_name: &str, new_pv: &NewPv) -> Step {
+/// With the data copied: the new PV pre-bound to the claim's name, the claim let go and made
+/// again, bound to it.
+fn rebind(
+    seen: &Observed,
+    new_pv_name: &str,
+    new_pv: &NewPv,
+    original: Option<&ClaimSeen>,
+) -> Step {
     let state = &seen.state;
-    let Some(claim) = &seen.claim else {
-        return match seen.temporary {
-            Some(_) => Step::DeleteTemporaryClaim,
-            None => Step::CreateClaim,
-        };
-    };
-    if claim.volume_name.as_deref() != Some(new_pv_name) {
-        return Step::Stuck(format!(
-            "claim {} was made again during the move, not by it (it is not bound to PV {new_pv_name}); the data is kept on PV {new_pv_name} (Retain) and on the old PV; delete that claim for the move to finish",
-            state.claim_name()
-        ));
-    }
     if seen.temporary.is_some() {
         return Step::DeleteTemporaryClaim;
     }
-    if new_pv.claim_uid.as_deref() != Some(claim.uid.as_str()) {
-        return Step::BindNewPv(claim.uid.clone());
+    if new_pv.claim_name.as_deref() != Some(state.claim.name.as_str()) {
+        return Step::PreBindNewPv;
     }
-    if claim.bound {
-        Step::Finish
-    } else {
-        Step::WaitForBinding
+    if let Some(original) = original {
+        return match original.held {
+            true => Step::ReleaseClaim,
+            // Deleted by someone else (a StatefulSet scaled down): goes by itself.
+            false => Step::WaitForClaimGone,
+        };
     }
+    let Some(claim) = &seen.claim else {
+        return Step::CreateClaim;
+    };
+    // Ours, or one a StatefulSet made in the meantime: either binds to the pre-bound PV.
+    match claim.volume_name.as_deref() {
+        Some(pv) if pv != new_pv_name => stuck_on(state, new_pv_name),
+        Some(_) if claim.bound => Step::Finish,
+        _ => Step::WaitForBinding,
+    }
+}
+
+/// The claim was made again and bound to another volume: nothing of the move's is deleted.
+fn stuck_on(state: &MoveState, new_pv_name: &str) -> Step {
+    Step::Stuck(format!(
+        "claim {} was made again during the move and bound to another volume; the data is kept on PV {new_pv_name} (Retain) and on the old PV; delete that claim for the move to finish",
+        state.claim_name()
+    ))
 }
 
 #[cfg(test)]
@@ -208,46 +233,52 @@ mod tests {
             volume_name: volume.map(Into::into),
             bound,
             deleting: false,
+            held: false,
         })
     }
 
-    fn seen(new_pv: Option<&str>) -> Observed {
+    fn new_pv(claim_name: &str, copy: Copy) -> Option<NewPv> {
+        Some(NewPv {
+            claim_name: Some(claim_name.into()),
+            copy,
+        })
+    }
+
+    fn done() -> Copy {
+        Copy::Done {
+            sha256: "ab".into(),
+            bytes: 1,
+        }
+    }
+
+    fn seen(new: Option<&str>) -> Observed {
         Observed {
-            state: state(new_pv),
+            state: state(new),
             claim: claim("old-uid", Some("pvc-old"), true),
             pods: vec![],
             temporary: None,
-            new_pv: new_pv.map(|_| NewPv {
-                claim_uid: Some("tmp-uid".into()),
-                copy: Copy::NotAsked,
-            }),
+            new_pv: new.and_then(|_| new_pv("sv-move-pvc-old", Copy::NotAsked)),
             now_unix_ms: 1_000_000,
         }
     }
 
-    /// Applies what `step` writes to what the next observation sees.
+    /// Applies what `step` writes (and what Kubernetes then does) to the next observation.
     fn apply(seen: &mut Observed, step: &Step) {
-        let done = Copy::Done {
-            sha256: "ab".into(),
-            bytes: 1,
-        };
         match step {
             Step::CreateTemporaryClaim => seen.temporary = claim("tmp-uid", None, false),
             Step::WaitForNewVolume => seen.temporary = claim("tmp-uid", Some("pvc-new"), true),
             Step::AdoptNewPv(pv) => {
                 seen.state.new_pv = Some(pv.clone());
-                seen.new_pv = Some(NewPv {
-                    claim_uid: Some("tmp-uid".into()),
-                    copy: Copy::NotAsked,
-                });
+                seen.new_pv = new_pv("sv-move-pvc-old", Copy::NotAsked);
             }
+            Step::HoldClaim => seen.claim.as_mut().unwrap().held = true,
             Step::DeleteClaim => seen.claim.as_mut().unwrap().deleting = true,
-            Step::WaitForClaimGone => seen.claim = None,
             Step::AskCopy => seen.new_pv.as_mut().unwrap().copy = Copy::Asked,
-            Step::WaitForCopy => seen.new_pv.as_mut().unwrap().copy = done,
+            Step::WaitForCopy => seen.new_pv.as_mut().unwrap().copy = done(),
             Step::DeleteTemporaryClaim => seen.temporary = None,
+            Step::PreBindNewPv => seen.new_pv.as_mut().unwrap().claim_name = Some("data-0".into()),
+            Step::ReleaseClaim => seen.claim = None,
             Step::CreateClaim => seen.claim = claim("new-uid", Some("pvc-new"), false),
-            Step::BindNewPv(uid) => seen.new_pv.as_mut().unwrap().claim_uid = Some(uid.clone()),
             Step::WaitForBinding => seen.claim.as_mut().unwrap().bound = true,
             other => panic!("no step {other:?} on the straight path"),
         }
@@ -273,26 +304,61 @@ mod tests {
                 CreateTemporaryClaim,
                 WaitForNewVolume,
                 AdoptNewPv("pvc-new".into()),
+                HoldClaim,
                 DeleteClaim,
-                WaitForClaimGone,
                 AskCopy,
                 WaitForCopy,
                 DeleteTemporaryClaim,
+                PreBindNewPv,
+                ReleaseClaim,
                 CreateClaim,
-                BindNewPv("new-uid".into()),
                 WaitForBinding,
             ]
         );
     }
 
     #[test]
-    fn a_pod_that_comes_back_before_the_claim_is_deleted_is_waited_for_again() {
+    fn a_pod_that_starts_before_the_claim_is_deleted_is_waited_for_before_the_copy() {
         let mut at = seen(Some("pvc-new"));
         at.pods = vec!["shop/db-0".into()];
         assert_eq!(next(&at), Step::WaitForPods(vec!["shop/db-0".into()]));
-        // Once the claim is being deleted, its protection holds it until the pod is gone.
+        // Still running once the claim is being deleted (it started just before): no copy yet.
+        let claim = at.claim.as_mut().unwrap();
+        (claim.held, claim.deleting) = (true, true);
+        assert_eq!(next(&at), Step::WaitForPods(vec!["shop/db-0".into()]));
+        at.pods.clear();
+        assert_eq!(next(&at), Step::AskCopy);
+    }
+
+    #[test]
+    fn a_claim_deleted_by_its_statefulset_is_copied_then_waited_for() {
+        let mut at = seen(Some("pvc-new"));
+        // whenScaled: Delete: deleted by the StatefulSet, not held by the move.
         at.claim.as_mut().unwrap().deleting = true;
+        assert_eq!(next(&at), Step::AskCopy);
+        at.new_pv = new_pv("data-0", done());
         assert_eq!(next(&at), Step::WaitForClaimGone);
+        at.claim = None;
+        assert_eq!(next(&at), Step::CreateClaim);
+    }
+
+    #[test]
+    fn a_claim_a_statefulset_makes_meanwhile_binds_to_the_pre_bound_pv() {
+        let mut at = seen(Some("pvc-new"));
+        at.new_pv = new_pv("data-0", done());
+        // Made from the template, no volume named: the PV controller binds it to the new PV.
+        at.claim = claim("sts-uid", None, false);
+        assert_eq!(next(&at), Step::WaitForBinding);
+        at.claim = claim("sts-uid", Some("pvc-new"), true);
+        assert_eq!(next(&at), Step::Finish);
+        // Bound to another volume: stuck, nothing deleted.
+        at.claim = claim("sts-uid", Some("pvc-other"), true);
+        let Step::Stuck(why) = next(&at) else {
+            panic!("{:?}", next(&at))
+        };
+        assert!(why.contains("bound to another volume"), "{why}");
+        at.new_pv = None;
+        assert!(matches!(next(&at), Step::Stuck(why) if why.contains("is gone")));
     }
 
     #[test]
@@ -317,40 +383,17 @@ mod tests {
     }
 
     #[test]
-    fn a_claim_made_again_by_someone_else_stops_the_move_and_nothing_is_deleted() {
-        let mut at = seen(Some("pvc-new"));
-        at.new_pv.as_mut().unwrap().copy = Copy::Done {
-            sha256: "ab".into(),
-            bytes: 1,
-        };
-        // A StatefulSet scaled up during the copy made the claim again, unbound.
-        at.claim = claim("sts-uid", None, false);
-        let Step::Stuck(why) = next(&at) else {
-            panic!("{:?}", next(&at))
-        };
-        assert!(
-            why.contains("made again during the move, not by it"),
-            "{why}"
-        );
-        // The new PV gone: stuck too, the old PV keeps the data.
-        at.new_pv = None;
-        assert!(matches!(next(&at), Step::Stuck(why) if why.contains("is gone")));
-    }
-
-    #[test]
     fn a_restart_after_the_claim_was_made_again_goes_on_from_there() {
         let mut at = seen(Some("pvc-new"));
-        at.new_pv.as_mut().unwrap().copy = Copy::Done {
-            sha256: "ab".into(),
-            bytes: 1,
-        };
-        at.claim = claim("new-uid", Some("pvc-new"), false);
+        at.new_pv = new_pv("sv-move-pvc-old", done());
+        at.claim = None;
         at.temporary = claim("tmp-uid", Some("pvc-new"), true);
         assert_eq!(next(&at), Step::DeleteTemporaryClaim);
         at.temporary = None;
-        assert_eq!(next(&at), Step::BindNewPv("new-uid".into()));
-        at.new_pv.as_mut().unwrap().claim_uid = Some("new-uid".into());
-        at.claim.as_mut().unwrap().bound = true;
+        assert_eq!(next(&at), Step::PreBindNewPv);
+        at.new_pv = new_pv("data-0", done());
+        assert_eq!(next(&at), Step::CreateClaim);
+        at.claim = claim("new-uid", Some("pvc-new"), true);
         assert_eq!(next(&at), Step::Finish);
     }
 }

@@ -6,7 +6,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 
 use super::decide::{ClaimSeen, Copy, NewPv, Observed};
-use super::state::MoveState;
+use super::state::{MOVE_FINALIZER, MoveState};
 use crate::cluster::kit::pull_request::{PULL_TO, PullResult};
 use crate::cluster::kit::slim::Pod;
 
@@ -50,14 +50,16 @@ pub fn seen_claim(claim: &PersistentVolumeClaim) -> ClaimSeen {
         volume_name: claim.spec.as_ref().and_then(|s| s.volume_name.clone()),
         bound: (claim.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound"),
         deleting: claim.metadata.deletion_timestamp.is_some(),
+        held: (claim.metadata.finalizers.as_deref())
+            .is_some_and(|f| f.iter().any(|f| f == MOVE_FINALIZER)),
     }
 }
 
 /// The new PV: whom it is bound to, and where the copy from `old_pv` into it stands.
 pub fn seen_pv(pv: &PersistentVolume, old_pv: &str) -> NewPv {
-    let claim_uid = (pv.spec.as_ref())
+    let claim_name = (pv.spec.as_ref())
         .and_then(|s| s.claim_ref.as_ref())
-        .and_then(|r| r.uid.clone());
+        .and_then(|r| r.name.clone());
     let asked = (pv.metadata.labels.as_ref()).is_some_and(|l| l.contains_key(PULL_TO));
     let result = PullResult::on(pv.metadata.annotations.as_ref()).filter(|r| r.from == old_pv);
     let copy = match result {
@@ -75,7 +77,7 @@ pub fn seen_pv(pv: &PersistentVolume, old_pv: &str) -> NewPv {
         _ if asked => Copy::Asked,
         _ => Copy::NotAsked,
     };
-    NewPv { claim_uid, copy }
+    NewPv { claim_name, copy }
 }
 
 /// `namespace/name` of the pods that use claim `name` and may still run.
@@ -137,7 +139,10 @@ mod tests {
         let asked = json!({PULL_TO: "b"});
         assert_eq!(pv(json!({}), None).copy, Copy::NotAsked);
         assert_eq!(pv(asked.clone(), None).copy, Copy::Asked);
-        assert_eq!(pv(json!({}), None).claim_uid.as_deref(), Some("tmp"));
+        assert_eq!(
+            pv(json!({}), None).claim_name.as_deref(),
+            Some("sv-move-pvc-old")
+        );
         let done = json!({"from": "pvc-old", "sha256": "ab", "bytes": 3});
         let expected = Copy::Done {
             sha256: "ab".into(),

@@ -17,6 +17,9 @@ pub const MOVE_REQUESTED: &str = "stickyvol.csi.io/move-requested";
 /// On the old PV while it is moved (a label), and its `MoveState` (an annotation).
 pub const MOVING: &str = "stickyvol.csi.io/moving";
 pub const MOVE_STATE: &str = "stickyvol.csi.io/move";
+/// On the claim while it is copied: deleted, it stays (so that no pod starts with it and no
+/// StatefulSet makes it again) until the move lets it go.
+pub const MOVE_FINALIZER: &str = "stickyvol.csi.io/move";
 /// On the temporary claim that has the new volume provisioned on the target node: the old PV.
 pub const MOVE_OF: &str = "stickyvol.csi.io/move-of";
 

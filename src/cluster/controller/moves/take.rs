@@ -7,7 +7,7 @@ use tracing::info;
 use super::Mover;
 use super::act::Writer;
 use super::decide::{Copy, Observed, Step};
-use super::state::MoveState;
+use super::state::{MOVE_FINALIZER, MoveState};
 use crate::cluster::kit::events::{Kind, Said};
 
 impl Mover {
@@ -27,6 +27,10 @@ impl Mover {
             Step::AdoptNewPv(pv) => {
                 writer.retain(pv).await?;
                 state.new_pv = Some(pv.clone());
+            }
+            Step::HoldClaim | Step::ReleaseClaim => {
+                let claim = (namespace.as_str(), name.as_str(), state.claim.uid.as_str());
+                writer.hold_claim(claim, *step == Step::HoldClaim).await?;
             }
             Step::DeleteClaim => {
                 let uid = Some(state.claim.uid.as_str());
@@ -48,7 +52,7 @@ impl Mover {
                 writer.delete_claim(namespace, &temporary, uid).await?;
             }
             Step::CreateClaim => writer.create_claim(&state, &new_pv).await?,
-            Step::BindNewPv(uid) => writer.bind(&state, &new_pv, uid).await?,
+            Step::PreBindNewPv => writer.pre_bind(&state, &new_pv).await?,
             Step::Finish => {
                 writer.finish(&state, &new_pv).await?;
                 let note = moved(&state, writer.old_pv, &seen);
@@ -112,11 +116,11 @@ fn sentence(
                 MoveState::temporary_claim(old_pv)
             ),
         ),
-        Step::AdoptNewPv(_) | Step::DeleteClaim | Step::WaitForClaimGone => (
+        Step::AdoptNewPv(_) | Step::HoldClaim | Step::DeleteClaim => (
             Kind::Normal,
             "MoveReleasing",
             format!(
-                "new volume: PV {new_pv} on node {to}; the claim is deleted (PV {old_pv} is kept) so that nothing writes the old volume while it is copied"
+                "new volume: PV {new_pv} on node {to}; the claim is deleted and held (finalizer {MOVE_FINALIZER}) so that no pod writes the old volume while it is copied"
             ),
         ),
         Step::AskCopy | Step::WaitForCopy => (
@@ -133,8 +137,10 @@ fn sentence(
             ),
         ),
         Step::DeleteTemporaryClaim
+        | Step::PreBindNewPv
+        | Step::ReleaseClaim
+        | Step::WaitForClaimGone
         | Step::CreateClaim
-        | Step::BindNewPv(_)
         | Step::WaitForBinding => (
             Kind::Normal,
             "MoveBinding",
