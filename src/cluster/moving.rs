@@ -80,9 +80,18 @@ async fn move_claim(args: &MoveArgs) -> Result<String, String> {
         namespace: args.namespace.clone(),
     };
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
-    let claim = (claims.get_opt(name).await.map_err(|e| e.to_string())?)
-        .ok_or_else(|| format!("there is no claim {namespace}/{name}"))?;
-    match accept::check(&client, &settings, &claim, &args.to).await {
+    let claim = claims.get_opt(name).await.map_err(|e| e.to_string())?;
+    // Between its deletion and its making again, a claim being moved is only in the move's state.
+    let under_way = match claim {
+        Some(_) => None,
+        None => state_of(&client, (namespace, name)).await?,
+    };
+    let checked = match (claim, under_way) {
+        (_, Some(state)) => Ok(Checked::Started(Box::new(state))),
+        (Some(claim), None) => accept::check(&client, &settings, &claim, &args.to).await,
+        (None, None) => return Err(format!("there is no claim {namespace}/{name}")),
+    };
+    match checked {
         Err(why) => return Err(format!("not moved: {why}")),
         Ok(Checked::Started(state)) if state.to != args.to => {
             return Err(format!(

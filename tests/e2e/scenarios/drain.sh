@@ -88,6 +88,7 @@ k -n "$DRIVER_NS" rollout status statefulset/stickyvol-controller --timeout=180s
 until_ok 180 "$to's node plugin back" '[[ -n $(ready_driver_pod "$to") ]]'
 out=$(timeout 300 "$KUBECTL" -n "$DRIVER_NS" exec stickyvol-controller-0 -c stickyvol -- \
     stickyvol cluster drain "$from" --parallel 2 2>&1) || fail "the drain run again failed: $out"
+log "the drain run again ended: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
 log "measured: three 96 MiB claims (64 MiB of data each) of a drained node moved in $((SECONDS - started)) s (two kills and the restarts included)"
 for i in 0 1 2; do
     wait_pod_running "web-$i" 180
