@@ -2,8 +2,8 @@
 # whose claims are all on the second node (the first cordoned while they are made); that node
 # cordoned and its pods evicted (`kubectl drain`): they wait, Pending, their volumes pinning them
 # there. `stickyvol cluster drain --dry-run` says each claim goes to the first node and changes
-# nothing; `stickyvol cluster drain` moves the three (two at a time): once a copy runs, the
-# controller (and the drain command in it) and the first node's plugin are killed, and the drain
+# nothing; `stickyvol cluster drain` moves the three (two at a time): once a copy is asked for,
+# the controller (and the drain command in it) and both node plugins are killed, and the drain
 # run again finishes the moves; the three pods run on the first node with their data, and no PV
 # of theirs was Available at any moment. No lane: it cordons nodes and kills the controller.
 source "$(dirname "$0")/../lib/scenario.sh"
@@ -67,7 +67,7 @@ for i in 0 1 2; do
 done
 [[ -z $(kn get pvc -l stickyvol.csi.io/move-requested -o name) ]] || fail "the dry run asked for moves"
 
-step "drained, with the controller and $to's node plugin killed mid-move"
+step "drained, with the controller and both node plugins killed mid-move"
 watch_pv_phases
 first=$E2E_STATE/results/$NS-drain-first
 started=$SECONDS
@@ -79,17 +79,19 @@ until [[ -n $(k get pv -l stickyvol.csi.io/pull-to -o name 2>/dev/null) ]]; do
     ((SECONDS < deadline)) || fail "no copy was asked for within 90 s: $(cat "$first")"
     sleep 0.2
 done
-plugin=$(driver_pod "$to")
-k -n "$DRIVER_NS" delete pod stickyvol-controller-0 "$plugin" --wait=false >/dev/null
+k -n "$DRIVER_NS" delete pod stickyvol-controller-0 "$(driver_pod "$to")" "$(driver_pod "$from")" \
+    --wait=false >/dev/null
 wait $! 2>/dev/null || true
 log "the first drain, cut: $(tail -n 2 "$first" | tr '\n' ' ')"
 k -n "$DRIVER_NS" rollout status statefulset/stickyvol-controller --timeout=180s >/dev/null ||
     fail "the controller did not come back"
-until_ok 180 "$to's node plugin back" '[[ -n $(ready_driver_pod "$to") ]]'
+for node in "$to" "$from"; do
+    until_ok 180 "$node's node plugin back" '[[ -n $(ready_driver_pod "$node") ]]'
+done
 out=$(timeout 300 "$KUBECTL" -n "$DRIVER_NS" exec stickyvol-controller-0 -c stickyvol -- \
     stickyvol cluster drain "$from" --parallel 2 2>&1) || fail "the drain run again failed: $out"
 log "the drain run again ended: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
-log "measured: three 96 MiB claims (64 MiB of data each) of a drained node moved in $((SECONDS - started)) s (two kills and the restarts included)"
+log "measured: three 96 MiB claims (64 MiB of data each) of a drained node moved in $((SECONDS - started)) s (three kills and the restarts included)"
 for i in 0 1 2; do
     wait_pod_running "web-$i" 180
     expect_eq "$(pod_node "web-$i")" "$to" "web-$i's node"
