@@ -208,6 +208,14 @@ other_node() {
     for n in "${E2E_NODES[@]}"; do [[ $n == "$1" ]] || { echo "$n"; return; }; done
 }
 
+# release_kept_pvs: this namespace's PVs set to reclaim policy Delete (a move cut by a failure
+# keeps them with Retain), so that they go with the namespace like the others. For `defer`.
+release_kept_pvs() {
+    local pv
+    for pv in $(k get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace=='$NS')]}{.metadata.name} {end}"); do
+        k patch pv "$pv" -p '{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}' >/dev/null 2>&1 || true
+    done
+}
 # watch_pv_phases: every phase every PV takes from now on, recorded until
 # expect_never_available (a watch: no change is missed between two looks).
 watch_pv_phases() {

@@ -11,8 +11,7 @@ source "$(dirname "$0")/../lib/scenario.sh"
 from=${E2E_NODES[1]}
 to=${E2E_NODES[0]}
 defer "k uncordon $from $to >/dev/null 2>&1"
-# Released to Delete if a move is cut (kept with Retain), so they go with the namespace.
-defer 'for pv in $(k get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace==\"$NS\")]}{.metadata.name} {end}"); do k patch pv "$pv" -p "{\"spec\":{\"persistentVolumeReclaimPolicy\":\"Delete\"}}" >/dev/null; done'
+defer release_kept_pvs
 
 step "a StatefulSet of 3 with its claims on $from ($to cordoned meanwhile)"
 k cordon "$to" >/dev/null

@@ -19,9 +19,7 @@ reclaimPolicy: Delete
 parameters: {csi.storage.k8s.io/fstype: ext4}
 YAML
 defer "k delete storageclass e2e-move-image --ignore-not-found >/dev/null"
-# A move cut by a failure leaves its PVs kept (Retain): released to Delete, they go with the
-# namespace like the others.
-defer 'for pv in $(k get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace==\"$NS\")]}{.metadata.name} {end}"); do k patch pv "$pv" -p "{\"spec\":{\"persistentVolumeReclaimPolicy\":\"Delete\"}}" >/dev/null; done'
+defer release_kept_pvs
 
 write='if [ ! -f /data/sums ]; then
   dd if=/dev/urandom of=/data/blob bs=1M count=24 2>/dev/null &&
