@@ -600,6 +600,33 @@ mod tests {
         assert_eq!(selected(&store, "restore").as_deref(), Some("n1"));
     }
 
+    /// A restarted controller never saw the node: its tag names no Node, and the restore is
+    /// refused as from a gone node (it once asked the API for "nodes/with id tag …" instead).
+    #[tokio::test]
+    async fn an_unlabelled_content_of_a_node_gone_before_the_controller_started_is_refused() {
+        let store = cluster(None);
+        let mut content = content_of("n1", "n1");
+        content["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("labels");
+        put(
+            &store,
+            "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
+            content,
+        );
+        store.lock().unwrap().objects.remove("/api/v1/nodes/n1");
+        put(
+            &store,
+            "/api/v1/nodes",
+            json!([{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": {"name": "n0"}}]),
+        );
+        let mut placer = placer_on(&store);
+        placer.look(&claim(&store, "restore")).await;
+        assert_eq!(selected(&store, "restore"), None);
+        assert_eq!(reasons(&store), ["SourceNodeGone"]);
+    }
+
     #[tokio::test]
     async fn a_content_relabelled_by_another_node_does_not_pull_its_restore() {
         let store = cluster(None);

@@ -243,6 +243,10 @@ impl Locator {
     }
 
     pub async fn node(&self, name: &str) -> Result<Option<NodeFacts>, kube::Error> {
+        // "with id tag …" (`node_of_tag` for a node no longer listed) is no name: never a URL.
+        if !crate::config::is_object_name(name) {
+            return Ok(None);
+        }
         Ok(Api::<Node>::all(self.client.clone())
             .get_opt(name)
             .await?
