@@ -53,14 +53,7 @@ struct Planned {
 }
 
 pub fn run(args: DrainArgs) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let result = match runtime {
-        Ok(runtime) => runtime.block_on(drain(&args)),
-        Err(err) => Err(err.to_string()),
-    };
-    match result {
+    match super::command::block_on(drain(&args)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(why) => {

@@ -50,14 +50,7 @@ enum Ended {
 }
 
 pub fn run(args: MoveArgs) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
-    let result = match runtime {
-        Ok(runtime) => runtime.block_on(move_claim(&args)),
-        Err(err) => Err(err.to_string()),
-    };
-    match result {
+    match super::command::block_on(move_claim(&args)) {
         Ok(line) => {
             println!("{line}");
             ExitCode::SUCCESS

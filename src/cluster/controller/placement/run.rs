@@ -582,8 +582,8 @@ mod tests {
         assert!(note.contains("web") && note.contains("disk=ssd"), "{note}");
     }
 
-    #[tokio::test]
-    async fn an_unlabelled_content_is_found_by_the_node_tag_of_its_handle() {
+    /// `cluster`, with n1's content stripped of its node label: only its handle says where.
+    fn unlabelled() -> Shared {
         let store = cluster(None);
         let mut content = content_of("n1", "n1");
         content["metadata"]
@@ -595,6 +595,12 @@ mod tests {
             "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
             content,
         );
+        store
+    }
+
+    #[tokio::test]
+    async fn an_unlabelled_content_is_found_by_the_node_tag_of_its_handle() {
+        let store = unlabelled();
         let mut placer = placer_on(&store);
         placer.look(&claim(&store, "restore")).await;
         assert_eq!(selected(&store, "restore").as_deref(), Some("n1"));
@@ -604,17 +610,7 @@ mod tests {
     /// refused as from a gone node (it once asked the API for "nodes/with id tag …" instead).
     #[tokio::test]
     async fn an_unlabelled_content_of_a_node_gone_before_the_controller_started_is_refused() {
-        let store = cluster(None);
-        let mut content = content_of("n1", "n1");
-        content["metadata"]
-            .as_object_mut()
-            .unwrap()
-            .remove("labels");
-        put(
-            &store,
-            "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/c1",
-            content,
-        );
+        let store = unlabelled();
         store.lock().unwrap().objects.remove("/api/v1/nodes/n1");
         put(
             &store,
