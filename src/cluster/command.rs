@@ -32,15 +32,3 @@ pub fn run(command: ClusterCommand) -> ExitCode {
         ClusterCommand::Drain(args) => draining::run(args),
     }
 }
-
-/// Runs `work` on a runtime of its own (a command's one task); a runtime that cannot be made is
-/// an error like the command's.
-pub fn block_on<T>(
-    work: impl std::future::Future<Output = Result<T, String>>,
-) -> Result<T, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| err.to_string())?
-        .block_on(work)
-}

@@ -53,7 +53,7 @@ struct Planned {
 }
 
 pub fn run(args: DrainArgs) -> ExitCode {
-    match super::command::block_on(drain(&args)) {
+    match client::block_on(drain(&args)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(why) => {

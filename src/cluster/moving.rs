@@ -50,7 +50,7 @@ enum Ended {
 }
 
 pub fn run(args: MoveArgs) -> ExitCode {
-    match super::command::block_on(move_claim(&args)) {
+    match client::block_on(move_claim(&args)) {
         Ok(line) => {
             println!("{line}");
             ExitCode::SUCCESS

@@ -23,3 +23,15 @@ pub async fn make(retries: Retries) -> Result<Client, kube::Error> {
     }
     Client::try_from(config)
 }
+
+/// Runs a command's `work` on a runtime of its own; a runtime that cannot be made is an error
+/// like the command's.
+pub fn block_on<T>(
+    work: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| err.to_string())?
+        .block_on(work)
+}
