@@ -2,7 +2,9 @@
 //! `--orphan-check-interval`, reads PVs from a stub API server (its kubeconfig) and moves the
 //! data of volumes whose PV is gone to lost+found, never deleting it; a volume whose PV exists,
 //! one that is published, and one whose PV cannot be read stay where they are. The node's
-//! report of them (a ConfigMap owned by its Node) follows what is left.
+//! report of them (a ConfigMap owned by its Node, whose uid its credentials carry) follows what
+//! is left. A driver that ran through its node's loss learns of it from the controller's
+//! release notice. No Node is ever read: the stub refuses them, as RBAC does.
 
 mod common;
 
@@ -28,15 +30,26 @@ struct Api {
     config_maps: HashMap<String, Value>,
     /// How many times each PV was read.
     reads: HashMap<String, usize>,
+    /// The node's release notice, if the controller wrote one.
+    notice: Option<Value>,
+    /// The store's resourceVersion: bumped at each change of the notice.
+    version: u64,
+    /// Requests for Nodes (refused).
+    node_requests: usize,
 }
 
 type Shared = Arc<Mutex<Api>>;
 
 /// The paths the driver uses: GET a PV (names starting with "pv-broken" answer 500), POST an
-/// Event, GET its Node, apply (PATCH) and DELETE a ConfigMap of namespace `stickyvol`.
-fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-    let path = path.split('?').next().unwrap_or_default();
+/// Event, review itself (a token bound to a pod on node NODE_ID), apply (PATCH) and DELETE a
+/// ConfigMap of namespace `stickyvol`, list and watch its release notice. Nodes are refused.
+fn handle(api: &Shared, method: &str, full_path: &str, body: &[u8]) -> (u16, Value) {
+    let (path, query) = full_path.split_once('?').unwrap_or((full_path, ""));
     let mut api = api.lock().unwrap();
+    if path.starts_with("/api/v1/nodes") {
+        api.node_requests += 1;
+        return (403, status(403, "Forbidden"));
+    }
     if method == "GET"
         && let Some(name) = path.strip_prefix("/api/v1/persistentvolumes/")
     {
@@ -49,11 +62,17 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
             None => (404, status(404, "NotFound")),
         };
     }
-    if method == "GET" && path == format!("/api/v1/nodes/{NODE_ID}") {
+    if method == "POST" && path == "/apis/authentication.k8s.io/v1/selfsubjectreviews" {
         return (
-            200,
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE_ID, "uid": "uid-node"}}),
+            201,
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                   "status": {"userInfo": {"username": "system:serviceaccount:stickyvol:stickyvol-node",
+                   "extra": {"authentication.kubernetes.io/node-name": [NODE_ID],
+                             "authentication.kubernetes.io/node-uid": ["uid-node"]}}}}),
         );
+    }
+    if method == "GET" && path == "/api/v1/namespaces/stickyvol/configmaps" {
+        return notice_list_or_watch(&api, query);
     }
     if let Some(name) = path.strip_prefix("/api/v1/namespaces/stickyvol/configmaps/") {
         match method {
@@ -62,6 +81,7 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
                 api.config_maps.insert(name.to_string(), applied.clone());
                 return (200, applied);
             }
+            "DELETE" if name == notice_name() => return take_back_notice(&mut api, body),
             "DELETE" => {
                 return match api.config_maps.remove(name) {
                     Some(_) => (200, apistub::success()),
@@ -77,6 +97,65 @@ fn handle(api: &Shared, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
         return (201, event);
     }
     (404, status(404, "NotFound"))
+}
+
+fn notice_name() -> String {
+    format!("{DRIVER_NAME}-released-{NODE_ID}")
+}
+
+/// The notice's list, or a watch of it: one from a version older than the notice's is told to
+/// list again (an ERROR event of 410 Gone, as after a compaction), which brings the notice;
+/// otherwise it idles.
+fn notice_list_or_watch(api: &Api, query: &str) -> (u16, Value) {
+    assert!(
+        query.contains(&format!("fieldSelector=metadata.name%3D{}", notice_name())),
+        "the notice is watched by its name alone: {query}"
+    );
+    if !query.contains("watch=true") {
+        return (
+            200,
+            json!({"apiVersion": "v1", "kind": "ConfigMapList",
+                   "metadata": {"resourceVersion": api.version.to_string()},
+                   "items": api.notice.iter().collect::<Vec<_>>()}),
+        );
+    }
+    let from: u64 = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("resourceVersion="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if from < api.version {
+        return (
+            200,
+            json!({"type": "ERROR", "object": status(410, "Expired")}),
+        );
+    }
+    apistub::idle_watch()
+}
+
+/// A DELETE of the notice, its resourceVersion precondition kept.
+fn take_back_notice(api: &mut Api, body: &[u8]) -> (u16, Value) {
+    let params: Value = serde_json::from_slice(body).unwrap_or_default();
+    let Some(notice) = &api.notice else {
+        return (404, status(404, "NotFound"));
+    };
+    let wanted = params["preconditions"]["resourceVersion"].as_str();
+    if wanted.is_some_and(|v| Some(v) != notice["metadata"]["resourceVersion"].as_str()) {
+        return (409, status(409, "Conflict"));
+    }
+    api.notice = None;
+    api.version += 1;
+    (200, apistub::success())
+}
+
+/// The controller's release notice for this node, as it writes one before deleting a PV.
+fn post_notice(api: &Shared) {
+    let mut api = api.lock().unwrap();
+    api.version += 1;
+    api.notice = Some(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": notice_name(), "namespace": "stickyvol",
+                     "resourceVersion": api.version.to_string()},
+        "data": {"node": NODE_ID, "releasedAtUnixMs": "1795766400000"}}));
 }
 
 /// Serves the stub for the rest of the test; its kubeconfig.
@@ -310,6 +389,46 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
     .await;
     driver.delete(&renamed.volume_id).await.unwrap();
     eventually("the report deleted", || reported(&api).is_none()).await;
+    assert_eq!(api.lock().unwrap().node_requests, 0, "a Node was asked for");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_notice_has_every_pv_read_again_and_is_taken_back() {
+    let api = Shared::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
+    let driver = TestDriver::start_with_metrics(Options {
+        kubeconfig: Some(kubeconfig),
+        extra_args: vec![
+            "--orphan-check-interval".into(),
+            "1".into(),
+            "--namespace".into(),
+            "stickyvol".into(),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let volume = volume_of_pv(&driver, "pv-a").await;
+    api.lock()
+        .unwrap()
+        .pvs
+        .insert("pv-a".into(), pv("pv-a", &volume.volume_id));
+    let reads = || api.lock().unwrap().reads.get("pv-a").copied().unwrap_or(0);
+    eventually("pv-a read once", || reads() == 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(reads(), 1, "a PV seen present is not read again");
+
+    // The node ran through its loss: the controller wrote the notice, then deleted the PV.
+    post_notice(&api);
+    api.lock().unwrap().pvs.remove("pv-a");
+    let lost = driver.data.join("lost+found").join(&volume.volume_id);
+    eventually("pv-a's volume in lost+found", || lost.exists()).await;
+    eventually("the notice taken back", || {
+        api.lock().unwrap().notice.is_none()
+    })
+    .await;
+    assert_eq!(listed(&driver, &volume.volume_id)["orphaned"], true);
+    assert_eq!(api.lock().unwrap().node_requests, 0, "a Node was asked for");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -24,6 +24,15 @@ pub fn status(code: u16, reason: &str) -> Value {
            "message": reason, "reason": reason, "code": code})
 }
 
+/// What a handler answers to a watch that has nothing to tell: the stub holds the request a
+/// second, as a quiet API server holds a watch, then ends it (an answer at once would have the
+/// client watch again at once, in a loop).
+pub fn idle_watch() -> (u16, Value) {
+    (IDLE_WATCH, Value::Null)
+}
+
+const IDLE_WATCH: u16 = 0;
+
 /// A Kubernetes `Status` of a success.
 pub fn success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200})
@@ -40,6 +49,14 @@ async fn answer(
         .map_or_else(String::new, ToString::to_string);
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let (code, reply) = handler(&method, &path, &body);
+    if code == IDLE_WATCH {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        return Ok(Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::new()))
+            .unwrap());
+    }
     Ok(Response::builder()
         .status(code)
         .header("content-type", "application/json")

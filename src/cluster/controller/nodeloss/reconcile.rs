@@ -28,9 +28,11 @@ use super::{observe, watch};
 use crate::cluster::kit::client::{self, Retries};
 use crate::cluster::kit::events::{self, Kind, Recorder, Said};
 use crate::cluster::kit::names::{OUT_OF_SERVICE_TAINT, PROVISIONER_FINALIZER};
+use crate::cluster::kit::release_notice;
 use crate::cluster::kit::slim::{self, Pod, StatefulSet};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::metrics::Metrics;
+use crate::volume::state::record::now_ms;
 
 /// The Lease the replicas compete for (in their own namespace).
 pub const LEASE_NAME: &str = "stickyvol-node-loss";
@@ -268,7 +270,10 @@ pub async fn round(
             // Just before acting, the node must still be lost: it may have come back since
             // the view last heard of it.
             if still_lost(client, &decision.node).await? {
-                let result = carry_out(client, action).await;
+                let result = match tell_node(client, settings, &decision.node, action).await {
+                    Ok(()) => carry_out(client, action).await,
+                    Err(err) => Err(err),
+                };
                 metrics.observe_node_loss(action.kind(), result.is_ok());
                 match result {
                     Ok(()) => {
@@ -288,6 +293,25 @@ pub async fn round(
     // Forget decisions no longer made, so one made again is announced again.
     *reported = now_reported;
     Ok(decisions)
+}
+
+/// Before a PV of `node` goes: the node's release notice, so that a driver that ran through its
+/// node's loss reads its PVs again (`kit::release_notice`). Written first, so that no crash
+/// between the two loses it; a notice not written stops the delete until the next round.
+async fn tell_node(
+    client: &Client,
+    settings: &Settings,
+    node: &str,
+    action: &Action,
+) -> Result<(), kube::Error> {
+    if !matches!(
+        action,
+        Action::DeletePv { .. } | Action::DropPvFinalizer { .. }
+    ) {
+        return Ok(());
+    }
+    let namespace = &settings.lease_namespace;
+    release_notice::post(client, namespace, &settings.driver, node, now_ms()).await
 }
 
 /// A decision made for the first time: counted (a dry run's), recorded by an Event, logged.
@@ -515,6 +539,7 @@ mod tests {
             "storageclasses",
             "leases",
             "events",
+            "configmaps",
         ];
         let parts: Vec<&str> = path.split('/').collect();
         if parts.len() >= 2 && RESOURCES.contains(&parts[parts.len() - 2]) {
@@ -636,6 +661,15 @@ mod tests {
                 objects.insert(name, obj.clone());
                 respond(201, &obj)
             }
+            // Server-side apply of a ConfigMap (the release notice): made, or replaced.
+            ("PATCH", Some(name)) if collection.ends_with("/configmaps") => {
+                store.version += 1;
+                let mut obj = body;
+                obj["metadata"]["resourceVersion"] = json!(store.version.to_string());
+                let objects = store.objects.entry(collection).or_default();
+                objects.insert(name, obj.clone());
+                respond(200, &obj)
+            }
             ("PATCH", Some(_)) if store.patch_conflicts > 0 => {
                 store.patch_conflicts -= 1;
                 respond(409, &status(409, "Conflict"))
@@ -753,6 +787,10 @@ mod tests {
         }
     }
 
+    /// The apply of node b's release notice.
+    const NOTICE_WRITE: &str =
+        "PATCH /api/v1/namespaces/stickyvol/configmaps/stickyvol.csi.io-released-b";
+
     fn writes(store: &Shared) -> Vec<String> {
         std::mem::take(&mut store.lock().unwrap().writes)
             .into_iter()
@@ -804,14 +842,25 @@ mod tests {
         // The claim gone, the PV is released: the next round deletes it, and drops the
         // provisioner's finalizer that holds it.
         one_round(&store, false, &mut reported).await;
+        // Node b's release notice first, so that a driver that ran through b's loss reads
+        // its PVs again (written before the delete: no crash between them can lose it).
         assert_eq!(
             writes(&store),
             [
+                NOTICE_WRITE,
                 "DELETE /api/v1/persistentvolumes/pv-b",
                 "PATCH /api/v1/persistentvolumes/pv-b"
             ]
         );
         assert_eq!(event_reasons(&store), ["NodeLossPvDeleted"]);
+        let notice = store.lock().unwrap().objects["/api/v1/namespaces/stickyvol/configmaps"]
+            ["stickyvol.csi.io-released-b"]
+            .clone();
+        assert_eq!(notice["data"]["node"], "b");
+        assert_eq!(
+            notice["metadata"]["labels"]["stickyvol.csi.io/release-notice"],
+            DRIVER
+        );
         // Nothing of ours is left on b: the next round writes nothing; the other driver's PV
         // was never touched.
         assert_eq!(one_round(&store, false, &mut reported).await, vec![]);
@@ -836,6 +885,7 @@ mod tests {
         assert_eq!(
             writes(&store),
             [
+                NOTICE_WRITE,
                 "DELETE /api/v1/persistentvolumes/pv-b",
                 "PATCH /api/v1/persistentvolumes/pv-b"
             ]
@@ -845,7 +895,10 @@ mod tests {
         // Being deleted, still held by the provisioner's finalizer: dropped, not deleted again.
         let decisions = counted_round(&store, false, &mut reported, &metrics).await;
         assert_eq!(decisions[0].action.kind(), "drop_pv_finalizer");
-        assert_eq!(writes(&store), ["PATCH /api/v1/persistentvolumes/pv-b"]);
+        assert_eq!(
+            writes(&store),
+            [NOTICE_WRITE, "PATCH /api/v1/persistentvolumes/pv-b"]
+        );
         assert!(!store.lock().unwrap().objects[pvs].contains_key("pv-b"));
         assert_eq!(
             counted_round(&store, false, &mut reported, &metrics).await,

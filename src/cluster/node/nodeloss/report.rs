@@ -2,15 +2,18 @@
 //! namespace so `stickyvol cluster orphans` can list them from anywhere: those volumes exist
 //! only on their node, and Events expire after an hour. The ConfigMap is owned by the Node
 //! object, so it goes when the Node is deleted; the driver applies it when what it reports
-//! changes, and again when its Node is made again (which gets its report back), and deletes it
-//! when nothing is left.
+//! changes, and again after a release notice, and deletes it when nothing is left. The Node's
+//! uid comes from the driver's own credentials (a SelfSubjectReview: the API server puts the
+//! pod's node in a pod-bound token's user info), not from a read of the Node, which a node
+//! plugin has no right to.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 
 use crate::config::is_object_name;
@@ -184,10 +187,7 @@ pub async fn publish(
         }
         return Ok(());
     }
-    let uid = Api::<Node>::all(client.clone())
-        .get_opt(&target.node)
-        .await?
-        .and_then(|node| node.metadata.uid);
+    let uid = own_node_uid(client, &target.node).await?;
     let Some(report) = config_map(&target.driver, &target.node, uid.as_deref(), entries) else {
         return Ok(());
     };
@@ -200,6 +200,30 @@ pub async fn publish(
         )
         .await?;
     Ok(())
+}
+
+/// User-info keys of a pod-bound ServiceAccount token: the pod's node (Kubernetes 1.32 and later).
+const NODE_NAME_KEY: &str = "authentication.kubernetes.io/node-name";
+const NODE_UID_KEY: &str = "authentication.kubernetes.io/node-uid";
+
+/// The uid of Node `node` as this driver's credentials carry it, if they are bound to a pod on
+/// that node (any authenticated user may review itself).
+async fn own_node_uid(client: &Client, node: &str) -> Result<Option<String>, kube::Error> {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await?;
+    let extra = review
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.extra)
+        .unwrap_or_default();
+    let one = |key: &str| match extra.get(key).map(Vec::as_slice) {
+        Some([value]) => Some(value.clone()),
+        _ => None,
+    };
+    Ok((one(NODE_NAME_KEY).as_deref() == Some(node))
+        .then(|| one(NODE_UID_KEY))
+        .flatten())
 }
 
 /// Every node's report of `driver` in `namespace`, or why one is unreadable.

@@ -3,13 +3,14 @@
 //! reports each (log, Event, metric; `stickyvol volumes` shows them).
 //!
 //! A candidate's PV (the record's `csi.storage.k8s.io/pv/name`) is read with a consistent GET
-//! when there is reason to: every candidate when the driver starts and when its node comes
-//! back while it runs (its Node re-created, or its out-of-service taint removed, seen through a
-//! watch of that one Node); a volume when it becomes a candidate (made, or unpublished); and a
+//! when there is reason to: every candidate when the driver starts, and round after round for a
+//! while after the controller's release notice says it deleted PVs of this node (`notice`; the
+//! controller deletes them only while the node is lost, and a driver that ran through that
+//! learns of it there); a volume when it becomes a candidate (made, or unpublished); and a
 //! suspect every interval until it is settled. A PV seen present is not read again until one
-//! of those: volumes lose their PV while their node is away, and a node away either restarts
-//! its driver or comes back as above. In steady state the check costs the API server one watch
-//! of its Node (renewed every few minutes) and no reads.
+//! of those. In steady state the check costs the API server one watch of one ConfigMap
+//! (renewed every few minutes) and no reads, and it reads no Node: a node plugin's
+//! credentials reach only its node.
 //!
 //! A volume is orphaned only when its PV was absent (or named another volume) on two reads at
 //! least `confirm` apart on this process's monotonic clock. The volume has then been seen by
@@ -30,10 +31,11 @@ use kube::Client;
 use kube::api::Api;
 use tracing::{debug, info, warn};
 
-use super::comeback;
+use super::notice::Notices;
 use super::report::{self, Entry, State};
 use crate::cluster::kit::client::Retries;
 use crate::cluster::kit::events::{self, Kind, Recorder, Said};
+use crate::cluster::kit::release_notice::{self, TakenBack};
 use crate::cluster::kit::task::{Inputs, Loop, NodeWork, Shutdown};
 use crate::config::is_object_name;
 use crate::metrics::Metrics;
@@ -54,6 +56,15 @@ pub struct Settings {
     pub confirm: Duration,
     /// Where the node's report goes (`report`); None: no report.
     pub report: Option<report::Target>,
+    /// The node's release notice, where the driver knows its namespace.
+    pub notice: Option<NoticeTarget>,
+}
+
+/// Where the controller writes this node's release notice.
+#[derive(Debug, Clone)]
+pub struct NoticeTarget {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// What one read of a candidate's PV showed.
@@ -98,7 +109,7 @@ pub type Suspects = HashMap<VolumeId, Now>;
 #[derive(Debug, Default)]
 pub struct Looks {
     pub suspects: Suspects,
-    /// Candidates whose PV was seen present: not read again until the node comes back.
+    /// Candidates whose PV was seen present: not read again until the next release notice.
     pub present: HashSet<VolumeId>,
 }
 
@@ -295,7 +306,7 @@ async fn publish_report(
 }
 
 /// Runs until `shutdown`: a round at start and every interval (reading only the PVs there is
-/// reason to read: see the module comment), and one at once when the node comes back.
+/// reason to read: see the module comment), and one at once when a release notice comes.
 pub async fn run(work: NodeWork, settings: Settings, shutdown: impl Future<Output = ()>) {
     let NodeWork {
         client,
@@ -303,8 +314,11 @@ pub async fn run(work: NodeWork, settings: Settings, shutdown: impl Future<Outpu
         metrics,
     } = work;
     let mut looks = Looks::default();
-    let mut node = comeback::NodeState::default();
-    let mut node_events = comeback::watch(&client, &settings.node).boxed();
+    let mut notices = Notices::default();
+    let mut notice_events = match &settings.notice {
+        Some(target) => release_notice::watch(&client, &target.namespace, &target.name).boxed(),
+        None => futures::stream::pending().boxed(),
+    };
     let mut tick = tokio::time::interval(settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A report may be left from before this start.
@@ -314,28 +328,54 @@ pub async fn run(work: NodeWork, settings: Settings, shutdown: impl Future<Outpu
         tokio::select! {
             _ = &mut shutdown => break,
             _ = tick.tick() => {}
-            event = node_events.next() => match event {
+            event = notice_events.next() => match event {
                 Some(Ok(event)) => {
-                    if !node.event(event) {
+                    let Some(version) = release_notice::version_in(&event) else {
+                        continue;
+                    };
+                    if !notices.seen(version, Instant::now()) {
                         continue;
                     }
-                    info!(node = %settings.node, "orphan check: the node is back; every volume's PV is read again");
-                    looks.forget_present();
+                    info!(node = %settings.node, "orphan check: the controller released PVs of this node while it was away; every volume's PV is read again");
                     last = None;
                 }
                 Some(Err(err)) => {
-                    debug!(error = %err, "orphan check: watching this node's Node failed; retrying");
+                    debug!(error = %err, "orphan check: watching this node's release notice failed; retrying");
                     continue;
                 }
                 None => {
-                    node_events = futures::stream::pending().boxed();
+                    notice_events = futures::stream::pending().boxed();
                     continue;
                 }
             },
         }
+        if notices.recheck(Instant::now(), settings.confirm) {
+            looks.forget_present();
+        }
         let absent = round(&client, &volumes, &settings, &metrics, &mut looks).await;
         if let Some(target) = &settings.report {
             publish_report(&client, &volumes, target, absent, &mut last, &mut published).await;
+        }
+        take_back_notice(&client, &settings, &mut notices).await;
+    }
+}
+
+/// Takes back the release notice once it has had every PV read again for its window.
+async fn take_back_notice(client: &Client, settings: &Settings, notices: &mut Notices) {
+    let (Some(target), Some(version)) = (
+        &settings.notice,
+        notices.due(Instant::now(), settings.confirm),
+    ) else {
+        return;
+    };
+    match release_notice::take_back(client, &target.namespace, &target.name, &version).await {
+        Ok(TakenBack::Done) => {
+            info!(notice = %target.name, "orphan check: every PV read again since the release notice; notice taken back");
+            notices.taken_back(&version);
+        }
+        Ok(TakenBack::Changed) => notices.taken_back(&version),
+        Err(err) => {
+            warn!(notice = %target.name, error = %err, "orphan check: could not take back the release notice; tried again next round")
         }
     }
 }
@@ -358,6 +398,12 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
         interval: check.interval,
         // Two looks at least two intervals apart (see the opening of this module).
         confirm: check.interval * 2,
+        notice: check.report_namespace.as_ref().and_then(|namespace| {
+            Some(NoticeTarget {
+                namespace: namespace.clone(),
+                name: release_notice::name(&config.driver_name, &config.node_id)?,
+            })
+        }),
         report: check.report_namespace.map(|namespace| report::Target {
             driver: config.driver_name.clone(),
             node: config.node_id.clone(),
