@@ -2,7 +2,7 @@
 """Checks the RBAC and admission objects of a `helm template` rendering: what the controller's
 ServiceAccount may do is exactly what nodeLoss.mode, restorePlacement, checkClasses, the
 overflow check and moves need, the node plugin's ConfigMap rights are held to its own report by the
-ValidatingAdmissionPolicy, and the node plugin cannot evict.
+ValidatingAdmissionPolicy, and the node plugin can neither evict nor read a Node.
 
     check_rbac.py RENDERED.yaml MODE DRIVER [PLACEMENT [CLASSES [OVERFLOW [MOVES]]]]
 
@@ -75,7 +75,8 @@ reads = (rules("*", "", ["nodes"], ["get", "list", "watch"])
          | rules(ns, "coordination.k8s.io", ["leases"], ["get", "update"], "stickyvol-node-loss")
          | rules(ns, "", ["configmaps"], ["list"]))
 writes = (rules("*", "", ["persistentvolumes"], ["delete", "patch"])
-          | rules("*", "", ["persistentvolumeclaims", "pods"], ["delete"]))
+          | rules("*", "", ["persistentvolumeclaims", "pods"], ["delete"])
+          | rules(ns, "", ["configmaps"], ["create", "patch"]))
 placing = (rules("*", "", ["persistentvolumeclaims"], ["get", "list", "watch", "patch"])
            | rules("*", "", ["persistentvolumes", "nodes"], ["get"])
            | rules("*", "", ["nodes", "pods"], ["list"])
@@ -119,8 +120,8 @@ check(deletes == wanted_deletes,
 # The node plugin: ConfigMaps only in its namespace, and the policy holding it to its report.
 node = grants("stickyvol-node")
 config_maps = {g for g in node if g[2] == "configmaps"}
-check(config_maps == rules(ns, "", ["configmaps"], ["create", "patch", "delete", "get"]),
-      f"the node plugin writes ConfigMaps (its report, its transfer advert) and reads them only in {ns}, no update or list: {sorted(config_maps)}")
+check(config_maps == rules(ns, "", ["configmaps"], ["create", "patch", "delete", "get", "list", "watch"]),
+      f"the node plugin writes ConfigMaps (its report, its transfer advert), deletes its release notice and reads them only in {ns}, no update: {sorted(config_maps)}")
 transfer = {g for g in node if g[1] == "authentication.k8s.io"}
 check(transfer == rules("*", "authentication.k8s.io", ["tokenreviews"], ["create"]),
       f"the node plugin reviews tokens (transfers), nothing more of authentication: {sorted(transfer)}")
@@ -135,15 +136,18 @@ if policy and binding:
     check(binding[0]["spec"]["validationActions"] == ["Deny"], "the binding denies")
     check(set(spec["matchConstraints"]["resourceRules"][0]["operations"]) == {"CREATE", "UPDATE", "DELETE"},
           "the policy sees every verb the Role grants")
-    report = {v["name"]: v["expression"] for v in spec["variables"]}["report"]
-    check(report == f"'{driver}-orphans-' + variables.node", f"the report's name is {driver}-orphans-<node>")
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    check(variables["report"] == f"'{driver}-orphans-' + variables.node", f"the report's name is {driver}-orphans-<node>")
+    check(variables["notice"] == f"'{driver}-released-' + variables.node", f"the release notice's name is {driver}-released-<node>")
+    check(any("request.operation == 'DELETE' && request.name == variables.notice" in v["expression"]
+              for v in spec["validations"]), "a node only deletes its release notice")
     check(any(f"== '{driver}'" in v["expression"] for v in spec["validations"]),
           f"the report's label value is {driver}")
 
-# The orphan check watches its Node: Nodes are read, never written.
+# A node plugin reads no Node: RBAC cannot hold a shared ServiceAccount to each pod's own, so
+# the orphan check learns of its node's loss from the controller's release notice.
 node_nodes = {g for g in node if g[2] == "nodes"}
-check(node_nodes == rules("*", "", ["nodes"], ["get", "list", "watch"]),
-      f"the node plugin reads and watches Nodes, nothing more: {sorted(node_nodes)}")
+check(not node_nodes, f"the node plugin reads no Node: {sorted(node_nodes)}")
 
 # Evictions: the node plugin has no eviction right (it asks on its PV); the controller's
 # evictions are held by its fence to pods named by uid with their own grace period.
@@ -166,6 +170,10 @@ if fence:
     check(any("preconditions.uid" in v["expression"] and "gracePeriodSeconds" in v["expression"]
               for v in spec["validations"]),
           "the controller's fence wants the pod's uid and its own grace period")
+    check({("configmaps", op) for op in ("CREATE", "UPDATE", "DELETE")} <= seen
+          and any(f"'{driver}-released-' + object.data['node']" in v["expression"]
+                  for v in spec["validations"]),
+          "the controller's fence holds its ConfigMap writes to release notices")
 
 # The node plugin's PVs, claims and snapshot contents: RBAC grants them cluster-wide, the policy
 # holds each node to its own (pinned with the driver's topology key, of the driver's name).
