@@ -4,7 +4,8 @@
 # time from the deletion to Running is logged ("measured: …"). Then the node comes back: its
 # driver finds the volume whose PV is gone and moves its data to lost+found, and reports it
 # (`stickyvol volumes`, the metrics, its report that `stickyvol cluster orphans` lists), which
-# the other node's driver may not delete.
+# the other node's driver may not delete. The controller's release notice for the node is taken
+# back by its driver, which may read no Node.
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/nodeloss.sh"
 
@@ -20,6 +21,9 @@ wait_running_on "$LIVE" 300
 log "measured: Node deleted -> db-0 Running on $LIVE in $(since "$t0") s"
 expect_new_empty_volume
 until_ok 120 "the old PV $PV removed" '! k get pv "$PV" >/dev/null 2>&1'
+# Written before the PV's delete: what tells a driver that ran through the loss to read its PVs.
+NOTICE=stickyvol.csi.io-released-$LOST
+k -n "$DRIVER_NS" get configmap "$NOTICE" >/dev/null || fail "no release notice $NOTICE"
 [[ -n $(kn get events --field-selector reason=NodeLossReleased -o name) ]] ||
     fail "no NodeLossReleased event in $NS"
 
@@ -63,8 +67,13 @@ for v in json.load(sys.stdin)["volumes_without_pv"]:
 }
 until_ok 90 "$HANDLE in cluster orphans" '[[ $(listed_orphan) == "$LOST orphaned $path" ]]'
 REPORT=stickyvol.csi.io-orphans-$LOST
-[[ $(k -n "$DRIVER_NS" get configmap "$REPORT" -o jsonpath='{.metadata.ownerReferences[0].name}') == "$LOST" ]] ||
-    fail "the report $REPORT is not owned by Node $LOST"
+# Owned by the Node made again, whose uid the driver learns from its own token (it reads no Node).
+[[ $(k -n "$DRIVER_NS" get configmap "$REPORT" -o jsonpath='{.metadata.ownerReferences[0].name}/{.metadata.ownerReferences[0].uid}') == \
+    "$LOST/$(k get node "$LOST" -o jsonpath='{.metadata.uid}')" ]] ||
+    fail "the report $REPORT is not owned by Node $LOST as it is now"
+until_ok 240 "the release notice taken back by $LOST's driver" \
+    '! k -n "$DRIVER_NS" get configmap "$NOTICE" >/dev/null 2>&1'
+refused_to "$LOST" 'cannot get resource "nodes"' "read its Node" get node "$LOST"
 
 step "the driver on $LIVE cannot delete $LOST's report (ValidatingAdmissionPolicy)"
 refused_to "$LIVE" "a node writes only its own report" "delete $LOST's report" \
