@@ -134,6 +134,7 @@ async fn pull(
         .pull_volume(PullVolumeRequest {
             volume_id: volume.to_string(),
             source_pv: "pvc-source".into(),
+            from_disk: String::new(),
         })
         .await
         .map(tonic::Response::into_inner)
@@ -446,4 +447,75 @@ async fn a_program_that_knows_the_address_and_the_volume_gets_nothing_without_th
         ask_directly(&setup.api, "pvc-source", &setup.source_volume, "token-b").await,
         None
     );
+}
+
+/// Adopt a volume of a dead node from its disk, attached to the target node and mounted under
+/// `<data-dir>/adopt/` (here: a symlink to node-a's data dir, node-a stopped): the tree arrives
+/// whole, read from the disk, with node-a gone; a PV that does not name the target in move-to,
+/// a disk name that is a path, and a pool whose `volumes` is a link are refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_of_a_dead_node_is_adopted_from_its_disk() {
+    let mut setup = setup().await;
+    setup.source.stop().await;
+    let adopt = setup.target.data.join("adopt");
+    fs::create_dir_all(&adopt).unwrap();
+    std::os::unix::fs::symlink(&setup.source.data, adopt.join("disk-a")).unwrap();
+    let ask = |disk: &str| PullVolumeRequest {
+        volume_id: setup.target_volume.clone(),
+        source_pv: "pvc-source".into(),
+        from_disk: disk.into(),
+    };
+    let mut admin = AdminClient::new(setup.target.admin_channel().await);
+
+    source_pv(&setup.api, &setup.source_volume, None);
+    let refused = admin.pull_volume(ask("disk-a")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    source_pv(&setup.api, &setup.source_volume, Some("node-b"));
+    let refused = admin.pull_volume(ask("../disk-a")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+
+    let pulled = admin
+        .pull_volume(ask("disk-a"))
+        .await
+        .expect("adopted")
+        .into_inner();
+    assert_eq!(pulled.source_node, "node-a");
+    assert!(pulled.data_bytes >= 3 << 20, "{pulled:?}");
+    let target = setup
+        .target
+        .create(create_request(
+            "target",
+            mount_cap(Mode::SingleNodeWriter),
+            64 << 20,
+        ))
+        .await;
+    let mount = setup.target.mount_target();
+    (setup.target)
+        .publish_ok(&target, &mount, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    assert_eq!(
+        fs::read(mount.join("tree/deep/file")).unwrap(),
+        vec![0x5a; 3 << 20]
+    );
+    assert_eq!(
+        fs::read_to_string(mount.join("note")).unwrap(),
+        "moved with its node"
+    );
+    setup.target.unpublish_ok(&target, &mount).await;
+
+    // A pool whose volumes directory is a link (to anywhere on the host) is not read.
+    let forged = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        setup.source.data.join("volumes"),
+        forged.path().join("volumes"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(forged.path(), adopt.join("forged")).unwrap();
+    let refused = admin.pull_volume(ask("forged")).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("not what"), "{refused:?}");
 }

@@ -105,6 +105,9 @@ pub enum VolumeCommand {
     /// Fill this node's unpublished volume with the data of a volume on another node, straight
     /// from that node's plugin (replacing what it holds). The source's PV must be annotated
     /// stickyvol.csi.io/move-to=<this node>.
+    ///
+    /// With --from-disk, the source node is dead and its disk is attached here, its pool
+    /// mounted at <data-dir>/adopt/<DISK>: the volume's data is read from there instead.
     Pull {
         /// This node's volume id (sv-…), the copy's target.
         #[arg(value_name = "ID")]
@@ -112,6 +115,9 @@ pub enum VolumeCommand {
         /// The source volume's PV name.
         #[arg(long = "from", value_name = "PV")]
         source_pv: String,
+        /// The name under <data-dir>/adopt/ where the source node's disk (its pool) is mounted.
+        #[arg(long = "from-disk", value_name = "DISK")]
+        from_disk: Option<String>,
     },
     /// Write the volume's content to stdout as an export stream.
     ///
@@ -212,7 +218,8 @@ fn dispatch(command: AdminCommand) -> Result<(), Failure> {
                 VolumeCommand::Pull {
                     volume_id,
                     source_pv,
-                } => pull(socket, &volume_id, &source_pv),
+                    from_disk,
+                } => pull(socket, &volume_id, (&source_pv, from_disk.as_deref())),
                 VolumeCommand::Export { volume_id, quiet } => export(socket, &volume_id, quiet),
                 VolumeCommand::Import {
                     volume_id,
@@ -310,13 +317,21 @@ fn unfence(socket: PathBuf, volume_id: &str) -> Result<(), Failure> {
     ))
 }
 
-fn pull(socket: PathBuf, volume_id: &str, source_pv: &str) -> Result<(), Failure> {
+fn pull(
+    socket: PathBuf,
+    volume_id: &str,
+    (source_pv, from_disk): (&str, Option<&str>),
+) -> Result<(), Failure> {
     let pulled = block_on(async {
         let mut admin = Admin::connect(&socket, None).await?;
-        admin.pull_volume(volume_id, source_pv).await
+        admin.pull_volume(volume_id, (source_pv, from_disk)).await
     })??;
+    let from = match from_disk {
+        Some(disk) => format!("its disk {disk} mounted here"),
+        None => "that node".to_string(),
+    };
     print_stdout(&format!(
-        "pulled {} bytes ({} of data, {} entries) from PV {source_pv} on node {} into {volume_id}, sha256 {}\n",
+        "pulled {} bytes ({} of data, {} entries) from PV {source_pv} of node {} (read from {from}) into {volume_id}, sha256 {}\n",
         pulled.stream_bytes, pulled.data_bytes, pulled.entries, pulled.source_node, pulled.sha256
     ))
 }

@@ -293,11 +293,12 @@ impl Admin {
     pub async fn pull_volume(
         &mut self,
         volume_id: &str,
-        source_pv: &str,
+        (source_pv, from_disk): (&str, Option<&str>),
     ) -> Result<api::PullVolumeResponse, AdminError> {
         let request = api::PullVolumeRequest {
             volume_id: volume_id.to_string(),
             source_pv: source_pv.to_string(),
+            from_disk: from_disk.unwrap_or_default().to_string(),
         };
         match self.client.pull_volume(request).await {
             Ok(response) => Ok(response.into_inner()),

@@ -100,14 +100,16 @@ impl Admin for AdminService {
                 "this node plugin serves no transfers: it runs without --transfer-address (or without Kubernetes credentials)",
             ));
         };
-        let pulled = puller
-            .pull(&id, &request.source_pv)
-            .await
-            .map_err(|err| match err {
-                PullError::Refused(why) => Status::permission_denied(why),
-                PullError::Unreachable(why) => Status::unavailable(why),
-                PullError::Import(err) => Status::from(err),
-            })?;
+        let pulled = if request.from_disk.is_empty() {
+            puller.pull(&id, &request.source_pv).await
+        } else {
+            (puller.adopt(&id, &request.source_pv, &request.from_disk)).await
+        };
+        let pulled = pulled.map_err(|err| match err {
+            PullError::Refused(why) => Status::permission_denied(why),
+            PullError::Unreachable(why) => Status::unavailable(why),
+            PullError::Import(err) => Status::from(err),
+        })?;
         info!(volume = %id, source_pv = %request.source_pv, source_node = %pulled.source_node, bytes = pulled.stream_bytes, sha256 = %pulled.sha256, "admin: volume pulled");
         Ok(Response::new(api::PullVolumeResponse {
             source_node: pulled.source_node,

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 pub const PULL_TO: &str = "stickyvol.csi.io/pull-to";
 /// The source's PV name.
 pub const PULL_FROM: &str = "stickyvol.csi.io/pull-from";
+/// With `PULL_FROM`: the source's data is read from its dead node's disk, mounted on the target
+/// node as `<data-dir>/adopt/<this name>`, not from that node's plugin.
+pub const PULL_FROM_DISK: &str = "stickyvol.csi.io/pull-from-disk";
 /// `namespace/name` of the claim the volume serves once filled (a move's temporary claim
 /// provisioned it): the node records it, so that its Events go to the right claim.
 pub const PULL_CLAIM: &str = "stickyvol.csi.io/pull-claim";

@@ -86,7 +86,7 @@ fn kind_of(kind: VolumeKind) -> Kind {
 }
 
 /// What an image stream of a volume of `kind` holds (None: a tree).
-fn image_of(kind: VolumeKind) -> Option<ImageOf> {
+pub(super) fn image_of(kind: VolumeKind) -> Option<ImageOf> {
     match kind {
         VolumeKind::Filesystem => None,
         VolumeKind::Block => Some(ImageOf::Raw),

@@ -10,6 +10,8 @@
 //! - `snapshots/.exporting-<uuid>[.img]` a temporary snapshot an admin export reads from
 //! - `lost+found/`       data found without a record, kept for an admin
 //! - `.lock`             held while a driver uses the pool
+//! - `adopt/<disk>/`     (the default pool only) a dead node's pool, mounted by an admin, whose
+//!   volumes are read into this node's (`copies::adopt`); never written
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -290,7 +292,7 @@ impl Pool {
 }
 
 /// The file name of a volume's data in `volumes/` (or a snapshot's in `snapshots/`).
-fn data_name(id: &impl std::fmt::Display, kind: VolumeKind) -> String {
+pub fn data_name(id: &impl std::fmt::Display, kind: VolumeKind) -> String {
     match kind {
         VolumeKind::Filesystem => id.to_string(),
         // Image volumes' files are named as block volumes' are: `devices` and recovery find a

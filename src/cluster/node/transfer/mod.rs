@@ -7,8 +7,9 @@
 //! - `wire`: what the two ends say before the stream;
 //! - `grant`: whom a source gives a volume to: the node plugin (token reviewed by the API server,
 //!   bound to a pod on that node) of the node the volume's PV is marked to move to;
-//! - `source`: the listener; `target`: the pull; `requests`: pulls asked for on this node's PVs
-//!   (what a move will ask), their results written back there.
+//! - `source`: the listener; `target`: the pull; `disk`: the same from a dead node's disk
+//!   attached here; `requests`: pulls asked for on this node's PVs (what a move asks), their
+//!   results written back there.
 //!
 //! What it protects against: a pod, or any other program, that reaches the address and knows a
 //! volume's id gets nothing without a token of this driver's node plugins bound to the node the
@@ -18,6 +19,7 @@
 //! write); a stream damaged or cut anyway fails the import's checksum, leaving the target empty.
 
 pub mod advert;
+pub mod disk;
 pub mod grant;
 pub mod requests;
 pub mod source;
@@ -50,6 +52,8 @@ pub struct Settings {
     pub address: SocketAddr,
     /// This node plugin's token for the transfer audience (projected by kubelet).
     pub token_file: PathBuf,
+    /// Where dead nodes' disks are mounted to adopt their volumes (`disk`).
+    pub adopt_root: PathBuf,
 }
 
 /// The settings, where the configuration asks for transfers (a node plugin with an address).
@@ -62,6 +66,7 @@ pub fn settings(config: &crate::config::Config) -> Option<Settings> {
         namespace: transfer.namespace.clone(),
         address: transfer.address,
         token_file: transfer.token_file.clone(),
+        adopt_root: config.data_dir.join(disk::ADOPT_DIR),
     })
 }
 

@@ -1,7 +1,9 @@
 //! Pulls asked for on a PV (what the controller's move will ask, and an admin can ask by hand):
 //! a PV of this node labelled `stickyvol.csi.io/pull-to=<this node>` and annotated
 //! `stickyvol.csi.io/pull-from=<source PV>` has its volume filled from that PV's volume
-//! (`target::Puller`), and the outcome written back on it as `stickyvol.csi.io/pull-result`
+//! (`target::Puller`; or, annotated `stickyvol.csi.io/pull-from-disk=<disk>`, from the source
+//! node's disk mounted here: `disk`), and the outcome written back on it as
+//! `stickyvol.csi.io/pull-result`
 //! (the source and the checksum, or why not), the label taken off. The node writes only its own
 //! PVs (the policy `stickyvol-node-volumes`); the source decides whether to give
 //! (`stickyvol.csi.io/move-to` on its PV). A pull cut by a restart is done again: the label is
@@ -19,7 +21,9 @@ use tracing::{info, warn};
 
 use super::target::{PullError, Puller};
 use crate::cluster::kit::affinity::pinned_by;
-use crate::cluster::kit::pull_request::{PULL_CLAIM, PULL_FROM, PULL_RESULT, PULL_TO, PullResult};
+use crate::cluster::kit::pull_request::{
+    PULL_CLAIM, PULL_FROM, PULL_FROM_DISK, PULL_RESULT, PULL_TO, PullResult,
+};
 use crate::config::is_object_name;
 use crate::volume::state::id::VolumeId;
 
@@ -31,6 +35,8 @@ pub enum Wanted {
         from: String,
         /// The claim (namespace, name) to record for the volume once filled.
         claim: Option<(String, String)>,
+        /// The source node's disk mounted here, to read from instead of that node's plugin.
+        disk: Option<String>,
     },
     Nothing,
 }
@@ -62,6 +68,7 @@ pub fn wanted(pv: &PersistentVolume, (driver, topology_key, node): (&str, &str, 
         volume: csi.volume_handle.clone(),
         from: from.clone(),
         claim,
+        disk: annotations.get(PULL_FROM_DISK).cloned(),
     }
 }
 
@@ -93,6 +100,7 @@ pub async fn run(puller: Arc<Puller>) {
             volume,
             from,
             claim,
+            disk,
         } = wanted(&pv, ours)
         else {
             continue;
@@ -103,7 +111,7 @@ pub async fn run(puller: Arc<Puller>) {
         }
         let (puller, running) = (puller.clone(), running.clone());
         tokio::spawn(async move {
-            pull_and_answer(&puller, &name, (&volume, claim), &from).await;
+            pull_and_answer(&puller, &name, (&volume, claim), (&from, disk)).await;
             running.lock().unwrap().remove(&name);
         });
     }
@@ -115,13 +123,13 @@ async fn pull_and_answer(
     puller: &Puller,
     name: &str,
     (volume, claim): (&str, Option<(String, String)>),
-    from: &str,
+    (from, disk): (&str, Option<String>),
 ) {
     let result = match VolumeId::parse(volume) {
         None => Err(format!(
             "PV {name} names no volume of this driver: {volume:?}"
         )),
-        Some(id) => pull_for_claim(puller, &id, from, claim).await,
+        Some(id) => pull_for_claim(puller, &id, (from, disk), claim).await,
     };
     let answer = match &result {
         Ok(pulled) => {
@@ -156,14 +164,19 @@ async fn pull_and_answer(
     }
 }
 
-/// Pulls into `id` from PV `from`; then names `claim` in the volume's record.
+/// Pulls into `id` from PV `from` (from its node's `disk` mounted here, if given); then names
+/// `claim` in the volume's record.
 async fn pull_for_claim(
     puller: &Puller,
     id: &VolumeId,
-    from: &str,
+    (from, disk): (&str, Option<String>),
     claim: Option<(String, String)>,
 ) -> Result<super::target::Pulled, String> {
-    let pulled = puller.pull(id, from).await.map_err(|err| match err {
+    let pulled = match disk {
+        Some(disk) => puller.adopt(id, from, &disk).await,
+        None => puller.pull(id, from).await,
+    };
+    let pulled = pulled.map_err(|err| match err {
         PullError::Refused(why) | PullError::Unreachable(why) => why,
         PullError::Import(err) => err.to_string(),
     })?;
@@ -221,8 +234,22 @@ mod tests {
             volume: "sv-new".into(),
             from: "pvc-old".into(),
             claim: None,
+            disk: None,
         };
         assert_eq!(wanted(&asked, OURS), pull);
+        let mut from_disk = asked.clone();
+        (from_disk.metadata.annotations.as_mut().unwrap())
+            .insert(PULL_FROM_DISK.into(), "disk-a".into());
+        assert_eq!(
+            wanted(&from_disk, OURS),
+            Wanted::Pull {
+                volume: "sv-new".into(),
+                from: "pvc-old".into(),
+                claim: None,
+                disk: Some("disk-a".into()),
+            },
+            "from the source node's disk mounted here"
+        );
         let done = json!({"from": "pvc-old", "sha256": "ab"});
         assert_eq!(
             wanted(&pv(Some("b"), Some("pvc-old"), Some(done), "b"), OURS),

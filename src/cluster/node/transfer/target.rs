@@ -16,6 +16,7 @@ use tracing::info;
 use super::wire::{self, Answer, Ask};
 use super::{Settings, advert, tls};
 use crate::cluster::kit::affinity::pinned_by;
+use crate::cluster::kit::names::MOVE_TO;
 use crate::volume::Volumes;
 use crate::volume::state::id::VolumeId;
 
@@ -54,7 +55,11 @@ impl Puller {
     /// Copies the volume of PV `source_pv` (on another node) into `target`, replacing what it
     /// holds.
     pub async fn pull(&self, target: &VolumeId, source_pv: &str) -> Result<Pulled, PullError> {
-        let (source_node, volume) = self.source_of(source_pv).await?;
+        let Source {
+            node: source_node,
+            volume,
+            ..
+        } = self.source_of(source_pv).await?;
         let settings = &self.settings;
         let advert = advert::read(
             &self.client,
@@ -118,8 +123,8 @@ impl Puller {
         })
     }
 
-    /// The node and volume id of PV `name`: one of ours, pinned to another node.
-    async fn source_of(&self, name: &str) -> Result<(String, String), PullError> {
+    /// What PV `name` says of its volume: one of ours, pinned to another node.
+    pub(super) async fn source_of(&self, name: &str) -> Result<Source, PullError> {
         let settings = &self.settings;
         if !crate::config::is_object_name(name) {
             let shown: String = name.chars().take(80).collect();
@@ -145,6 +150,19 @@ impl Puller {
                 "PV {name} is on this node already"
             )));
         }
-        Ok((node, csi.volume_handle.clone()))
+        let move_to = (pv.metadata.annotations.as_ref()).and_then(|a| a.get(MOVE_TO).cloned());
+        Ok(Source {
+            node,
+            volume: csi.volume_handle.clone(),
+            move_to,
+        })
     }
+}
+
+/// A source PV's volume, as the puller reads it.
+pub(super) struct Source {
+    pub node: String,
+    pub volume: String,
+    /// The node its `stickyvol.csi.io/move-to` names, if any.
+    pub move_to: Option<String>,
 }
