@@ -194,7 +194,7 @@ async fn target(
             why_not.insert(node.name.clone(), format!("the pod's {why}"));
             continue;
         }
-        match accept::check(client, settings, claim, &node.name).await {
+        match accept::check(client, settings, claim, (&node.name, None)).await {
             Ok(Checked::May { .. }) => return Ok(node.name.clone()),
             Ok(Checked::Started(state)) => return Ok(state.to),
             Err(why) => {
@@ -233,7 +233,7 @@ async fn run_moves(
                 active.push((claim, to, String::new()));
                 continue;
             }
-            match moving::ask(client, (namespace, name), &to).await {
+            match moving::ask(client, (namespace, name), (&to, None)).await {
                 Ok(()) => active.push((claim, to, String::new())),
                 Err(why) => {
                     println!("{claim}: not moved: {why}");

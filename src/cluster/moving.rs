@@ -19,7 +19,7 @@ use super::controller::moves::accept::{self, Checked, Settings};
 use super::controller::moves::state::{MOVE_REQUESTED, MOVING, MoveState};
 use super::kit::affinity::pinned_by;
 use super::kit::client::{self, Retries};
-use super::kit::names::MOVE_TO;
+use super::kit::names::{MOVE_FROM_DISK, MOVE_TO};
 use super::kit::pull_request::PullResult;
 
 #[derive(Debug, Args)]
@@ -29,6 +29,10 @@ pub struct MoveArgs {
     /// The node to move it to.
     #[arg(long)]
     pub to: String,
+    /// The claim's node is dead and its disk is attached to the target node, its pool mounted
+    /// at <data-dir>/adopt/DISK there: the data is read from that disk.
+    #[arg(long, value_name = "DISK")]
+    pub from_disk: Option<String>,
     /// CSI driver name.
     #[arg(long, env = "DRIVER_NAME", default_value = "stickyvol.csi.io")]
     pub driver_name: String,
@@ -81,7 +85,10 @@ async fn move_claim(args: &MoveArgs) -> Result<String, String> {
     };
     let checked = match (claim, under_way) {
         (_, Some(state)) => Ok(Checked::Started(Box::new(state))),
-        (Some(claim), None) => accept::check(&client, &settings, &claim, &args.to).await,
+        (Some(claim), None) => {
+            let asked = (args.to.as_str(), args.from_disk.as_deref());
+            accept::check(&client, &settings, &claim, asked).await
+        }
         (None, None) => return Err(format!("there is no claim {namespace}/{name}")),
     };
     match checked {
@@ -96,7 +103,12 @@ async fn move_claim(args: &MoveArgs) -> Result<String, String> {
             println!("a move of {namespace}/{name} is under way; following it")
         }
         Ok(Checked::May { .. }) => {
-            ask(&client, (namespace, name), &args.to).await?;
+            ask(
+                &client,
+                (namespace, name),
+                (&args.to, args.from_disk.as_deref()),
+            )
+            .await?;
             println!("asked: {namespace}/{name} to node {}", args.to);
         }
     }
@@ -112,12 +124,17 @@ async fn move_claim(args: &MoveArgs) -> Result<String, String> {
     }
 }
 
-/// Asks the controller to move claim `namespace/name` to `to` (the label and annotation it acts
-/// on; a refusal written earlier is taken off).
-pub async fn ask(client: &Client, (namespace, name): (&str, &str), to: &str) -> Result<(), String> {
+/// Asks the controller to move claim `namespace/name` to `to`, from the source node's disk
+/// mounted there if given (the label and annotations it acts on; a refusal written earlier is
+/// taken off).
+pub async fn ask(
+    client: &Client,
+    (namespace, name): (&str, &str),
+    (to, from_disk): (&str, Option<&str>),
+) -> Result<(), String> {
     let ask = json!({"metadata": {
         "labels": {MOVE_REQUESTED: "true"},
-        "annotations": {MOVE_TO: to, MOVE_REFUSED: null},
+        "annotations": {MOVE_TO: to, MOVE_FROM_DISK: from_disk, MOVE_REFUSED: null},
     }});
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
     (claims

@@ -15,6 +15,10 @@ pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 /// the cluster's admin (or, for a move, the controller); a node plugin writes only its own PVs.
 pub const MOVE_TO: &str = "stickyvol.csi.io/move-to";
 
+/// On a claim asked to move (beside `MOVE_TO`): its node is dead and its disk is attached to the
+/// target node, mounted at `<data-dir>/adopt/<this name>`: the data is read from there.
+pub const MOVE_FROM_DISK: &str = "stickyvol.csi.io/move-from-disk";
+
 /// The ConfigMap, in the driver's namespace, where `node`'s plugin says where its transfer
 /// endpoint is (`cluster::node::transfer::advert`).
 pub fn transfer_advert(driver: &str, node: &str) -> String {

@@ -15,6 +15,7 @@ use super::state::{MOVE_STATE, MOVING, MoveState, SavedClaim};
 use crate::cluster::kit::affinity::pinned_by;
 use crate::cluster::kit::names::transfer_advert;
 use crate::cluster::kit::quantity;
+use crate::volume::copies::adopt::disk_name_is_valid;
 
 /// What the checks need to know of the driver.
 #[derive(Debug, Clone)]
@@ -64,17 +65,22 @@ fn unreadable(what: &str, err: kube::Error) -> Refusal {
     }
 }
 
-/// Checks that `claim` may move to node `to`; why not, in a sentence.
+/// Checks that `claim` may move to node `to` (reading the data from the source node's disk
+/// mounted there as `from_disk`, if given); why not, in a sentence.
 pub async fn check(
     client: &Client,
     settings: &Settings,
     claim: &PersistentVolumeClaim,
-    to: &str,
+    (to, from_disk): (&str, Option<&str>),
 ) -> Result<Checked, Refusal> {
     let named = claim_name(claim);
     let read = unreadable;
     if !crate::config::is_label_value(to) || to.is_empty() {
         return Err(format!("{to:?} is not a node name").into());
+    }
+    if let Some(disk) = from_disk.filter(|disk| !disk_name_is_valid(disk)) {
+        let shown: String = disk.chars().take(80).collect();
+        return Err(format!("{shown:?} is not a disk name (one plain name under adopt/)").into());
     }
     let volume = (claim.spec.as_ref()).and_then(|s| s.volume_name.clone());
     let bound = (claim.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound");
@@ -102,7 +108,12 @@ pub async fn check(
     if node.is_none() {
         return Err(format!("there is no node {to}").into());
     }
-    for node in [&from, to] {
+    // From a disk, the source node is dead: only the target reads (and serves) anything.
+    let serving: &[&str] = match from_disk {
+        Some(_) => &[to],
+        None => &[&from, to],
+    };
+    for node in serving {
         transfers_served(client, settings, node).await?;
     }
     room_on(client, settings, &pv, to).await?;
@@ -203,7 +214,7 @@ pub async fn start(
     client: &Client,
     claim: &PersistentVolumeClaim,
     pv: &PersistentVolume,
-    (from, to): (&str, &str),
+    (from, to, from_disk): (&str, &str, Option<&str>),
 ) -> Result<MoveState, kube::Error> {
     let spec = pv.spec.as_ref();
     let policy = spec.and_then(|s| s.persistent_volume_reclaim_policy.clone());
@@ -217,6 +228,7 @@ pub async fn start(
         copy_failures: 0,
         failure_seen_unix_ms: None,
         status: "started: the PV is kept (Retain) until the move ends".into(),
+        from_disk: from_disk.map(Into::into),
     };
     let patch = json!({
         "metadata": {

@@ -15,7 +15,9 @@ use serde_json::{Value, json};
 
 use super::state::{MOVE_FINALIZER, MOVE_OF, MOVE_STATE, MOVING, MoveState};
 use crate::cluster::kit::names::{MOVE_TO, SELECTED_NODE};
-use crate::cluster::kit::pull_request::{PULL_CLAIM, PULL_FROM, PULL_RESULT, PULL_TO};
+use crate::cluster::kit::pull_request::{
+    PULL_CLAIM, PULL_FROM, PULL_FROM_DISK, PULL_RESULT, PULL_TO,
+};
 use crate::cluster::kit::slim::{Pod, StatefulSet};
 
 /// Writes a move's objects.
@@ -116,6 +118,7 @@ impl Writer<'_> {
             "labels": {PULL_TO: state.to},
             "annotations": {
                 PULL_FROM: self.old_pv,
+                PULL_FROM_DISK: state.from_disk,
                 PULL_CLAIM: state.claim_name(),
                 PULL_RESULT: null,
             },
@@ -211,7 +214,7 @@ impl Writer<'_> {
     /// the record of the move); the old PV, released, is deleted with its volume.
     pub async fn finish(&self, state: &MoveState, new_pv: &str) -> Result<(), kube::Error> {
         let new = json!({
-            "metadata": {"labels": {PULL_TO: null}, "annotations": {PULL_FROM: null, PULL_CLAIM: null}},
+            "metadata": {"labels": {PULL_TO: null}, "annotations": {PULL_FROM: null, PULL_FROM_DISK: null, PULL_CLAIM: null}},
             "spec": {"persistentVolumeReclaimPolicy": state.reclaim_policy},
         });
         self.patch_pv(new_pv, new).await?;

@@ -224,6 +224,7 @@ mod tests {
             copy_failures: 0,
             failure_seen_unix_ms: None,
             status: String::new(),
+            from_disk: None,
         }
     }
 

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::cluster::kit::client::{self, Retries};
 use crate::cluster::kit::events::{self, Kind, Recorder, Said};
-use crate::cluster::kit::names::MOVE_TO;
+use crate::cluster::kit::names::{MOVE_FROM_DISK, MOVE_TO};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use accept::{Checked, Settings};
 use act::Writer;
@@ -78,14 +78,14 @@ impl Mover {
     /// A claim asking to move: started, refused, or (started before) nothing.
     async fn request(&self, claim: &PersistentVolumeClaim) {
         let named = accept::claim_name(claim);
-        let to = (claim.metadata.annotations.as_ref())
-            .and_then(|a| a.get(MOVE_TO))
-            .cloned()
-            .unwrap_or_default();
-        let refused = match accept::check(&self.client, &self.settings, claim, &to).await {
+        let annotations = claim.metadata.annotations.clone().unwrap_or_default();
+        let to = annotations.get(MOVE_TO).cloned().unwrap_or_default();
+        let disk = annotations.get(MOVE_FROM_DISK).map(String::as_str);
+        let asked = (to.as_str(), disk);
+        let refused = match accept::check(&self.client, &self.settings, claim, asked).await {
             Ok(Checked::Started(_)) => return,
             Ok(Checked::May { pv, from }) => {
-                match accept::start(&self.client, claim, &pv, (&from, &to)).await {
+                match accept::start(&self.client, claim, &pv, (&from, &to, disk)).await {
                     Ok(state) => {
                         info!(claim = %named, from, to, "moves: started");
                         let note = format!(
@@ -111,7 +111,7 @@ impl Mover {
         warn!(claim = %named, why = %refused, "moves: request refused");
         let patch = json!({"metadata": {
             "labels": {MOVE_REQUESTED: null},
-            "annotations": {MOVE_TO: null, MOVE_REFUSED: refused},
+            "annotations": {MOVE_TO: null, MOVE_FROM_DISK: null, MOVE_REFUSED: refused},
         }});
         let meta = &claim.metadata;
         let namespace = meta.namespace.as_deref().unwrap_or_default();
@@ -403,6 +403,50 @@ mod tests {
         assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Delete");
         drop(c);
         assert_eq!(events(&cluster), ["MoveRefused"]);
+    }
+
+    #[tokio::test]
+    async fn a_move_from_a_dead_nodes_disk_needs_no_source_plugin_and_names_the_disk() {
+        let c1 = cluster("b");
+        let source_gone = |c: &Shared| {
+            let mut c = c.lock().unwrap();
+            c.objects.remove("/api/v1/nodes/a");
+            let advert = format!("/api/v1/namespaces/stickyvol/configmaps/{DRIVER}-transfer-a");
+            c.objects.remove(&advert);
+        };
+        source_gone(&c1);
+        // Without a disk the dead source is no source: refused.
+        mover(&c1).request(&claim(&c1)).await;
+        let refused = claim(&c1).metadata.annotations.unwrap_or_default();
+        assert!(refused[MOVE_REFUSED].contains("node a serves no transfers"));
+
+        let c2 = cluster("b");
+        source_gone(&c2);
+        let path = "/api/v1/namespaces/shop/persistentvolumeclaims/data";
+        (c2.lock().unwrap().objects.get_mut(path).unwrap())["metadata"]["annotations"]
+            [MOVE_FROM_DISK] = json!("disk-a");
+        mover(&c2).request(&claim(&c2)).await;
+        let pv = c2.lock().unwrap().objects["/api/v1/persistentvolumes/pvc-old"].clone();
+        let state: MoveState = serde_json::from_str(
+            pv["metadata"]["annotations"][state::MOVE_STATE]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(state.from_disk.as_deref(), Some("disk-a"));
+        assert_eq!(pv["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+
+        // A disk name that is a path is refused before anything is read.
+        let c3 = cluster("b");
+        (c3.lock().unwrap().objects.get_mut(path).unwrap())["metadata"]["annotations"]
+            [MOVE_FROM_DISK] = json!("../../etc");
+        mover(&c3).request(&claim(&c3)).await;
+        let refused = claim(&c3).metadata.annotations.unwrap_or_default();
+        assert!(
+            refused[MOVE_REFUSED].contains("is not a disk name"),
+            "{refused:?}"
+        );
+        assert!(!refused.contains_key(MOVE_FROM_DISK));
     }
 
     #[tokio::test]

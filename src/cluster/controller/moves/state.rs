@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::kit::names::{MOVE_TO, SELECTED_NODE};
+use crate::cluster::kit::names::{MOVE_FROM_DISK, MOVE_TO, SELECTED_NODE};
 
 /// On a claim: a move is asked for (with `stickyvol.csi.io/move-to` naming the node).
 pub const MOVE_REQUESTED: &str = "stickyvol.csi.io/move-requested";
@@ -25,11 +25,12 @@ pub const MOVE_OF: &str = "stickyvol.csi.io/move-of";
 
 /// Annotations the claim does not keep when it is made again: the binding's, which Kubernetes
 /// sets anew, the scheduler's choice of node, and the request for this move.
-const NOT_KEPT: [&str; 4] = [
+const NOT_KEPT: [&str; 5] = [
     "pv.kubernetes.io/bind-completed",
     "pv.kubernetes.io/bound-by-controller",
     SELECTED_NODE,
     MOVE_TO,
+    MOVE_FROM_DISK,
 ];
 
 /// A move in progress, as kept on the old PV.
@@ -54,6 +55,10 @@ pub struct MoveState {
     /// What the move does or waits for now, in a sentence (`stickyvol cluster move` shows it).
     #[serde(default)]
     pub status: String,
+    /// The source node's disk, attached to the target and mounted there under this name, to
+    /// read the data from (the source node is dead); None: from the source node's plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_disk: Option<String>,
 }
 
 /// The claim as it was when the move began.
@@ -211,6 +216,7 @@ mod tests {
             copy_failures: 0,
             failure_seen_unix_ms: None,
             status: "copying".into(),
+            from_disk: Some("disk-a".into()),
         };
         let annotations = BTreeMap::from([(MOVE_STATE.to_string(), state.to_annotation())]);
         assert_eq!(MoveState::on(Some(&annotations)), Some(Ok(state)));
