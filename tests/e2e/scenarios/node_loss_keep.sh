@@ -2,13 +2,53 @@
 # StatefulSet's pod is made again and waits, its claim and PV stay (the reconciler only reports,
 # NodeLossKept); when the node comes back, the pod runs there again with its data. A claim restored
 # from a snapshot on that node meanwhile is not placed (SourceNodeGone, nothing made) until the
-# node is back, and then runs there.
+# node is back, and then runs there. Meanwhile another StatefulSet's claim is taken off the dead
+# node from its disk: the disk (the node's pool image) mounted on the live node under the data
+# dir's adopt/, `stickyvol cluster move --from-disk` brings the data there and re-binds the claim,
+# and the pod runs on the live node with it.
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/nodeloss.sh"
 
 class keep
 step "db-0 and its claim on $LOST"
 start_on_lost_node
+step "vault-0 and its claim on $LOST, with a file whose checksum is kept"
+apply <<YAML
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: vault}
+spec:
+  serviceName: vault
+  replicas: 1
+  selector: {matchLabels: {app: vault}}
+  template:
+    metadata: {labels: {app: vault}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      affinity:
+        nodeAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            preference:
+              matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$LOST]}]
+      containers:
+      - name: app
+        image: $TEST_IMAGE
+        command: [sh, -c, "test -e /data/blob || { mkdir -p /data/deep/er && head -c 8388608 /dev/urandom > /data/deep/er/blob && sync; }; sleep 100000"]
+        volumeMounts: [{name: data, mountPath: /data}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec:
+      storageClassName: $CLASS
+      accessModes: [ReadWriteOnce]
+      resources: {requests: {storage: 64Mi}}
+YAML
+until_ok 60 "vault-0 made" 'kn get pod vault-0'
+wait_pod_running vault-0 180
+expect_eq "$(pod_node vault-0)" "$LOST" "vault-0's node (it prefers $LOST)"
+until_ok 30 "vault-0 wrote its blob" 'pexec vault-0 test -s /data/deep/er/blob'
+vault_sum=$(pexec vault-0 sha256sum /data/deep/er/blob | cut -d' ' -f1)
+VAULT_PV=$(pv_of data-vault-0)
 
 step "a snapshot of db-0's claim, on $LOST"
 snapshot db-snap data-db-0
@@ -28,6 +68,23 @@ sleep 30
 waiting || fail "db-0 is no longer waiting: $(kn get pod db-0 -o wide)"
 expect_eq "$(pv_of data-db-0)" "$PV" "the claim's PV"
 k get pv "$PV" >/dev/null 2>&1 || fail "the PV of a kept claim went"
+
+step "$LOST's disk attached to $LIVE: vault-0's claim moved there from it"
+DISK=/var/lib/kubelet/volumes/stickyvol.csi.io/adopt/disk-lost
+# Unmounted at exit too, before the node comes back (its pool must not be mounted twice).
+detach_disk() { cluster exec "$LIVE" sh -c "umount $DISK 2>/dev/null; rmdir $DISK 2>/dev/null; true"; }
+defer detach_disk
+cluster exec "$LIVE" sh -c "mkdir -p $DISK && mount -o loop $E2E_STATE/nodes/$LOST/pool.img $DISK"
+t0=$(now)
+moved=$(k -n "$DRIVER_NS" exec stickyvol-controller-0 -c stickyvol -- \
+    stickyvol cluster move "$NS/data-vault-0" --to "$LIVE" --from-disk disk-lost --timeout 240 2>&1) ||
+    fail "cluster move --from-disk: $moved"
+log "measured: vault-0's claim moved from $LOST's disk in $(since "$t0") s: ${moved##*$'\n'}"
+[[ $(pv_node "$(pv_of data-vault-0)") == "$LIVE" ]] || fail "data-vault-0 is not on $LIVE: $(pv_of data-vault-0)"
+wait_pod_running vault-0 180
+expect_eq "$(pod_node vault-0)" "$LIVE" "vault-0's node after the move"
+expect_eq "$(pexec vault-0 sha256sum /data/deep/er/blob | cut -d' ' -f1)" "$vault_sum" "the blob's checksum on $LIVE"
+detach_disk
 
 step "a restore of the snapshot while $LOST is gone: not placed, nothing made"
 apply <<YAML
