@@ -172,6 +172,26 @@ fn pv(name: &str, handle: &str) -> Value {
            "spec": {"csi": {"driver": DRIVER_NAME, "volumeHandle": handle}}})
 }
 
+/// A driver whose orphan check looks every second, against a fresh stub; the scratch directory
+/// holds the stub's kubeconfig.
+async fn checking_driver() -> (Shared, TestDriver, tempfile::TempDir) {
+    let api = Shared::default();
+    let scratch = tempfile::tempdir().unwrap();
+    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
+    let driver = TestDriver::start_with_metrics(Options {
+        kubeconfig: Some(kubeconfig),
+        extra_args: vec![
+            "--orphan-check-interval".into(),
+            "1".into(),
+            "--namespace".into(),
+            "stickyvol".into(),
+        ],
+        ..Options::default()
+    })
+    .await;
+    (api, driver, scratch)
+}
+
 /// A volume as the provisioner creates it for PV `pv_name`.
 async fn volume_of_pv(driver: &TestDriver, pv_name: &str) -> csi::Volume {
     driver
@@ -230,20 +250,7 @@ fn listed(driver: &TestDriver, id: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
-    let api = Shared::default();
-    let scratch = tempfile::tempdir().unwrap();
-    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
-    let mut driver = TestDriver::start_with_metrics(Options {
-        kubeconfig: Some(kubeconfig),
-        extra_args: vec![
-            "--orphan-check-interval".into(),
-            "1".into(),
-            "--namespace".into(),
-            "stickyvol".into(),
-        ],
-        ..Options::default()
-    })
-    .await;
+    let (api, mut driver, _scratch) = checking_driver().await;
 
     let kept = volume_of_pv(&driver, "pv-kept").await;
     api.lock()
@@ -394,20 +401,7 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_release_notice_has_every_pv_read_again_and_is_taken_back() {
-    let api = Shared::default();
-    let scratch = tempfile::tempdir().unwrap();
-    let kubeconfig = stub_api(api.clone(), scratch.path()).await;
-    let driver = TestDriver::start_with_metrics(Options {
-        kubeconfig: Some(kubeconfig),
-        extra_args: vec![
-            "--orphan-check-interval".into(),
-            "1".into(),
-            "--namespace".into(),
-            "stickyvol".into(),
-        ],
-        ..Options::default()
-    })
-    .await;
+    let (api, driver, _scratch) = checking_driver().await;
     let volume = volume_of_pv(&driver, "pv-a").await;
     api.lock()
         .unwrap()

@@ -214,6 +214,30 @@ async fn setup() -> Setup {
     }
 }
 
+/// The target volume (made again by name: the same one) holds the tree `setup` wrote.
+async fn holds_the_source_tree(target: &TestDriver) {
+    let volume = target
+        .create(create_request(
+            "target",
+            mount_cap(Mode::SingleNodeWriter),
+            64 << 20,
+        ))
+        .await;
+    let mount = target.mount_target();
+    target
+        .publish_ok(&volume, &mount, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    assert_eq!(
+        fs::read(mount.join("tree/deep/file")).unwrap(),
+        vec![0x5a; 3 << 20]
+    );
+    assert_eq!(
+        fs::read_to_string(mount.join("note")).unwrap(),
+        "moved with its node"
+    );
+    target.unpublish_ok(&volume, &mount).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_marked_to_move_is_pulled_straight_from_its_node_over_tls() {
     let setup = setup().await;
@@ -234,28 +258,7 @@ async fn a_volume_marked_to_move_is_pulled_straight_from_its_node_over_tls() {
     assert_eq!(pulled.source_node, "node-a");
     assert!(pulled.data_bytes >= 3 << 20, "{pulled:?}");
     assert_eq!(pulled.sha256.len(), 64);
-    let target = setup
-        .target
-        .create(create_request(
-            "target",
-            mount_cap(Mode::SingleNodeWriter),
-            64 << 20,
-        ))
-        .await;
-    let mount = setup.target.mount_target();
-    setup
-        .target
-        .publish_ok(&target, &mount, mount_cap(Mode::SingleNodeWriter))
-        .await;
-    assert_eq!(
-        fs::read(mount.join("tree/deep/file")).unwrap(),
-        vec![0x5a; 3 << 20]
-    );
-    assert_eq!(
-        fs::read_to_string(mount.join("note")).unwrap(),
-        "moved with its node"
-    );
-    setup.target.unpublish_ok(&target, &mount).await;
+    holds_the_source_tree(&setup.target).await;
     assert!(setup.source.log_text().contains("transfer: volume sent"));
 }
 
@@ -481,27 +484,7 @@ async fn a_volume_of_a_dead_node_is_adopted_from_its_disk() {
         .into_inner();
     assert_eq!(pulled.source_node, "node-a");
     assert!(pulled.data_bytes >= 3 << 20, "{pulled:?}");
-    let target = setup
-        .target
-        .create(create_request(
-            "target",
-            mount_cap(Mode::SingleNodeWriter),
-            64 << 20,
-        ))
-        .await;
-    let mount = setup.target.mount_target();
-    (setup.target)
-        .publish_ok(&target, &mount, mount_cap(Mode::SingleNodeWriter))
-        .await;
-    assert_eq!(
-        fs::read(mount.join("tree/deep/file")).unwrap(),
-        vec![0x5a; 3 << 20]
-    );
-    assert_eq!(
-        fs::read_to_string(mount.join("note")).unwrap(),
-        "moved with its node"
-    );
-    setup.target.unpublish_ok(&target, &mount).await;
+    holds_the_source_tree(&setup.target).await;
 
     // A pool whose volumes directory is a link (to anywhere on the host) is not read.
     let forged = tempfile::tempdir().unwrap();
