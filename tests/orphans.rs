@@ -283,7 +283,7 @@ async fn volumes_whose_pv_is_gone_move_to_lost_found_and_no_other() {
     };
     assert_eq!(promised(&driver), 5 * SIZE);
 
-    // Absent on two looks two intervals (2 s) apart, and older than that.
+    // Absent on two looks one and a half intervals (1.5 s) apart, and older than that.
     let lost = driver.data.join("lost+found");
     eventually("the gone PV's volume in lost+found", || {
         lost.join(&gone.volume_id).join("precious").exists()

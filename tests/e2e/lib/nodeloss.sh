@@ -67,19 +67,23 @@ parameters: {onNodeLoss: $1}
 YAML
 }
 
-# statefulset: StatefulSet "db" of one replica that prefers the second node; its pod writes
-# /data/written and records what /data held when it started in /tmp/found-at-start.
+# statefulset [NAME [COMMAND]]: StatefulSet NAME ("db") of one replica that prefers the second
+# node, its claim "data" mounted at /data. db's pod writes /data/written and records what /data
+# held when it started in /tmp/found-at-start.
 statefulset() {
+    local name=${1:-db}
+    local default='ls -A /data >/tmp/found-at-start; echo $(hostname) > /data/written; sleep 100000'
+    local command=${2:-$default}
     apply <<YAML
 apiVersion: apps/v1
 kind: StatefulSet
-metadata: {name: db}
+metadata: {name: $name}
 spec:
-  serviceName: db
+  serviceName: $name
   replicas: 1
-  selector: {matchLabels: {app: db}}
+  selector: {matchLabels: {app: $name}}
   template:
-    metadata: {labels: {app: db}}
+    metadata: {labels: {app: $name}}
     spec:
       terminationGracePeriodSeconds: 1
       affinity:
@@ -91,7 +95,7 @@ spec:
       containers:
       - name: app
         image: $TEST_IMAGE
-        command: [sh, -c, "ls -A /data >/tmp/found-at-start; echo \$(hostname) > /data/written; sleep 100000"]
+        command: [sh, -c, "$command"]
         volumeMounts: [{name: data, mountPath: /data}]
   volumeClaimTemplates:
   - metadata: {name: data}

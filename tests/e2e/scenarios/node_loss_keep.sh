@@ -13,36 +13,7 @@ class keep
 step "db-0 and its claim on $LOST"
 start_on_lost_node
 step "vault-0 and its claim on $LOST, with a file whose checksum is kept"
-apply <<YAML
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: vault}
-spec:
-  serviceName: vault
-  replicas: 1
-  selector: {matchLabels: {app: vault}}
-  template:
-    metadata: {labels: {app: vault}}
-    spec:
-      terminationGracePeriodSeconds: 1
-      affinity:
-        nodeAffinity:
-          preferredDuringSchedulingIgnoredDuringExecution:
-          - weight: 100
-            preference:
-              matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [$LOST]}]
-      containers:
-      - name: app
-        image: $TEST_IMAGE
-        command: [sh, -c, "test -e /data/blob || { mkdir -p /data/deep/er && head -c 8388608 /dev/urandom > /data/deep/er/blob && sync; }; sleep 100000"]
-        volumeMounts: [{name: data, mountPath: /data}]
-  volumeClaimTemplates:
-  - metadata: {name: data}
-    spec:
-      storageClassName: $CLASS
-      accessModes: [ReadWriteOnce]
-      resources: {requests: {storage: 64Mi}}
-YAML
+statefulset vault "test -e /data/deep/er/blob || { mkdir -p /data/deep/er && head -c 8388608 /dev/urandom > /data/deep/er/blob && sync; }; sleep 100000"
 until_ok 60 "vault-0 made" 'kn get pod vault-0'
 wait_pod_running vault-0 180
 expect_eq "$(pod_node vault-0)" "$LOST" "vault-0's node (it prefers $LOST)"
