@@ -326,12 +326,12 @@ fn pull(
         let mut admin = Admin::connect(&socket, None).await?;
         admin.pull_volume(volume_id, (source_pv, from_disk)).await
     })??;
-    let from = match from_disk {
-        Some(disk) => format!("its disk {disk} mounted here"),
-        None => "that node".to_string(),
+    let read = match from_disk {
+        Some(disk) => format!(" (read from its disk {disk}, mounted here)"),
+        None => String::new(),
     };
     print_stdout(&format!(
-        "pulled {} bytes ({} of data, {} entries) from PV {source_pv} of node {} (read from {from}) into {volume_id}, sha256 {}\n",
+        "pulled {} bytes ({} of data, {} entries) from PV {source_pv} on node {}{read} into {volume_id}, sha256 {}\n",
         pulled.stream_bytes, pulled.data_bytes, pulled.entries, pulled.source_node, pulled.sha256
     ))
 }
