@@ -214,15 +214,20 @@ async fn setup() -> Setup {
     }
 }
 
-/// The target volume (made again by name: the same one) holds the tree `setup` wrote.
-async fn holds_the_source_tree(target: &TestDriver) {
-    let volume = target
+/// node-b's volume `setup` made (made again by name: the same one).
+async fn the_target(target: &TestDriver) -> csi::Volume {
+    target
         .create(create_request(
             "target",
             mount_cap(Mode::SingleNodeWriter),
             64 << 20,
         ))
-        .await;
+        .await
+}
+
+/// The target volume holds the tree `setup` wrote.
+async fn holds_the_source_tree(target: &TestDriver) {
+    let volume = the_target(target).await;
     let mount = target.mount_target();
     target
         .publish_ok(&volume, &mount, mount_cap(Mode::SingleNodeWriter))
@@ -476,6 +481,21 @@ async fn a_volume_of_a_dead_node_is_adopted_from_its_disk() {
     source_pv(&setup.api, &setup.source_volume, Some("node-b"));
     let refused = admin.pull_volume(ask("../disk-a")).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // A target in use: the import's refusal is the answer, not the pipe it left broken.
+    let target = the_target(&setup.target).await;
+    let mount = setup.target.mount_target();
+    (setup.target)
+        .publish_ok(&target, &mount, mount_cap(Mode::SingleNodeWriter))
+        .await;
+    let refused = admin.pull_volume(ask("disk-a")).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("is published"), "{refused:?}");
+    assert!(!refused.message().contains("reading volume"), "{refused:?}");
+    setup.target.unpublish_ok(&target, &mount).await;
 
     let pulled = admin
         .pull_volume(ask("disk-a"))

@@ -21,7 +21,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::transfer::image_of;
 use crate::error::{Error, IoContext, Result};
-use crate::host::archive::{self, Summary};
+use crate::host::archive::{self, ArchiveError, Summary};
 use crate::host::dirfd;
 use crate::volume::Volumes;
 use crate::volume::space::pool::data_name;
@@ -104,18 +104,20 @@ impl Volumes {
         });
         match exported {
             (Ok(Ok(_)), imported) => imported,
-            (Ok(Err(err)), imported) => Err(Error::FailedPrecondition(format!(
-                "reading volume {source} from the pool at {}: {err}{}",
-                pool_root.display(),
-                imported
-                    .err()
-                    .map(|e| format!(" (the import: {e})"))
-                    .unwrap_or_default()
-            ))),
-            (Err(_), _) => Err(Error::DataLoss(format!(
-                "reading volume {source} from the pool at {} failed unexpectedly",
+            // The import stopped reading (its target published, too small, ...): its error is
+            // the cause, the broken pipe only its echo.
+            (Ok(Err(ArchiveError::Output(_))), Err(refused)) => Err(refused),
+            (Ok(Err(err)), _) => Err(Error::FailedPrecondition(format!(
+                "reading volume {source} from the pool at {}: {err}",
                 pool_root.display()
             ))),
+            (Err(_), _) => Err(Error::host(
+                format!(
+                    "reading volume {source} from the pool at {}",
+                    pool_root.display()
+                ),
+                io::Error::other("the reading thread panicked"),
+            )),
         }
     }
 }
