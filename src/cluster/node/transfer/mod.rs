@@ -90,7 +90,10 @@ pub async fn puller(
     })
 }
 
-/// The listener, and its advert written (again after a failure) until it is.
+/// The listener and the watch of this node's pull requests, and the advert written (again after
+/// a failure) until it is. All three run inside this future, not as tasks of their own: the stop
+/// aborts the loop at once, and a task spawned here would outlive it holding the volumes (the
+/// server's stop then waited its whole grace for them).
 async fn run(source: Arc<source::Source>, listener: TcpListener, shutdown: Shutdown) {
     let advert = advert::Advert {
         node: source.settings.node.clone(),
@@ -104,14 +107,12 @@ async fn run(source: Arc<source::Source>, listener: TcpListener, shutdown: Shutd
         volumes: source.volumes.clone(),
         settings: settings.clone(),
     });
-    let serving = tokio::spawn(source::serve(listener, source));
-    let pulling = tokio::spawn(requests::run(puller));
     let publishing = async {
         loop {
             match advert::publish(&client, &settings.namespace, &settings.driver, &advert).await {
                 Ok(()) => {
                     info!(address = %advert.address, certificate = %advert.fingerprint, "transfer: endpoint advertised");
-                    return;
+                    return std::future::pending().await;
                 }
                 Err(err) => {
                     warn!(error = %err, "transfer: could not write this node's advert; retrying in 10 s");
@@ -121,12 +122,11 @@ async fn run(source: Arc<source::Source>, listener: TcpListener, shutdown: Shutd
         }
     };
     tokio::select! {
-        _ = publishing => {}
-        _ = shutdown.clone().wait() => {}
+        () = source::serve(listener, source.clone()) => {}
+        () = requests::run(puller) => {}
+        () = publishing => {}
+        () = shutdown.wait() => {}
     }
-    shutdown.wait().await;
-    serving.abort();
-    pulling.abort();
 }
 
 /// The transfer listener, where the configuration asks for one and this instance has volumes.
@@ -170,4 +170,76 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
         Duration::ZERO,
         run(source, listener, shutdown),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(path: PathBuf) -> crate::config::PoolConfig {
+        crate::config::PoolConfig {
+            name: "default".into(),
+            path,
+            optional: false,
+            enforcement: crate::config::EnforcementChoice::Auto,
+            overcommit: 1.0,
+            kubelet_reserve: crate::config::KubeletReserve {
+                kubelet_dir: "/var/lib/kubelet".into(),
+                percent: 0,
+            },
+        }
+    }
+
+    /// The stop aborts this loop without waiting (grace zero), before it may have seen its
+    /// shutdown: what it started must end with it, or the server's stop waits for the volumes
+    /// it holds (10 s, what CI saw once).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_loop_aborted_before_it_sees_its_shutdown_lets_go_of_the_volumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = Volumes::open(
+            &[pool(dir.path().join("data"))],
+            &dir.path().join("kubelet"),
+            "node-a",
+            None,
+        );
+        let volumes = Arc::new(opened.unwrap());
+        // An API server that is not there: the watch of pull requests retries for ever.
+        let api = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let identity = tls::Identity::generate().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let source = Arc::new(source::Source {
+            client: kube::Client::try_from(api).unwrap(),
+            volumes: volumes.clone(),
+            settings: Settings {
+                driver: "stickyvol.csi.io".into(),
+                topology_key: "topology.stickyvol.csi.io/node".into(),
+                node: "node-a".into(),
+                namespace: "stickyvol".into(),
+                address: listener.local_addr().unwrap(),
+                token_file: dir.path().join("token"),
+                adopt_root: dir.path().join("adopt"),
+            },
+            acceptor: TlsAcceptor::from(identity.server_config().unwrap()),
+            fingerprint: identity.fingerprint,
+            streams: source::stream_slots(),
+        });
+        let (_stop, shutdown) = Shutdown::new();
+        let running = tokio::spawn(run(source, listener, shutdown));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            Arc::strong_count(&volumes) > 1,
+            "the loop holds the volumes"
+        );
+        running.abort();
+        assert!(running.await.unwrap_err().is_cancelled());
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while Arc::strong_count(&volumes) > 1 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            Arc::strong_count(&volumes),
+            1,
+            "something of the loop lives on"
+        );
+    }
 }
