@@ -196,22 +196,65 @@ vm_boot() {
 }
 
 # --- the console, read ---------------------------------------------------------------------------
+# Everything below reads only the console log, so a log can be read again (run-tests --report).
+# The VM's lines are matched anywhere in a console line: the firmware's escapes may precede one.
+
 # One line per test binary the VM ran, from console $1: name, exit code, seconds, and libtest's
 # passed, failed and ignored counts (its "test result:" line; 0 0 0 when it printed none).
 vm_binaries() {
     tr -d '\r' <"$1" | awk '
-        /^STICKYVOL-VM: running / { p = f = i = 0 }
+        match($0, /STICKYVOL-VM: running /) { p = f = i = 0 }
         match($0, /test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed; [0-9]+ ignored/) {
             split(substr($0, RSTART, RLENGTH), w, /[ .;]+/)
             p += w[4]; f += w[6]; i += w[8]
         }
-        /^STICKYVOL-VM-TEST / {
-            rc = $3; sub("rc=", "", rc); s = $4; sub("seconds=", "", s)
-            printf "%s\t%s\t%s\t%d\t%d\t%d\n", $2, rc, s, p, f, i
+        match($0, /STICKYVOL-VM-TEST [^ ]+ rc=[0-9]+ seconds=[0-9]+/) {
+            split(substr($0, RSTART, RLENGTH), w, /[ =]/)
+            printf "%s\t%s\t%s\t%d\t%d\t%d\n", w[2], w[4], w[6], p, f, i
         }'
 }
 
-# The value of "KEY=" in the last line of console $1 starting with $2.
+# The value of KEY $3 in the last line of console $1 holding tag $2 ("TAG ... KEY=value ...").
 vm_console_value() {
-    tr -d '\r' <"$1" | grep -aE "^$2 " | tail -n 1 | grep -oE "(^| )$3=[^ ]*" | cut -d= -f2-
+    tr -d '\r' <"$1" | grep -aoE "$2 .*" | tail -n 1 | grep -oE "(^| )$3=[^ ]*" | cut -d= -f2- || true
+}
+
+# Reads console $1: prints the per-binary table (also into binaries.tsv beside it) and the
+# STICKYVOL-VM-SUMMARY line, appends the TSV row to file $2 when given. Returns 0 only when the
+# VM ran every binary it meant to, all passed and none skipped.
+vm_report() {
+    local console=$1 results=${2:-} kernel cgroup skips seconds planned commit result
+    local ran passed failed ignored broken table
+    table=$(dirname "$console")/binaries.tsv
+    vm_binaries "$console" >"$table"
+    printf '%-28s %4s %7s %7s %7s %7s\n' binary rc seconds passed failed ignored
+    awk -F'\t' '{ printf "%-28s %4s %7s %7s %7s %7s\n", $1, $2, $3, $4, $5, $6 }' "$table"
+    kernel=$(vm_console_value "$console" STICKYVOL-VM-INFO kernel)
+    cgroup=$(vm_console_value "$console" STICKYVOL-VM-INFO cgroup)
+    commit=$(vm_console_value "$console" STICKYVOL-VM-INFO commit)
+    planned=$(vm_console_value "$console" STICKYVOL-VM-INFO binaries)
+    skips=$(vm_console_value "$console" STICKYVOL-VM-RESULT skips)
+    seconds=$(vm_console_value "$console" STICKYVOL-VM-RESULT seconds)
+    result=$(tr -d '\r' <"$console" | grep -aoE 'STICKYVOL-VM-RESULT (pass|fail)' | tail -n 1 | cut -d' ' -f2 || true)
+    read -r ran passed failed ignored broken < <(awk -F'\t' '
+        { n++; p += $4; f += $5; i += $6; if ($2 != 0 && $5 == 0) b++ }
+        END { printf "%d %d %d %d %d\n", n, p, f, i, b }' "$table")
+    # Binaries the VM never reached (it stopped, or ran out of time) count as broken.
+    if ((${planned:-0} > ran)); then
+        broken=$((broken + planned - ran))
+    fi
+    # Without the VM's own count (a VM that never finished): the binaries' seconds, summed.
+    [[ -n $seconds ]] || seconds=$(awk -F'\t' '{ s += $3 } END { print s + 0 }' "$table")
+    [[ $result == pass && $broken == 0 ]] || result=fail
+    echo "STICKYVOL-VM-SUMMARY kernel=${kernel:-unknown} cgroup=${cgroup:-unknown}" \
+        "binaries=${planned:-unknown} passed=$passed failed=$failed ignored=$ignored broken=$broken" \
+        "skips=${skips:-unknown} seconds=$seconds result=$result"
+    if [[ -n $results ]]; then
+        [[ -s $results ]] || printf '# date\tcommit\tkernel\tcgroup\tpassed\tfailed\tignored\tminutes\n' >"$results"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u -r "$console" +%F)" "${commit:-unknown}" \
+            "${kernel:-unknown}" "${cgroup:-unknown}" "$passed" "$failed" "$ignored" \
+            "$(awk -v s="$seconds" 'BEGIN { printf "%.1f", s / 60 }')" >>"$results"
+        say "results appended to $results"
+    fi
+    [[ $result == pass ]]
 }
