@@ -1,6 +1,6 @@
-{{/* The namespace of every namespaced object. */}}
+{{/* The namespace of every namespaced object: namespace.name, else the release's. */}}
 {{- define "stickyvol.namespace" -}}
-{{ .Values.namespace.name }}
+{{ .Values.namespace.name | default .Release.Namespace }}
 {{- end }}
 
 {{/* Labels of every object's metadata. */}}
