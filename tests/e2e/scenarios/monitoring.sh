@@ -4,8 +4,8 @@
 # shortened to 10 s: the expressions, labels and annotations are the shipped ones). Node 2's pool
 # is filled past 90% (by an emptyDir where it shares kubelet's filesystem) and the scenario
 # waits for StickyvolPoolNearlyFull to fire for that node ("measured: ..."), read from
-# Prometheus' API; then every query of the dashboard is run: each
-# must be accepted, and those about what this cluster has (pools, volumes, calls, journals, the
+# Prometheus' API; the sidecars' metrics are scraped too (job stickyvol-sidecars); then every
+# query of the dashboard is run: each must be accepted, and those about what this cluster has (pools, volumes, calls, journals, the
 # drivers) must return data.
 source "$(dirname "$0")/../lib/scenario.sh"
 source "$E2E_DIR/lib/build-prometheus.sh"
@@ -44,6 +44,16 @@ scrape_configs:
   relabel_configs:
   - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name], regex: stickyvol, action: keep}
   - {source_labels: [__meta_kubernetes_pod_container_port_name], regex: metrics, action: keep}
+  - {source_labels: [__meta_kubernetes_pod_node_name], target_label: node}
+  - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], target_label: component}
+  - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
+- job_name: stickyvol-sidecars
+  kubernetes_sd_configs:
+  - role: pod
+    namespaces: {names: [$DRIVER_NS]}
+  relabel_configs:
+  - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name], regex: stickyvol, action: keep}
+  - {source_labels: [__meta_kubernetes_pod_container_port_name], regex: (prov|snap|resizer)-metrics, action: keep}
   - {source_labels: [__meta_kubernetes_pod_node_name], target_label: node}
   - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_component], target_label: component}
   - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
@@ -139,6 +149,20 @@ for a in json.load(sys.stdin)["data"]["alerts"]:
 }
 until_ok 180 "StickyvolPoolNearlyFull firing for $FULL_NODE" '[[ -n $(firing) ]]'
 log "measured: pool filled -> StickyvolPoolNearlyFull firing in $(($(date +%s) - t0)) s (for: 10s, scrape and evaluation every 5 s): $(firing)"
+
+step "the sidecars' metrics scraped, as the PodMonitor does: $FULL_NODE's provisioner made the claim"
+# Each node's csi-provisioner and csi-snapshotter, and the controller's csi-resizer.
+sidecars=$((${#E2E_NODES[@]} * 2 + 1))
+sidecars_up() {
+    api 'query?query=sum(up%7Bjob%3D%22stickyvol-sidecars%22%7D)' |
+        python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)'
+}
+until_ok 60 "every sidecar scraped (up == $sidecars)" '[[ $(sidecars_up) == "$sidecars" ]]'
+created() {
+    api 'query?query=csi_sidecar_operations_seconds_count%7Bjob%3D%22stickyvol-sidecars%22%2Cmethod_name%3D%22%2Fcsi.v1.Controller%2FCreateVolume%22%2Cgrpc_status_code%3D%22OK%22%7D' |
+        python3 -c 'import json,sys; print(" ".join(r["metric"]["node"] for r in json.load(sys.stdin)["data"]["result"]))'
+}
+until_ok 60 "csi-provisioner's CreateVolume counted on $FULL_NODE" '[[ " $(created) " == *" $FULL_NODE "* ]]'
 pexec filler rm -f "$fill_file"
 
 step "every query of the dashboard"
