@@ -7,20 +7,9 @@ kubelet directory is left.
 """
 import sys
 
-import yaml
+from checks import check, finish, rendered
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-with open(sys.argv[1]) as f:
-    text = f.read()
-objs = [d for d in yaml.safe_load_all(text) if d]
+objs, text = rendered(sys.argv[1])
 named = {(o["kind"], o["metadata"]["name"]): o for o in objs}
 ds = named[("DaemonSet", "stickyvol-node")]
 sts = named[("StatefulSet", "stickyvol-controller")]
@@ -90,5 +79,4 @@ check(
 for cls in classes.values():
     check(cls["volumeBindingMode"] == "WaitForFirstConsumer", f"{cls['metadata']['name']}: WaitForFirstConsumer")
 
-print(f"{len(failures)} failure(s)")
-sys.exit(1 if failures else 0)
+finish("deployment-knob")
