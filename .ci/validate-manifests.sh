@@ -589,6 +589,9 @@ for m in monitors:
     ns = m["metadata"].get("namespace")
     wanted = m["spec"]["selector"].get("matchLabels", {})
     ports = {e["port"] for e in m["spec"]["podMetricsEndpoints"]}
+    # The driver's port on every pod; each sidecar's where that sidecar runs (a pod without an
+    # endpoint's port is not scraped there), so every endpoint's port on some pod.
+    found = set()
     for w in workloads:
         template = w["spec"]["template"]
         name = f"{w['kind']} {w['metadata']['name']}"
@@ -597,8 +600,13 @@ for m in monitors:
             problems.append(f"PodMonitor {m['metadata']['name']}: does not select the pods of {name}")
             continue
         named = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
-        for port in sorted(ports - named):
-            problems.append(f"PodMonitor {m['metadata']['name']}: {name}'s pods have no port {port!r}")
+        found |= named
+        if "metrics" not in named:
+            problems.append(f"PodMonitor {m['metadata']['name']}: {name}'s pods have no port 'metrics'")
+    if "metrics" not in ports:
+        problems.append(f"PodMonitor {m['metadata']['name']}: no endpoint for the driver's port 'metrics'")
+    for port in sorted(ports - found):
+        problems.append(f"PodMonitor {m['metadata']['name']}: no pod has the port {port!r}")
         job = labels.get(m["spec"].get("jobLabel", ""))
         if job != "stickyvol":
             problems.append(f"PodMonitor {m['metadata']['name']}: {name}'s job would be {job!r}, "

@@ -16,6 +16,7 @@ use stickyvol::doctor::Outcome;
 /// Needles naming each check, in report order.
 const ROOT: &str = "running as root";
 const STATX: &str = "statx";
+const KERNEL: &str = "or newer is needed)";
 const LOOP_CONTROL: &str = "/dev/loop-control";
 const WRITABLE: &str = "is writable";
 const FILESYSTEM: &str = "data directory filesystem:";
@@ -69,7 +70,7 @@ fn assert_consistent(report: &DoctorReport) {
 /// as root on Linux 5.8+ with loop devices, so they pass.
 #[track_caller]
 fn assert_host_checks_pass(report: &DoctorReport) {
-    for needle in [ROOT, STATX, LOOP_CONTROL] {
+    for needle in [ROOT, KERNEL, STATX, LOOP_CONTROL] {
         assert_eq!(
             report.check(needle).outcome,
             Outcome::Ok,
@@ -108,7 +109,8 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     let report = run_doctor(&dir.kubelet, &dir.data);
     assert_consistent(&report);
     assert_host_checks_pass(&report);
-    assert_eq!(report.checks.len(), 10, "{}", report.stdout);
+    // No in-cluster check outside a pod (KUBERNETES_SERVICE_HOST unset).
+    assert_eq!(report.checks.len(), 11, "{}", report.stdout);
     let position = |needle: &str| {
         let check = report.check(needle);
         report
@@ -119,6 +121,7 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     };
     let order: Vec<usize> = [
         ROOT,
+        KERNEL,
         STATX,
         LOOP_CONTROL,
         WRITABLE,

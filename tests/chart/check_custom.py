@@ -6,19 +6,9 @@ should, and what it turns off is gone.
 """
 import sys
 
-import yaml
+from checks import check, finish, rendered
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures.append(what)
-
-
-with open(sys.argv[1]) as f:
-    objs = [d for d in yaml.safe_load_all(f) if d]
+objs, _ = rendered(sys.argv[1])
 by_kind = {}
 for o in objs:
     by_kind.setdefault(o["kind"], []).append(o)
@@ -114,7 +104,4 @@ check(sc["metadata"].get("annotations") == {"storageclass.kubernetes.io/is-defau
       "StorageClass: default-class annotation")
 check(sc.get("parameters") == {"pool": "nvme", "requireEnforcement": "true"}, "StorageClass parameters")
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("all custom-values checks pass")
+finish("custom-values")

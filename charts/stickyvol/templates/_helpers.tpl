@@ -1,6 +1,6 @@
-{{/* The namespace of every namespaced object. */}}
+{{/* The namespace of every namespaced object: namespace.name, else the release's. */}}
 {{- define "stickyvol.namespace" -}}
-{{ .Values.namespace.name }}
+{{ .Values.namespace.name | default .Release.Namespace }}
 {{- end }}
 
 {{/* Labels of every object's metadata. */}}
@@ -20,14 +20,41 @@ prometheus.io/path: /metrics
 {{- end }}
 {{- end }}
 
-{{/* The driver image. */}}
+{{/* The driver image: by digest when one is given (the tag then only names it). */}}
 {{- define "stickyvol.image" -}}
+{{- if .Values.image.digest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .Values.image.digest) }}
+{{- fail (printf "image.digest: %q is not sha256: and 64 hex digits" .Values.image.digest) }}
+{{- end -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{/* kubelet's root directory on the nodes, without a trailing slash, checked. */}}
+{{- define "stickyvol.kubeletDir" -}}
+{{- $dir := trimSuffix "/" .Values.kubeletDir }}
+{{- if or (not (hasPrefix "/" $dir)) (contains "," $dir) (contains ".." $dir) (eq $dir "") }}
+{{- fail (printf "kubeletDir: %q must be an absolute path without a comma or .." .Values.kubeletDir) }}
+{{- end }}
+{{- $dir }}
 {{- end }}
 
 {{/* The data directory (the pool "default"): serve's own default for this driver name. */}}
 {{- define "stickyvol.dataDir" -}}
-/var/lib/kubelet/volumes/{{ .Values.driverName }}
+{{ include "stickyvol.kubeletDir" . }}/volumes/{{ .Values.driverName }}
+{{- end }}
+
+{{/* A pod template's extra labels and annotations (node.podLabels, controller.podAnnotations,
+...): $ is the component's values. Selector labels cannot be overridden. */}}
+{{- define "stickyvol.podLabels" -}}
+{{- range $key, $value := .podLabels }}
+{{- if or (eq $key "app.kubernetes.io/name") (eq $key "app.kubernetes.io/component") }}
+{{- fail (printf "podLabels: %s is a selector label of the chart's own" $key) }}
+{{- end }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Whether the csi-snapshotter sidecar and its RBAC are rendered ("true" or ""). */}}
@@ -123,9 +150,10 @@ a crash loop.
 
 {{/*
 The host directories the pools need mounted, as a JSON list of {name, path, type}: one per
-distinct directory, none for a directory under /var/lib/kubelet (already mounted whole).
+distinct directory, none for a directory under the kubelet directory (already mounted whole).
 */}}
 {{- define "stickyvol.poolVolumes" -}}
+{{- $kubelet := printf "%s/" (include "stickyvol.kubeletDir" .) }}
 {{- $seen := dict }}
 {{- $out := list }}
 {{- range .Values.pools }}
@@ -133,7 +161,7 @@ distinct directory, none for a directory under /var/lib/kubelet (already mounted
 {{- if and .hostPath (not (hasPrefix (printf "%s/" (trimSuffix "/" $host)) .path)) (ne (trimSuffix "/" $host) (trimSuffix "/" .path)) }}
 {{- fail (printf "pools: %s: path %s is not inside hostPath %s" .name .path $host) }}
 {{- end }}
-{{- if and (not (hasPrefix "/var/lib/kubelet/" $host)) (not (hasKey $seen $host)) }}
+{{- if and (not (hasPrefix $kubelet $host)) (not (hasKey $seen $host)) }}
 {{- $_ := set $seen $host true }}
 {{- $out = append $out (dict "name" (printf "pool-%s" .name) "path" $host "type" "Directory") }}
 {{- end }}
@@ -143,7 +171,7 @@ distinct directory, none for a directory under /var/lib/kubelet (already mounted
 {{- if not (hasPrefix (printf "%s/" (trimSuffix "/" $host)) .path) }}
 {{- fail (printf "optionalPools: %s: path %s is not inside hostPath %s" .name .path $host) }}
 {{- end }}
-{{- if and (not (hasPrefix "/var/lib/kubelet/" $host)) (not (hasKey $seen $host)) }}
+{{- if and (not (hasPrefix $kubelet $host)) (not (hasKey $seen $host)) }}
 {{- $_ := set $seen $host true }}
 {{- $out = append $out (dict "name" (printf "optional-pool-%s" .name) "path" $host "type" "DirectoryOrCreate") }}
 {{- end }}

@@ -41,6 +41,7 @@ build_suite() {
         rm -rf "$out.partial" && mkdir -p "$out.partial"
         (
             cd "$E2E_DIR/modules/kubernetes"
+            export GOFLAGS="${GOFLAGS:-} -modfile=$KUBE_MODFILE"
             go test -c -vet=off -trimpath -ldflags "-s -w" -o "$out.partial/storage.test" ./storagesuite
             go build -trimpath -ldflags "-s -w" -o "$out.partial/" \
                 github.com/onsi/ginkgo/v2/ginkgo k8s.io/kubernetes/test/images/agnhost

@@ -4,7 +4,8 @@
 #   install.sh [kustomize]   as README tells: `kubectl apply -k` of deploy/examples/pool-on-some-nodes
 #                            (deploy/kubernetes plus that pool), then deploy/kubernetes/snapshots;
 #   install.sh helm          `helm upgrade --install` of charts/stickyvol with that optional pool
-#                            (the chart makes the VolumeSnapshotClass itself).
+#                            (the chart makes the VolumeSnapshotClass itself), into a namespace
+#                            of a user's choosing, stickyvol-system, made by --create-namespace.
 # A cluster installed the other way is uninstalled first (once no volume of ours is left).
 # Both put in the cluster's snapshot prerequisites (the CRDs and snapshot-controller, which a
 # CSI driver does not ship). The images were imported into each node under the names deploy/
@@ -19,6 +20,8 @@ export KUBECONFIG=$PKI/admin.kubeconfig
 k() { "$K8S_BIN/kubectl" "$@"; }
 
 how=${1:-kustomize}
+# Where the helm install goes (a kustomize install goes to deploy/'s namespace, stickyvol).
+HELM_NAMESPACE=stickyvol-system
 installed_file=$E2E_STATE/installed-with
 overlay=$E2E_STATE/deploy-overlay
 
@@ -51,7 +54,8 @@ helm_install() {
     for mapping in "${E2E_STANDIN_IMAGES[@]}"; do
         sets+=(--set "sidecars.$(chart_sidecar_key "${mapping%%=*}").image=${mapping#*=}")
     done
-    "$helm" upgrade --install stickyvol "$REPO_DIR/charts/stickyvol" --namespace default \
+    "$helm" upgrade --install stickyvol "$REPO_DIR/charts/stickyvol" \
+        --namespace "$HELM_NAMESPACE" --create-namespace \
         --set 'optionalPools[0].name=nvme,optionalPools[0].path=/mnt/disks/nvme/stickyvol,optionalPools[0].hostPath=/mnt/disks' \
         "${sets[@]}" >/dev/null
 }
@@ -73,8 +77,8 @@ uninstall_other() {
             k delete -k "$REPO_DIR/deploy/kubernetes/snapshots" --ignore-not-found --wait >/dev/null
             k delete -k "$overlay" --ignore-not-found --wait --timeout=300s >/dev/null ;;
         helm)
-            "$("$REPO_DIR/tests/chart/helm")" uninstall stickyvol --namespace default --wait --timeout 300s >/dev/null
-            k delete namespace stickyvol --ignore-not-found --wait --timeout=300s >/dev/null ;;
+            "$("$REPO_DIR/tests/chart/helm")" uninstall stickyvol --namespace "$HELM_NAMESPACE" --wait --timeout 300s >/dev/null
+            k delete namespace "$HELM_NAMESPACE" --ignore-not-found --wait --timeout=300s >/dev/null ;;
     esac
     rm -f "$installed_file"
 }
@@ -111,7 +115,9 @@ case $how in
     *) die "install.sh: kustomize or helm, not $how" ;;
 esac
 echo "$how" >"$installed_file"
-rolled_out stickyvol daemonset/stickyvol-node
-rolled_out stickyvol statefulset/stickyvol-controller
+driver_ns=stickyvol
+[[ $how == helm ]] && driver_ns=$HELM_NAMESPACE
+rolled_out "$driver_ns" daemonset/stickyvol-node
+rolled_out "$driver_ns" statefulset/stickyvol-controller
 rolled_out kube-system deployment/snapshot-controller
 log "stickyvol installed with $how and running on every node"

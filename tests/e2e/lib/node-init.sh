@@ -17,14 +17,22 @@ bind() {
     mkdir -p "$2"
     mount --bind "$1" "$2" && mount --make-private "$2" && mount --make-shared "$2"
 }
-bind "$root/var-lib-kubelet" /var/lib/kubelet
+# kubelet's directory: on a disk of its own, which holds the pool too (ext4 in versions.sh's
+# E2E_POOL_FS), or a directory of the host's with the pool on a disk of its own (xfs).
+if [[ -f $root/kubelet.img ]]; then
+    mkdir -p /var/lib/kubelet
+    mount -o loop "$root/kubelet.img" /var/lib/kubelet
+    mount --make-private /var/lib/kubelet && mount --make-shared /var/lib/kubelet
+    mkdir -p /var/lib/kubelet/volumes/stickyvol.csi.io
+else
+    bind "$root/var-lib-kubelet" /var/lib/kubelet
+    mkdir -p /var/lib/kubelet/volumes/stickyvol.csi.io
+    mount -o loop "$root/pool.img" /var/lib/kubelet/volumes/stickyvol.csi.io
+fi
 bind "$root/var-lib-containerd" /var/lib/containerd
 bind "$root/etc-cni" /etc/cni/net.d
 bind "$root/var-log" /var/log
 bind "$root/mnt-disks" /mnt/disks
-# The pool: the driver's data directory on a disk of the node's own.
-mkdir -p /var/lib/kubelet/volumes/stickyvol.csi.io
-mount -o loop "$root/pool.img" /var/lib/kubelet/volumes/stickyvol.csi.io
 # The optional pool "nvme", on the nodes with that disk (versions.sh, E2E_NVME_SIZES), made the
 # way deploy/examples/pool-on-some-nodes tells an operator to.
 if [[ -f $root/nvme.img ]]; then

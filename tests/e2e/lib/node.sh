@@ -149,11 +149,14 @@ kubelet $K8S_BIN/kubelet --config=$root/kubelet.yaml --kubeconfig=$PKI/kubelet-$
 CMDS
 }
 
-# make_disk FILE SIZE: an XFS filesystem image, once.
+# make_disk FILE SIZE [FS]: a filesystem image (XFS unless FS says ext4), once.
 make_disk() {
     [[ -f $1 ]] && return 0
     truncate -s "$2" "$1.new"
-    mkfs.xfs -q "$1.new"
+    case ${3:-xfs} in
+        xfs) mkfs.xfs -q "$1.new" ;;
+        ext4) mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$1.new" ;;
+    esac
     mv "$1.new" "$1"
 }
 
@@ -164,7 +167,11 @@ start_node() {
     [[ -n $(node_pid "$node") ]] && kill -0 "$(node_pid "$node")" 2>/dev/null && return 0
     write_node_config "$node"
     local i=$(($(node_index "$node") - 1))
-    make_disk "$root/pool.img" "${E2E_POOL_SIZES[$i]}"
+    if [[ ${E2E_POOL_FS[$i]} == ext4 ]]; then
+        make_disk "$root/kubelet.img" "${E2E_POOL_SIZES[$i]}" ext4
+    else
+        make_disk "$root/pool.img" "${E2E_POOL_SIZES[$i]}"
+    fi
     [[ -z ${E2E_NVME_SIZES[$i]} ]] || make_disk "$root/nvme.img" "${E2E_NVME_SIZES[$i]}"
     local cg
     for cg in /sys/fs/cgroup/*/; do

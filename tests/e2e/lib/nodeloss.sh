@@ -8,6 +8,16 @@ LIVE=${E2E_NODES[0]}
 CLASS=$NS
 OUT_OF_SERVICE=node.kubernetes.io/out-of-service
 
+# lost_disk: the image of the disk that holds $LOST's stickyvol data directory (lib/node.sh makes
+# it), and the data directory's path inside that filesystem (versions.sh, E2E_POOL_FS).
+lost_disk() {
+    local root=$E2E_STATE/nodes/$LOST
+    case ${E2E_POOL_FS[1]} in
+        ext4) echo "$root/kubelet.img volumes/stickyvol.csi.io" ;;
+        *) echo "$root/pool.img ." ;;
+    esac
+}
+
 # At exit, pass or fail (deferred, so run before the namespace goes: its volumes' deletions need
 # the second node's provisioner): the second node comes back, started and untainted. A node that
 # does not come back fails the scenario, whose cleanup would otherwise leave volumes behind.

@@ -2,7 +2,21 @@
 # read from deploy/ (the images the manifests name), so the suite runs what users install.
 # shellcheck shell=bash
 
-KUBE_VERSION=v1.37.2        # k8s.io/kubernetes; the staging modules at v0.37.2 (modules/kubernetes/go.mod)
+# The Kubernetes minor the cluster runs: E2E_KUBERNETES=1.35|1.36|1.37 (default the newest, which
+# CI runs; tests/e2e/matrix runs the others). Each is built from the k8s.io/kubernetes module with
+# the staging modules at its release: modules/kubernetes/go.mod for the newest, go-1.MINOR.mod
+# (and .sum) beside it for the others, all written by modules/kubernetes/pin.
+E2E_KUBERNETES_MINORS=(1.35 1.36 1.37)
+E2E_KUBERNETES=${E2E_KUBERNETES:-1.37}
+case $E2E_KUBERNETES in
+    1.35) PAUSE_TAG=3.10.1 KUBE_VERSION=v1.35.4 KUBE_MODFILE=go-1.35.mod ;;
+    1.36) PAUSE_TAG=3.10.2 KUBE_VERSION=v1.36.3 KUBE_MODFILE=go-1.36.mod ;;
+    1.37) PAUSE_TAG=3.10.2 KUBE_VERSION=v1.37.2 KUBE_MODFILE=go.mod ;;
+    *)
+        echo "E2E_KUBERNETES=$E2E_KUBERNETES: the cluster suite runs ${E2E_KUBERNETES_MINORS[*]}" >&2
+        exit 2
+        ;;
+esac
 ETCD_VERSION=v3.6.16        # go.etcd.io/etcd/server/v3 (modules/etcd/go.mod)
 SNAPSHOT_CLIENT_VERSION=v8.6.0   # github.com/kubernetes-csi/external-snapshotter/client/v8: the CRDs
 # The backup scenarios (scenarios/velero_*.sh, lib/velero.sh): Velero, its AWS plugin, and the S3
@@ -31,15 +45,22 @@ E2E_SERVICE_CIDR=10.96.0.0/16
 # `kubernetes` Service address: it is put on the host's loopback and the apiserver listens on
 # 443, the Service's port.
 E2E_KUBERNETES_SERVICE_IP=10.96.0.1
-# Each node's stickyvol data directory is an XFS filesystem of its own (reflinks; and sizes that
-# differ, so capacity-aware scheduling has something to choose): node i gets E2E_POOL_SIZES[i-1].
+# The nodes' disks differ as users' do, with sizes that differ too (so capacity-aware scheduling
+# has something to choose); node i gets E2E_POOL_FS[i-1] and E2E_POOL_SIZES[i-1]:
+#   xfs   the stickyvol data directory is an XFS filesystem of its own (reflinks);
+#   ext4  the node's whole /var/lib/kubelet is one ext4 filesystem without the project feature
+#         (mkfs.ext4's defaults), the data directory a directory in it: the default pool on
+#         kubelet's filesystem, as most clusters have it (kubelet's share kept back, snapshots
+#         and clones copied file by file, sizes measured rather than enforced).
+E2E_POOL_FS=(xfs ext4)
 E2E_POOL_SIZES=(8G 4G)
 # A pool only node 1 has (deploy/examples/pool-on-some-nodes, the pool "nvme"): a disk of its
 # own mounted at /mnt/disks/nvme on node 1 alone; "" means no such disk.
 E2E_NVME_SIZES=(2G "")
 # The sandbox image: containerd's sandbox_image must name it. Built from Kubernetes'
-# build/pause/linux/pause.c; the tag is its build/pause/Makefile's (kubeadm's default too).
-PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
+# build/pause/linux/pause.c; the tag is its build/pause/Makefile's (kubeadm's default too), which
+# differs between minors (PAUSE_TAG above).
+PAUSE_IMAGE=registry.k8s.io/pause:$PAUSE_TAG
 # The test pods' image: Debian bookworm's busybox-static (sh, dd, stat, id, df, sync, ...). Not
 # :latest, whose default imagePullPolicy is Always (no registry here).
 TEST_IMAGE=stickyvol-e2e/busybox:bookworm

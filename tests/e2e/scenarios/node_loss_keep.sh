@@ -41,11 +41,16 @@ expect_eq "$(pv_of data-db-0)" "$PV" "the claim's PV"
 k get pv "$PV" >/dev/null 2>&1 || fail "the PV of a kept claim went"
 
 step "$LOST's disk attached to $LIVE: vault-0's claim moved there from it"
+# The disk is mounted where an operator would (/mnt/disk-lost), and the data directory in it (the
+# disk's root, or a directory in it where the disk holds kubelet's whole directory) bound under
+# adopt/. Unmounted at exit too, before the node comes back (its disk must not be mounted twice).
 DISK=/var/lib/kubelet/volumes/stickyvol.csi.io/adopt/disk-lost
-# Unmounted at exit too, before the node comes back (its pool must not be mounted twice).
-detach_disk() { cluster exec "$LIVE" sh -c "umount $DISK 2>/dev/null; rmdir $DISK 2>/dev/null; true"; }
+read -r image pool_dir <<<"$(lost_disk)"
+detach_disk() {
+    cluster exec "$LIVE" sh -c "umount $DISK 2>/dev/null; rmdir $DISK 2>/dev/null; umount /mnt/disk-lost 2>/dev/null; rmdir /mnt/disk-lost 2>/dev/null; true"
+}
 defer detach_disk
-cluster exec "$LIVE" sh -c "mkdir -p $DISK && mount -o loop $E2E_STATE/nodes/$LOST/pool.img $DISK"
+cluster exec "$LIVE" sh -c "mkdir -p /mnt/disk-lost $DISK && mount -o loop $image /mnt/disk-lost && mount --bind /mnt/disk-lost/$pool_dir $DISK"
 t0=$(now)
 moved=$(k -n "$DRIVER_NS" exec stickyvol-controller-0 -c stickyvol -- \
     stickyvol cluster move "$NS/data-vault-0" --to "$LIVE" --from-disk disk-lost --timeout 240 2>&1) ||

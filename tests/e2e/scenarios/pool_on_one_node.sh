@@ -2,7 +2,8 @@
 # optional pool "nvme" at /mnt/disks/nvme/stickyvol), and only node 1 has that disk
 # (versions.sh, E2E_NVME_SIZES). The class of deploy/examples/storageclass-pool.yaml then gets
 # capacity on node 1 alone, its claims land there even when the pod prefers the other node, and a
-# pod held to the other node stays Pending, saying why.
+# pod held to the other node stays Pending, saying why. Each node's doctor (the node plugin's init
+# container) reports on the cluster, the kernel and the disks.
 source "$(dirname "$0")/../lib/scenario.sh"
 
 CLASS=stickyvol-nvme
@@ -17,6 +18,20 @@ k -n "$DRIVER_NS" logs "$(ready_driver_pod "$without")" -c doctor | grep -q "poo
     fail "the doctor on $without does not report the pool absent"
 k -n "$DRIVER_NS" logs "$(ready_driver_pod "$with_disk")" -c doctor | grep -q "pool nvme filesystem: xfs" ||
     fail "the doctor on $with_disk did not check the pool's filesystem"
+
+step "each doctor checked the cluster's Kubernetes, its node's kernel and its node's disk"
+# The minimums (src/doctor/versions.rs) against what this cluster runs, and the nodes' data
+# directories on the filesystems versions.sh gives them (E2E_POOL_FS).
+for i in "${!E2E_NODES[@]}"; do
+    node=${E2E_NODES[$i]}
+    report=$(k -n "$DRIVER_NS" logs "$(ready_driver_pod "$node")" -c doctor)
+    grep -qF "[ok]   Kubernetes $KUBE_VERSION (1.32 or newer is needed)" <<<"$report" ||
+        fail "the doctor on $node did not check the cluster's version: $report"
+    grep -qF "[ok]   kernel $(uname -r) (Linux 5.12 or newer is needed)" <<<"$report" ||
+        fail "the doctor on $node did not check its kernel: $report"
+    grep -qF "data directory filesystem: ${E2E_POOL_FS[$i]};" <<<"$report" ||
+        fail "the doctor on $node does not find its data directory on ${E2E_POOL_FS[$i]}: $report"
+done
 
 step "capacity for the class on $with_disk only"
 until_ok 120 "a CSIStorageCapacity of $CLASS for $with_disk" '[[ -n $(capacity_of "$CLASS" "$with_disk") ]]'

@@ -4,6 +4,8 @@
 //! `kubectl logs`. Each check is ok, a warning (something will be missing) or a failure (the
 //! driver cannot work here); any failure makes the exit status non-zero.
 
+pub mod versions;
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -51,7 +53,13 @@ fn check(outcome: Outcome, what: impl Into<String>) -> Check {
 /// checked like the data directory.
 pub fn run(config: &DoctorConfig) -> Vec<Check> {
     let mounts = mountinfo::read_self();
-    let mut checks = vec![privileges(), mount_roots(), loop_control()];
+    let mut checks = vec![
+        privileges(),
+        versions::kernel(),
+        mount_roots(),
+        loop_control(),
+    ];
+    checks.extend(versions::kubernetes());
     checks.extend(data_directory("data directory", config.data_dir()));
     for pool in &config.pools[1..] {
         let label = format!("pool {}", pool.name);
