@@ -250,11 +250,15 @@ vm_report() {
         "binaries=${planned:-unknown} passed=$passed failed=$failed ignored=$ignored broken=$broken" \
         "skips=${skips:-unknown} seconds=$seconds result=$result"
     if [[ -n $results ]]; then
-        [[ -s $results ]] || printf '# date\tcommit\tkernel\tcgroup\tpassed\tfailed\tignored\tminutes\n' >"$results"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u -r "$console" +%F)" "${commit:-unknown}" \
-            "${kernel:-unknown}" "${cgroup:-unknown}" "$passed" "$failed" "$ignored" \
-            "$(awk -v s="$seconds" 'BEGIN { printf "%.1f", s / 60 }')" >>"$results"
-        say "results appended to $results"
+        # A row of docs/compatibility/vm-runs.tsv's shape, put in by tests/e2e/lib/compat_table.py
+        # (the row of the same kernel and cgroup version replaced).
+        [[ -s $results ]] ||
+            printf 'date\tcommit\tkernel\tcgroup\tbinaries run\tpassed\tfailed\tignored\tminutes\n' >"$results"
+        python3 "$repo/tests/e2e/lib/compat_table.py" add "$results" "$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' \
+            "$(date -u -r "$console" +%F)" "${commit:-unknown}" "${kernel:-unknown}" "${cgroup:-unknown}" \
+            "$ran of ${planned:-unknown}" "$passed" "$failed" "$ignored" \
+            "$(awk -v s="$seconds" 'BEGIN { printf "%.0f", s / 60 }')")"
+        say "results put in $results"
     fi
     [[ $result == pass ]]
 }
