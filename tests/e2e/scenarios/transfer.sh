@@ -40,8 +40,9 @@ step "pulled from $node's plugin once the PV names $other"
 k annotate pv "$source_pv" "stickyvol.csi.io/move-to=$other" >/dev/null
 out=$(pull) || fail "the pull failed: $out"
 [[ $out == *"from PV $source_pv on node $node into $target_id, sha256 "* ]] || fail "the pull said: $out"
-k -n "$DRIVER_NS" logs "$(ready_driver_pod "$node")" -c stickyvol | grep -q "transfer: volume sent" ||
-    fail "the source's plugin did not log the transfer"
+# The source logs once its stream is closed, which may be just after the target has it all.
+until_ok 30 "the source's plugin logged the transfer" \
+    'k -n "$DRIVER_NS" logs "$(ready_driver_pod "$node")" -c stickyvol | grep -q "transfer: volume sent"'
 
 step "a pull asked for on the target's PV"
 asked_pv=$(pv_of asked)
