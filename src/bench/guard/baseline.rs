@@ -129,14 +129,10 @@ mod tests {
 
     #[test]
     fn a_figure_on_one_side_only_fails() {
-        let verdicts: Vec<_> = compare(
-            &figures(&[("gone", 1.0)]),
-            &figures(&[("new", 1.0)]),
-            0.25,
-        )
-        .into_iter()
-        .map(|c| c.verdict)
-        .collect();
+        let verdicts: Vec<_> = compare(&figures(&[("gone", 1.0)]), &figures(&[("new", 1.0)]), 0.25)
+            .into_iter()
+            .map(|c| c.verdict)
+            .collect();
         assert_eq!(verdicts, [Verdict::NotMeasured, Verdict::NotInBaseline]);
         assert!(verdicts.iter().all(|v| v.fails()));
     }

@@ -50,7 +50,12 @@ fn time_round_trips(samples: usize) -> io::Result<Vec<u64>> {
     });
     let mut byte = [1u8];
     let times = (0..samples)
-        .map(|_| timed(|| near.write_all(&byte).and_then(|()| near.read_exact(&mut byte))))
+        .map(|_| {
+            timed(|| {
+                near.write_all(&byte)
+                    .and_then(|()| near.read_exact(&mut byte))
+            })
+        })
         .collect();
     drop(near);
     echo.join().expect("the echo thread does not panic")?;
@@ -132,7 +137,10 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let _ = umount2(&self.target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW);
+        let _ = umount2(
+            &self.target,
+            MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW,
+        );
         if !self.target.join("marker").exists() {
             let _ = fs::remove_dir_all(&self.path);
         }
@@ -147,7 +155,10 @@ mod tests {
     fn a_floor_is_timed_and_leaves_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
         let floor = measure(dir.path(), 5).unwrap();
-        assert!(floor.fdatasync_us > 0 && floor.round_trip_us > 0, "{floor:?}");
+        assert!(
+            floor.fdatasync_us > 0 && floor.round_trip_us > 0,
+            "{floor:?}"
+        );
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }
