@@ -3,7 +3,8 @@
 docs/operations/install.md between the lines <!-- values-table:begin --> and
 <!-- values-table:end -->: a row per value with its path, its default and the comment above it
 (and after it, on its line). A map is a row of its own where it is one setting (an
-updateStrategy, a nodeSelector, a container's resources: ONE_ROW), else each of its keys is one.
+updateStrategy, a nodeSelector, a container's resources or securityContext: ONE_ROW), else each
+of its keys is one.
 Every row needs a comment: a value without one fails, and so does --check when the committed
 table is not what this would write.
 
@@ -24,7 +25,14 @@ if not args:
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 VALUES, PAGE = args or ["charts/stickyvol/values.yaml", "docs/operations/install.md"]
 BEGIN, END = "<!-- values-table:begin -->", "<!-- values-table:end -->"
-ONE_ROW = ["node.updateStrategy", "*.nodeSelector", "*.resources.*", "monitoring.dashboard.labels"]
+ONE_ROW = [
+    "node.updateStrategy",
+    "*.nodeSelector",
+    "*.resources.*",
+    "*.securityContext",
+    "*.podSecurityContext",
+    "monitoring.dashboard.labels",
+]
 KEY = re.compile(r"^( *)([\w./-]+):(\s.*|)$")
 
 
