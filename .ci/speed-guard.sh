@@ -28,8 +28,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Only where the scheduler lets us (a container without CAP_SYS_NICE does not).
 realtime=()
-command -v chrt >/dev/null && realtime=(chrt --fifo 10)
+if command -v chrt >/dev/null && chrt --fifo 10 true 2>/dev/null; then
+    realtime=(chrt --fifo 10)
+else
+    echo "-- speed guard: SCHED_FIFO not available; measuring at normal priority"
+fi
 "${realtime[@]}" "$bin/stickyvol-bench" guard \
     --endpoint "unix://$work/csi.sock" --kubelet-dir "$work/kubelet" --floor-dir "$work" \
     --driver-cmd "exec $bin/stickyvol serve --node-id guard --endpoint unix://$work/csi.sock \
