@@ -18,7 +18,8 @@ cargo build --release --locked --bin stickyvol --bin stickyvol-bench
 bin=${CARGO_TARGET_DIR:-target}/release
 
 # Data, state and kubelet directories on the disk (as a node's), the run directory on a tmpfs
-# (as the DaemonSet's /run/stickyvol).
+# (as the DaemonSet's /run/stickyvol). No kubelet reserve: it would keep back 10% of a CI
+# machine's shared disk, which may be all that is free there.
 work=$(mktemp -d /var/tmp/stickyvol-guard.XXXXXX)
 run=$(mktemp -d /dev/shm/stickyvol-guard-run.XXXXXX)
 cleanup() {
@@ -38,7 +39,8 @@ fi
 "${realtime[@]}" "$bin/stickyvol-bench" guard \
     --endpoint "unix://$work/csi.sock" --kubelet-dir "$work/kubelet" --floor-dir "$work" \
     --driver-cmd "exec $bin/stickyvol serve --node-id guard --endpoint unix://$work/csi.sock \
---kubelet-dir $work/kubelet --data-dir $work/data --run-dir $run 2>>$work/driver.log" \
+--kubelet-dir $work/kubelet --data-dir $work/data --run-dir $run --kubelet-eviction-reserve 0 \
+2>>$work/driver.log" \
     --baseline .ci/bench-baseline.json "$@" || {
     status=$?
     echo "-- the driver's log (last 20 lines):"

@@ -74,6 +74,7 @@ impl MemoryCgroup {
         ));
         fs::create_dir(&dir).unwrap();
         fs::write(dir.join(files.limit), limit.to_string()).unwrap();
+        eprintln!("the driver runs in {} ({} MiB)", dir.display(), limit >> 20);
         Some(MemoryCgroup { dir, parent, files })
     }
 
