@@ -19,7 +19,12 @@
 #     name sources defined in the examples (same volume mode, not smaller), and pods using a
 #     restore or clone are pinned to a node with topology.stickyvol.csi.io/node; the PodMonitor
 #     selects the pods of both workloads and names a port they have, the base holds no
-#     monitoring.coreos.com object, and the dashboard's ConfigMap holds JSON.
+#     monitoring.coreos.com object, and the dashboard's ConfigMap holds JSON;
+#  4. each kustomize component of deploy/components, added to an overlay of the base as a user
+#     adds it, renders, validates and passes the consistency checks like the base, and changes
+#     only what it is for: kubelet-dir-* moves every path under /var/lib/kubelet in the DaemonSet
+#     to its directory, leaving none behind (a new hostPath the component forgets fails here),
+#     node-max-unavailable-* the DaemonSet's maxUnavailable.
 # Exit status is non-zero on any problem. Needs kubectl and python3 with pip; installs
 # kubernetes-validate (pinned) into a cache directory on first use.
 #
@@ -56,6 +61,21 @@ kubectl kustomize deploy/kubernetes >"$work/stickyvol.yaml"
 kubectl kustomize deploy/kubernetes/snapshots >"$work/snapshots.yaml"
 kubectl kustomize deploy/monitoring >"$work/monitoring.yaml"
 
+# Each component in an overlay of the base, as docs/operations/install.md shows (kustomize wants
+# relative paths).
+components=()
+for dir in deploy/components/*/; do
+    name=$(basename "$dir")
+    overlay="$work/overlay-$name"
+    mkdir -p "$overlay"
+    printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s]\n' \
+        "$(realpath --relative-to="$overlay" deploy/kubernetes)" "$(realpath --relative-to="$overlay" "$dir")" \
+        >"$overlay/kustomization.yaml"
+    echo "rendering deploy/kubernetes with the component $dir"
+    kubectl kustomize "$overlay" >"$work/component-$name.yaml"
+    components+=("$name")
+done
+
 shopt -s nullglob
 examples=(deploy/examples/*.yaml deploy/examples/*.yml)
 if ((${#examples[@]} == 0)); then
@@ -74,6 +94,9 @@ targets=(
 )
 for file in "${examples[@]}"; do
     targets+=("$file" "$file")
+done
+for name in "${components[@]}"; do
+    targets+=("deploy/kubernetes with deploy/components/$name" "$work/component-$name.yaml")
 done
 python3 - "$K8S_VERSION" "${targets[@]}" <<'PY' || status=1
 import sys
@@ -235,8 +258,10 @@ for label, path in pairs:
 sys.exit(1 if failed else 0)
 PY
 
-echo "consistency checks"
-python3 - "$work/stickyvol.yaml" "$work/snapshots.yaml" "${examples[@]}" <<'PY' || status=1
+# The base, and the base with each component, with the snapshot class and the examples.
+for base in stickyvol "${components[@]/#/component-}"; do
+echo "consistency checks ($base.yaml)"
+python3 - "$work/$base.yaml" "$work/snapshots.yaml" "${examples[@]}" <<'PY' || status=1
 import os
 import re
 import sys
@@ -565,6 +590,80 @@ for p in problems:
 if problems:
     sys.exit(1)
 print(f"ok   base, snapshot class and {len(sys.argv) - 3} example file(s) are consistent")
+PY
+done
+
+echo "the components change only what they are for"
+python3 - "$work/stickyvol.yaml" "${components[@]}" <<'PY' || status=1
+import copy
+import re
+import sys
+
+import yaml
+
+DEFAULT = "/var/lib/kubelet"
+# The default kubelet directory as a path of its own (not inside another, as microk8s' is).
+UNDER_DEFAULT = re.compile(r"(?<![\w.-])" + re.escape(DEFAULT) + r"(?![\w.-])")
+NODE = ("DaemonSet", "stickyvol-node")
+
+
+def load(path):
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(open(path)) if d}
+
+
+def left_behind(objects):
+    """The lines of the rendering that still name a path under the default kubelet directory."""
+    text = yaml.safe_dump_all(objects.values())
+    return [line.strip() for line in text.splitlines() if UNDER_DEFAULT.search(line)]
+
+
+def serve_flag(ds, flag):
+    containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+    return next(a.split("=", 1)[1] for a in containers["stickyvol"]["args"] if a.startswith(flag + "="))
+
+
+def expected_kubelet_dir(base, rendered):
+    """The base with the DaemonSet's kubelet directory moved where the rendering's --kubelet-dir says."""
+    to = serve_flag(rendered[NODE], "--kubelet-dir")
+    want = copy.deepcopy(base)
+    want[NODE] = yaml.safe_load(UNDER_DEFAULT.sub(to, yaml.safe_dump(base[NODE])))
+    return want, left_behind(rendered)
+
+
+def expected_max_unavailable(base, rendered):
+    value = rendered[NODE]["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]
+    want = copy.deepcopy(base)
+    want[NODE]["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] = value
+    same = value == base[NODE]["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]
+    return want, ["maxUnavailable unchanged"] if same else []
+
+
+CHECKS = {"kubelet-dir-": expected_kubelet_dir, "node-max-unavailable-": expected_max_unavailable}
+
+base = load(sys.argv[1])
+problems = []
+# The check itself: a hostPath under the default directory added to the base is found.
+planted = copy.deepcopy(base)
+planted[NODE]["spec"]["template"]["spec"]["volumes"].append({"name": "new", "hostPath": {"path": DEFAULT + "/pods"}})
+if not left_behind({NODE: planted[NODE]}) or left_behind({NODE: yaml.safe_load(
+        yaml.safe_dump(planted[NODE]).replace(DEFAULT, "/var/snap/microk8s/common" + DEFAULT))}):
+    problems.append("left_behind does not tell a path under /var/lib/kubelet from one elsewhere")
+for name in sys.argv[2:]:
+    check = next((f for prefix, f in CHECKS.items() if name.startswith(prefix)), None)
+    if check is None:
+        problems.append(f"deploy/components/{name}: no check for it here (CHECKS)")
+        continue
+    rendered = load(sys.argv[1].replace("stickyvol.yaml", f"component-{name}.yaml"))
+    want, wrong = check(base, rendered)
+    problems += [f"deploy/components/{name}: {w}" for w in wrong]
+    for key in sorted(want.keys() | rendered.keys()):
+        if want.get(key) != rendered.get(key):
+            problems.append(f"deploy/components/{name}: {key[0]} {key[1]} is not the base's with the component's change alone")
+    if not wrong and all(want.get(k) == rendered.get(k) for k in want.keys() | rendered.keys()):
+        print(f"ok   deploy/components/{name}: changes only what it is for")
+for p in problems:
+    print(f"FAIL {p}")
+sys.exit(1 if problems else 0)
 PY
 
 # deploy/monitoring against the base: the PodMonitor scrapes what the base runs.

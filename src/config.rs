@@ -107,14 +107,15 @@ pub struct ServeArgs {
     pub kubelet_eviction_reserve: u8,
 
     /// Controller mode only: the node-loss reconciler, which applies the StorageClasses'
-    /// `onNodeLoss` to claims whose node is deleted or out of service (see docs/operations.md,
-    /// "Node loss"): off, on, or dry-run (decides and reports, changes nothing).
+    /// `onNodeLoss` to claims whose node is deleted or out of service (see
+    /// docs/operations/node-loss.md, "Node loss"): off, on, or dry-run (decides and reports,
+    /// changes nothing).
     #[arg(long, env = "NODE_LOSS", value_enum, default_value_t = NodeLossMode::Off)]
     pub node_loss: NodeLossMode,
 
     /// Controller mode only: restore placement, which sends every claim restored from one of
     /// our snapshots or cloned from one of our claims to the node holding its source (see
-    /// docs/operations.md, "Placement"): on or off.
+    /// docs/operations/snapshots.md, "Placement"): on or off.
     #[arg(long, env = "RESTORE_PLACEMENT", value_enum, default_value_t = Switch::Off)]
     pub restore_placement: Switch,
 
@@ -125,13 +126,13 @@ pub struct ServeArgs {
 
     /// Controller mode only: overflow evictions, which evicts the pods the node plugins' overflow
     /// checks ask it to, each only if it runs on the asking node and uses that node's volume
-    /// (see docs/operations.md, "Volumes above their size"): on or off.
+    /// (see docs/operations/storage.md, "Volumes above their size"): on or off.
     #[arg(long, env = "OVERFLOW_EVICTIONS", value_enum, default_value_t = Switch::Off)]
     pub overflow_evictions: Switch,
 
     /// Controller mode only: moves, which take a claim of ours to another node with its data
-    /// when asked (`stickyvol cluster move`; see docs/operations.md, "Moving a volume to another
-    /// node"): on or off. Needs --namespace, where the nodes' transfer adverts are.
+    /// when asked (`stickyvol cluster move`; see docs/operations/moving.md, "Moving a volume to
+    /// another node"): on or off. Needs --namespace, where the nodes' transfer adverts are.
     #[arg(long, env = "MOVES", value_enum, default_value_t = Switch::Off)]
     pub moves: Switch,
 

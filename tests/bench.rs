@@ -422,3 +422,93 @@ async fn stats_flood_times_probe_and_a_bystander_publish_and_leaves_nothing() {
     assert_eq!(report["leftovers"], serde_json::json!([]));
     assert_nothing_left(&mut driver).await;
 }
+
+/// `guard` with `driver`'s flags, `rounds` rounds of 5 cycles, against `baseline`.
+fn guard_args(driver: &TestDriver, baseline: &std::path::Path, rounds: &str) -> Vec<String> {
+    let mut args = vec!["guard".to_string()];
+    args.extend(target_flags(driver));
+    args.extend(["--volumes", "5", "--rounds", rounds, "--floor-dir"].map(String::from));
+    args.push(path_str(&driver.root));
+    args.push("--baseline".into());
+    args.push(path_str(baseline));
+    args.push("--driver-cmd".into());
+    args.push(driver.shell_command());
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_writes_a_baseline_passes_against_it_and_fails_a_slower_run() {
+    // Not started: each round starts (and stops) the driver itself.
+    let mut driver = TestDriver::prepare(Options::default());
+    let baseline = driver.root.join("baseline.json");
+    let mut args = guard_args(&driver, &baseline, "3");
+    args.extend(["--write-baseline", "the first figures"].map(String::from));
+    let output = bench(args).await;
+    assert_exit(&output, 0);
+    let written: Value = serde_json::from_slice(&std::fs::read(&baseline).unwrap()).unwrap();
+    assert_eq!(written["why"], "the first figures");
+    for figure in [
+        "CreateVolume",
+        "NodeStageVolume",
+        "NodePublishVolume",
+        "NodeUnpublishVolume",
+        "NodeUnstageVolume",
+        "DeleteVolume",
+        "cycle",
+        "peak_rss_mib",
+    ] {
+        let value = written["figures"][figure].as_f64();
+        assert!(value.is_some_and(|v| v > 0.0), "{figure} in {written:#}");
+    }
+    assert!(written["floor_us"]["fdatasync"].as_u64().unwrap() > 0);
+
+    // Figures scaled by 4 either way stand for a faster and a slower build of the driver,
+    // far beyond a debug build's noise: a baseline slower than this driver passes (figures
+    // ahead of it pass too), one faster fails on the calls it beats.
+    let scaled = |by: f64| {
+        let mut scaled = written.clone();
+        for value in scaled["figures"].as_object_mut().unwrap().values_mut() {
+            *value = Value::from(value.as_f64().unwrap() * by);
+        }
+        std::fs::write(&baseline, scaled.to_string()).unwrap();
+    };
+    scaled(4.0);
+    let output = bench(guard_args(&driver, &baseline, "1")).await;
+    assert_exit(&output, 0);
+    let within = report(&output);
+    assert!(
+        within["failed_figures"].as_array().unwrap().is_empty(),
+        "{within:#}"
+    );
+
+    scaled(0.25);
+    let output = bench(guard_args(&driver, &baseline, "1")).await;
+    assert_exit(&output, 1);
+    let behind = report(&output);
+    let failed = behind["failed_figures"].as_array().unwrap();
+    for figure in ["NodePublishVolume", "cycle", "peak_rss_mib"] {
+        assert!(
+            failed.contains(&Value::from(figure)),
+            "{figure}: {behind:#}"
+        );
+    }
+    assert_nothing_left(&mut driver).await;
+}
+
+/// The committed figures change only with a CHANGELOG line saying why (`guard
+/// --write-baseline WHY` writes WHY into the baseline; this holds the two together).
+#[test]
+fn the_committed_speed_baseline_says_why_in_the_changelog() {
+    let baseline: Value = serde_json::from_str(include_str!("../.ci/bench-baseline.json")).unwrap();
+    let why = baseline["why"].as_str().unwrap();
+    assert!(
+        why.split_whitespace().count() >= 5,
+        "a sentence, not {why:?}"
+    );
+    let changelog = include_str!("../CHANGELOG.md").replace('\n', " ");
+    let changelog = changelog.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        changelog.contains(why),
+        "CHANGELOG.md does not say why the speed baseline is what it is: {why:?}"
+    );
+}

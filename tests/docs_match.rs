@@ -1,16 +1,17 @@
 //! The documentation lists what users can set, and nothing it lists is gone: every flag of
 //! `stickyvol serve` has its row in docs/reference.md's flags table, every StorageClass parameter
-//! the driver accepts is in docs/operations.md's "The StorageClass", and every value of the Helm
-//! chart (down to its second level) is in operations.md's values table. A flag, parameter or
-//! value added without documentation fails here; the checks' own tests show each catching one
-//! left out on purpose.
+//! the driver accepts is in docs/operations/storage.md's "The StorageClass", and every value of the
+//! Helm chart (down to its second level) is in docs/operations/install.md's values table. A flag,
+//! parameter or value added without documentation fails here; the checks' own tests show each
+//! catching one left out on purpose.
 
 use std::collections::BTreeSet;
 
 use clap::CommandFactory;
 
 const REFERENCE: &str = include_str!("../docs/reference.md");
-const OPERATIONS: &str = include_str!("../docs/operations.md");
+const STORAGE: &str = include_str!("../docs/operations/storage.md");
+const INSTALL: &str = include_str!("../docs/operations/install.md");
 const VALUES: &str = include_str!("../charts/stickyvol/values.yaml");
 
 /// The text of `doc` from the heading `heading` (a whole line) to the next heading of its level.
@@ -90,10 +91,10 @@ fn undocumented_parameters(doc_section: &str, accepted: &[&str]) -> Vec<String> 
 fn every_storageclass_parameter_is_documented() {
     let mut accepted = stickyvol::class::ACCEPTED.to_vec();
     accepted.push(stickyvol::class::PARAM_FS_TYPE);
-    let missing = undocumented_parameters(section(OPERATIONS, "## The StorageClass"), &accepted);
+    let missing = undocumented_parameters(section(STORAGE, "## The StorageClass"), &accepted);
     assert!(
         missing.is_empty(),
-        "StorageClass parameters not in operations.md: {missing:?}"
+        "StorageClass parameters not in docs/operations/storage.md: {missing:?}"
     );
 }
 
@@ -158,17 +159,17 @@ fn undocumented_values(values: &str, table: &str) -> Vec<String> {
 #[test]
 fn every_chart_value_is_in_the_values_table() {
     // From the line that introduces it to the blank line after its last row.
-    let start = OPERATIONS
+    let start = INSTALL
         .find("What the values set")
         .expect("the values table");
-    let after = &OPERATIONS[start..];
+    let after = &INSTALL[start..];
     let rows = after.find("\n|").expect("the values table's rows");
     let table = &after[rows..];
     let table = &table[..table.find("\n\n").unwrap_or(table.len())];
     let missing = undocumented_values(VALUES, table);
     assert!(
         missing.is_empty(),
-        "chart values not in operations.md's table: {missing:?}"
+        "chart values not in docs/operations/install.md's table: {missing:?}"
     );
 }
 

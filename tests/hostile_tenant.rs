@@ -1,8 +1,8 @@
 //! A hostile tenant: the test plays the pod, shaping what it may shape (its volume's tree),
-//! and the driver runs in a memory cgroup limited as the DaemonSet limits it (256 MiB). Each
-//! case asserts that the driver stays up, answers Probe within a second while it works on the
-//! tenant's tree, keeps its peak RSS (VmHWM) under `RSS_BOUND`, and refuses what goes past
-//! its documented limits with an error that names the limit.
+//! and the driver runs in a memory cgroup (v1 or v2) limited as the DaemonSet limits it
+//! (256 MiB). Each case asserts that the driver stays up, answers Probe within a second while
+//! it works on the tenant's tree, keeps its peak RSS (VmHWM) under `RSS_BOUND`, and refuses
+//! what goes past its documented limits with an error that names the limit.
 
 mod common;
 
@@ -30,26 +30,52 @@ const PROBE_BOUND: Duration = Duration::from_secs(1);
 /// `tree::MAX_DEPTH` (the library's walks enter no deeper).
 const MAX_DEPTH: usize = stickyvol::host::tree::MAX_DEPTH;
 
-/// A cgroup v1 memory cgroup of its own for the driver; removed on drop.
+/// A memory cgroup of its own for the driver (cgroup v1's memory controller, or cgroup v2's
+/// unified tree with the memory controller enabled for its children); removed on drop.
 struct MemoryCgroup {
     dir: PathBuf,
+    /// Where its processes go back to.
+    parent: PathBuf,
+    files: MemoryFiles,
 }
+
+/// The same three things under each version's names.
+struct MemoryFiles {
+    limit: &'static str,
+    peak: &'static str,
+    /// The file with an `oom_kill N` line.
+    events: &'static str,
+}
+
+const V1: MemoryFiles = MemoryFiles {
+    limit: "memory.limit_in_bytes",
+    peak: "memory.max_usage_in_bytes",
+    events: "memory.oom_control",
+};
+const V2: MemoryFiles = MemoryFiles {
+    limit: "memory.max",
+    peak: "memory.peak",
+    events: "memory.events",
+};
 
 impl MemoryCgroup {
     fn new(limit: u64) -> Option<MemoryCgroup> {
-        let root = Path::new("/sys/fs/cgroup/memory");
-        if !root.join("cgroup.procs").exists() {
-            eprintln!("no cgroup v1 memory controller: the driver runs without a memory limit");
-            return None;
-        }
-        let dir = root.join(format!(
+        let (parent, files) = match memory_root() {
+            Some(found) => found,
+            None => {
+                eprintln!("no memory cgroup controller: the driver runs without a memory limit");
+                return None;
+            }
+        };
+        let dir = parent.join(format!(
             "stickyvol-hostile-{}-{}",
             std::process::id(),
             new_name()
         ));
         fs::create_dir(&dir).unwrap();
-        fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
-        Some(MemoryCgroup { dir })
+        fs::write(dir.join(files.limit), limit.to_string()).unwrap();
+        eprintln!("the driver runs in {} ({} MiB)", dir.display(), limit >> 20);
+        Some(MemoryCgroup { dir, parent, files })
     }
 
     fn add(&self, pid: u32) {
@@ -58,24 +84,41 @@ impl MemoryCgroup {
 
     /// The most memory the cgroup was charged, the kernel's for its processes included.
     fn peak_usage(&self) -> u64 {
-        let text = fs::read_to_string(self.dir.join("memory.max_usage_in_bytes")).unwrap();
+        let text = fs::read_to_string(self.dir.join(self.files.peak)).unwrap();
         text.trim().parse().unwrap()
     }
 
     fn oom_kills(&self) -> u64 {
-        let control = fs::read_to_string(self.dir.join("memory.oom_control")).unwrap();
-        control
+        let events = fs::read_to_string(self.dir.join(self.files.events)).unwrap();
+        events
             .lines()
             .find_map(|line| line.strip_prefix("oom_kill "))
             .map_or(0, |n| n.trim().parse().unwrap())
     }
 }
 
+/// Where a memory cgroup can be made: cgroup v1's memory hierarchy, or the root of a cgroup v2
+/// tree, its memory controller enabled for children (allowed at the root, which may hold
+/// processes itself) and `memory.peak` there (Linux 5.19).
+fn memory_root() -> Option<(PathBuf, MemoryFiles)> {
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    if v1.join("cgroup.procs").exists() {
+        return Some((v1.to_path_buf(), V1));
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    let controllers = fs::read_to_string(v2.join("cgroup.controllers")).ok()?;
+    if !controllers.split_whitespace().any(|c| c == "memory") {
+        return None;
+    }
+    fs::write(v2.join("cgroup.subtree_control"), "+memory").ok()?;
+    Some((v2.to_path_buf(), V2))
+}
+
 impl Drop for MemoryCgroup {
     fn drop(&mut self) {
         let procs = fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.lines() {
-            let _ = fs::write("/sys/fs/cgroup/memory/cgroup.procs", pid);
+            let _ = fs::write(self.parent.join("cgroup.procs"), pid);
         }
         let _ = fs::remove_dir(&self.dir);
     }

@@ -40,6 +40,11 @@ pub enum Workload {
     /// their peak RSS, their steady-state requests and bytes received, and the time from a
     /// Node's deletion and from an out-of-service taint to the reconciler's release.
     Cluster(ClusterArgs),
+    /// The speed guard CI runs: rounds of `lifecycle` against --driver-cmd, each call's p50 (and
+    /// a whole cycle's time) divided by one fdatasync plus one bind mount and unmount timed in
+    /// the same round on --floor-dir, compared with the ratios committed in --baseline. Exit
+    /// status 1 when a figure is more than --tolerance behind its baseline.
+    Guard(GuardArgs),
 }
 
 #[derive(Debug, Args)]
@@ -335,6 +340,68 @@ impl StatsFloodArgs {
             self.deadline,
             self.json,
         )
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct GuardArgs {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+
+    /// A directory on the filesystem the driver keeps its data and state on: one fdatasync and
+    /// one bind mount and unmount are timed there, the unit every figure is divided by.
+    #[arg(long)]
+    pub floor_dir: PathBuf,
+
+    /// The committed figures (JSON) to compare with.
+    #[arg(long)]
+    pub baseline: PathBuf,
+
+    /// Rounds, each with the driver started afresh; a figure is the median over rounds.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub rounds: u32,
+
+    /// Volume cycles per round.
+    #[arg(long, default_value_t = 300)]
+    pub volumes: usize,
+
+    /// Requested capacity of each volume, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub size: i64,
+
+    /// How far behind its baseline a figure may fall (0.25: 25% slower) before the guard fails.
+    #[arg(long, default_value_t = 0.25)]
+    pub tolerance: f64,
+
+    /// Write the figures measured as the new baseline, with the reason: the same sentence must
+    /// be a line of CHANGELOG.md (a test checks it). Nothing is compared then.
+    #[arg(long, value_name = "WHY")]
+    pub write_baseline: Option<String>,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl GuardArgs {
+    /// One round's `lifecycle` flags: one client, no preload, mount volumes.
+    pub fn lifecycle(&self) -> LifecycleArgs {
+        LifecycleArgs {
+            common: Common::without_preload(
+                &self.driver,
+                AccessType::Mount,
+                self.size,
+                &[],
+                self.deadline,
+                self.json,
+            ),
+            volumes: self.volumes,
+            concurrency: 1,
+        }
     }
 }
 

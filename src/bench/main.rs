@@ -5,7 +5,8 @@
 //! driver), `workload` (the lifecycle and startup runs), `blockio` (direct I/O through a
 //! published block volume against a plain file), `fsio` (the same in a file on an image
 //! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
-//! a volume of many files, with Probe timed), `report` (samples, percentiles, output);
+//! a volume of many files, with Probe timed), `guard` (CI's speed guard: lifecycle rounds
+//! against committed figures), `report` (samples, percentiles, output);
 //! `cluster` is no CSI benchmark: stickyvol's controller and a node plugin against a simulated
 //! API server of a big cluster.
 
@@ -15,6 +16,7 @@ mod client;
 mod cluster;
 mod driver_process;
 mod fsio;
+mod guard;
 mod paths;
 mod report;
 mod statsflood;
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
         Workload::StatsFlood(args) => {
             finish(runtime.block_on(statsflood::stats_flood(&args)), args.json)
         }
+        Workload::Guard(args) => finish_guard(runtime.block_on(guard::guard(&args)), args.json),
     }
 }
 
@@ -85,6 +88,7 @@ outcome!(blockio::BlockIoReport, blockio::text);
 outcome!(statsflood::StatsFloodReport, statsflood::text);
 outcome!(fsio::FsIoReport, fsio::text);
 outcome!(cluster::ClusterReport, cluster::text);
+outcome!(guard::GuardReport, guard::text);
 
 /// Prints the report (JSON or text) and turns it into the exit status.
 fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCode {
@@ -98,6 +102,17 @@ fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCod
         print!("{}", report.text());
     }
     exit_status(report.errors_total(), report.leftovers())
+}
+
+/// As `finish`, and a figure behind its baseline fails too.
+fn finish_guard(result: Result<guard::GuardReport, workload::Fatal>, json: bool) -> ExitCode {
+    let failed = matches!(&result, Ok(report) if !report.failed_figures.is_empty());
+    let status = finish(result, json);
+    if failed && status == ExitCode::SUCCESS {
+        ExitCode::from(EXIT_FAILED_CALLS)
+    } else {
+        status
+    }
 }
 
 fn cannot_run(err: &str) -> ExitCode {

@@ -5,8 +5,8 @@
 //! reconciler (`onNodeLoss`), and the node's overflow check (`onOverflow`, from a record's
 //! parameters). It uses nothing above `config` and `host::fsimage`, so `volume/` may use it.
 //!
-//! docs/reference.md and docs/operations.md list the keys of `ACCEPTED`; a unit test holds them
-//! to it.
+//! docs/reference.md and docs/operations/storage.md list the keys of `ACCEPTED`; a unit test holds
+//! them to it.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -158,8 +158,8 @@ mod tests {
         let (lmaj, lmin) = MIN_KERNEL;
         for (name, text) in [
             (
-                "docs/operations.md",
-                include_str!("../../docs/operations.md"),
+                "docs/operations/install.md",
+                include_str!("../../docs/operations/install.md"),
             ),
             (
                 "docs/compatibility.md",

@@ -112,7 +112,7 @@ impl Space {
                 registry,
                 "pool_filesystem_full",
                 "1 when a pool's filesystem has less than 4 MiB free: new volumes are refused, \
-                 and on the data dir's the state journal cannot rotate (see docs/operations.md)",
+                 and on the data dir's the state journal cannot rotate",
             ),
             pool_starved: add(
                 registry,

@@ -79,4 +79,32 @@ check(
 for cls in classes.values():
     check(cls["volumeBindingMode"] == "WaitForFirstConsumer", f"{cls['metadata']['name']}: WaitForFirstConsumer")
 
+# securityContext overrides, merged with the defaults (a null removes a key); the node plugin's
+# own containers stay privileged whatever is set.
+sts_pod = sts["spec"]["template"]["spec"]
+check(
+    sts_pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+    "controller: podSecurityContext merged, runAsUser and runAsGroup removed",
+)
+check(
+    {c["name"]: c for c in sts_pod["containers"]}["stickyvol"]["securityContext"].get("privileged") is False,
+    "controller: the stickyvol container's securityContext",
+)
+sidecars = [
+    c
+    for pod in (ds["spec"]["template"]["spec"], sts_pod)
+    for c in pod["containers"]
+    if c["name"] != "stickyvol"
+]
+check(len(sidecars) == 6, f"six sidecar containers, found {len(sidecars)}")
+for c in sidecars:
+    sc = c.get("securityContext", {})
+    check(
+        sc.get("runAsNonRoot") is True and sc.get("readOnlyRootFilesystem") is True,
+        f"{c['name']}: sidecars.securityContext merged with the default",
+    )
+for c in ds["spec"]["template"]["spec"]["initContainers"] + ds["spec"]["template"]["spec"]["containers"]:
+    if c["name"] in ("stickyvol", "doctor"):
+        check(c["securityContext"].get("privileged") is True, f"node {c['name']}: still privileged")
+
 finish("deployment-knob")

@@ -300,9 +300,9 @@ fn v2_frame_at(bytes: &[u8], at: usize) -> Option<(Entry, Order, usize)> {
 /// torn tail, which is cut off a version 1 file; damage before good entries is an error, and
 /// so is a newer version's file. Where a version 2 file's entries end.
 pub fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<Option<End>> {
-    let bytes = fs::read(path)?;
+    let (bytes, file_len) = read_written(path)?;
     let torn_before = replay.torn.len();
-    let read = parse_generation(path, &bytes, replay)?;
+    let read = parse_generation(path, &bytes, file_len, replay)?;
     for torn in &replay.torn[torn_before..] {
         warn!(journal = %path.display(), "the journal ends with a torn entry (a commit interrupted by a crash, never acknowledged); ignoring it and what follows: {torn}");
     }
@@ -317,8 +317,48 @@ pub fn read_generation(path: &Path, replay: &mut Replay) -> io::Result<Option<En
 /// `read_generation` without changing anything (a version 1 torn tail stays) or logging: what
 /// the format check reads before the journal is opened.
 pub fn peek_generation(path: &Path, replay: &mut Replay) -> io::Result<()> {
-    let bytes = fs::read(path)?;
-    parse_generation(path, &bytes, replay).map(drop)
+    let (bytes, file_len) = read_written(path)?;
+    parse_generation(path, &bytes, file_len, replay).map(drop)
+}
+
+/// A generation's bytes up to its last non-zero one, and the file's length. A version 2 file
+/// is filled with zeros past its entries (4 MiB a generation by default): reading them too
+/// made every start hold the whole file in memory for nothing. Zeros are all the parser would
+/// have found there (`read_v2` ends at the first all-zero header, a torn tail is non-zero).
+/// A version 1 file has no zeros of ours after its frames and is read whole.
+fn read_written(path: &Path) -> io::Result<(Vec<u8>, u64)> {
+    let file = File::open(path)?;
+    let file_len = file.metadata()?.len();
+    let mut magic = [0u8; MAGIC.len()];
+    let is_v2 = file_len >= MAGIC.len() as u64
+        && file.read_exact_at(&mut magic, 0).is_ok()
+        && &magic == MAGIC;
+    let written = if is_v2 {
+        last_non_zero_end(&file, file_len)?
+    } else {
+        file_len
+    };
+    let mut bytes = vec![0; usize::try_from(written).map_err(io::Error::other)?];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok((bytes, file_len))
+}
+
+/// The offset just past the last non-zero byte of the first `len` bytes, read backwards in
+/// chunks so that memory does not follow the file's size.
+fn last_non_zero_end(file: &File, len: u64) -> io::Result<u64> {
+    const CHUNK: u64 = 64 << 10;
+    let mut chunk = vec![0u8; CHUNK as usize];
+    let mut end = len;
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let part = &mut chunk[..(end - start) as usize];
+        file.read_exact_at(part, start)?;
+        if let Some(i) = part.iter().rposition(|&b| b != 0) {
+            return Ok(start + i as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 /// What reading a generation found, before anything is done about it.
@@ -329,7 +369,13 @@ struct Read {
     cut_at: Option<u64>,
 }
 
-fn parse_generation(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Result<Read> {
+/// `bytes` are the file's first bytes, of its `file_len` (`read_written`).
+fn parse_generation(
+    path: &Path,
+    bytes: &[u8],
+    file_len: u64,
+    replay: &mut Replay,
+) -> io::Result<Read> {
     if bytes.starts_with(MAGIC_STEM) && !bytes.starts_with(MAGIC) {
         return Err(newer_version(path, bytes));
     }
@@ -341,9 +387,9 @@ fn parse_generation(path: &Path, bytes: &[u8], replay: &mut Replay) -> io::Resul
         offset: MAGIC.len() as u64,
         last_sequence: 0,
         dirty_until: 0,
-        len: bytes.len() as u64,
+        len: file_len,
     };
-    read_v2(path, bytes, replay, &mut end)?;
+    read_v2(path, bytes, file_len as usize, replay, &mut end)?;
     end.dirty_until = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1) as u64;
     end.dirty_until = end.dirty_until.max(end.offset);
     Ok(Read {
@@ -367,7 +413,13 @@ fn newer_version(path: &Path, bytes: &[u8]) -> io::Error {
     )
 }
 
-fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay, end: &mut End) -> io::Result<()> {
+fn read_v2(
+    path: &Path,
+    bytes: &[u8],
+    file_len: usize,
+    replay: &mut Replay,
+    end: &mut End,
+) -> io::Result<()> {
     let mut at = MAGIC.len();
     while let Some(len) = declared_length(bytes, at) {
         if len == 0 && bytes[at + 4..at + HEADER] == [0; 4] {
@@ -389,13 +441,13 @@ fn read_v2(path: &Path, bytes: &[u8], replay: &mut Replay, end: &mut End) -> io:
         if let Some((_, order, _)) = next
             && order.durable.saturating_add(1) >= order.sequence
         {
-            return Err(damaged(path, at, bytes.len()));
+            return Err(damaged(path, at, file_len));
         }
-        torn(path, at, bytes.len(), replay);
+        torn(path, at, file_len, replay);
         return Ok(());
     }
     if bytes[at..].iter().any(|&b| b != 0) {
-        torn(path, at, bytes.len(), replay);
+        torn(path, at, file_len, replay);
     }
     Ok(())
 }
@@ -597,6 +649,37 @@ mod tests {
         let replay = read(&path).unwrap();
         assert_eq!(replay.entries, vec![put("a", "1")]);
         assert_eq!(replay.torn.len(), 1);
+    }
+
+    #[test]
+    fn only_the_written_part_of_a_big_file_is_read_and_a_far_torn_tail_is_still_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = frame(&put("a", "1"), order(1, 0));
+        let path = v2_file(dir.path(), std::slice::from_ref(&entry));
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        // Several of the backward scan's chunks, as a prepared 4 MiB generation has.
+        file.set_len(300 << 10).unwrap();
+        let (bytes, len) = read_written(&path).unwrap();
+        assert_eq!((bytes.len(), len), (MAGIC.len() + entry.len(), 300 << 10));
+        let mut replay = Replay::default();
+        let end = read_generation(&path, &mut replay).unwrap().unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert!(replay.torn.is_empty());
+        assert_eq!(end.len, 300 << 10);
+        assert_eq!(end.dirty_until, end.offset);
+
+        // A stray byte chunks away, past the zeros that end the entries: read up to it, and
+        // the dirty end reaches it (continuing the file zeroes it first), as when the whole
+        // file was read.
+        file.write_all_at(&[7], 200 << 10).unwrap();
+        assert_eq!(read_written(&path).unwrap().0.len(), (200 << 10) + 1);
+        let mut replay = Replay::default();
+        let end = read_generation(&path, &mut replay).unwrap().unwrap();
+        assert_eq!(replay.entries, vec![put("a", "1")]);
+        assert_eq!(
+            (end.offset, end.dirty_until),
+            (entry.len() as u64 + 8, (200 << 10) + 1)
+        );
     }
 
     /// What the previous release wrote: frames without order, appended, nothing after them.

@@ -48,10 +48,12 @@ apt_install_missing() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# What the whole suite needs on the host (btrfs-progs and xfsprogs come with the pools' setup).
+# What the whole suite needs on the host. xfsprogs and e2fsprogs make the nodes' disks (a fresh
+# machine has neither mkfs.xfs nor, always, mkfs.ext4: .ci/run installs them before the tests,
+# but tests/e2e/matrix run alone stopped at the first node's disk).
 build_debs() {
     apt_install_missing containerd runc containernetworking-plugins buildah debootstrap \
-        busybox-static iproute2 openssl gcc libc6-dev ca-certificates
+        busybox-static iproute2 openssl gcc libc6-dev ca-certificates xfsprogs e2fsprogs
 }
 
 # The tag deploy/kubernetes gives image $1; exactly one, or we stop.

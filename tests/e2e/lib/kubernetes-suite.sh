@@ -35,7 +35,7 @@ focus='External.Storage'
 # Pre-provisioned snapshots: with distributed snapshotting (deploy/), a node's csi-snapshotter
 # takes only the VolumeSnapshotContents labelled snapshot.storage.kubernetes.io/managed-by=NODE;
 # snapshot-controller labels those it makes, one made by hand must carry the label itself
-# (docs/operations.md), and the tests' do not: nobody would ever make them ready.
+# (docs/operations/troubleshooting.md), and the tests' do not: nobody would ever make them ready.
 common_skip='\[Disruptive\]|\[Feature:SELinux\]|\[Alpha\]|\[Feature:OffByDefault\]|\[Testpattern: Pre-provisioned Snapshot'
 
 run_part() {

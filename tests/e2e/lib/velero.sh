@@ -1,7 +1,7 @@
 # What the backup scenarios (scenarios/velero_*.sh) share, sourced after scenario.sh: Velero and
 # its object store installed once per cluster (velero_install; a later call finds them and only
 # checks), the velero CLI, a StatefulSet whose claim holds checksummed data, and waits on
-# Velero's backups and restores. See docs/operations.md, "Backups".
+# Velero's backups and restores. See docs/operations/backups.md, "Backups".
 # shellcheck shell=bash
 
 VELERO_NS=velero

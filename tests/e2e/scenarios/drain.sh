@@ -1,4 +1,4 @@
-# Draining a node with its data (docs/operations.md, "Draining a node"): a 3-replica StatefulSet
+# Draining a node with its data (docs/operations/moving.md, "Draining a node"): a 3-replica StatefulSet
 # whose claims are all on the second node (the first cordoned while they are made); that node
 # cordoned and its pods evicted (`kubectl drain`): they wait, Pending, their volumes pinning them
 # there. `stickyvol cluster drain --dry-run` says each claim goes to the first node and changes

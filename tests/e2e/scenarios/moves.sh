@@ -1,4 +1,4 @@
-# Moving a StatefulSet's claims to the other node with their data (docs/operations.md, "Moving a
+# Moving a StatefulSet's claims to the other node with their data (docs/operations/moving.md, "Moving a
 # volume to another node"): a filesystem, a block and an image claim of one pod, asked to move
 # with `stickyvol cluster move` while the pod runs (the moves wait for it), then the StatefulSet
 # scaled down: its persistentVolumeClaimRetentionPolicy whenScaled: Delete deletes the claims,

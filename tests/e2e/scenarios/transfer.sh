@@ -1,4 +1,4 @@
-# A volume's data copied straight from one node's plugin to the other's (docs/operations.md,
+# A volume's data copied straight from one node's plugin to the other's (docs/operations/moving.md,
 # "Moving a volume to another node"): a claim written on one node, two empty claims on the
 # other. Into the first, `stickyvol volume pull` in the target node's driver pod: refused while
 # the source's PV does not name the target node in stickyvol.csi.io/move-to, then the same bytes
