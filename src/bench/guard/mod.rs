@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::cli::GuardArgs;
+use crate::report::median;
 use crate::workload::{self, Fatal, LifecycleReport};
 use baseline::{Baseline, Comparison};
 use floor::Floor;
@@ -175,9 +176,13 @@ fn medians(rounds: &[Round]) -> BTreeMap<String, f64> {
 
 fn new_baseline(why: &str, report: &GuardReport) -> Baseline {
     let floors = |pick: fn(&Floor) -> u64| {
-        let mut v: Vec<u64> = report.rounds.iter().map(|r| pick(&r.floor)).collect();
-        v.sort_unstable();
-        v[(v.len() - 1) / 2]
+        median(
+            &report
+                .rounds
+                .iter()
+                .map(|r| pick(&r.floor))
+                .collect::<Vec<_>>(),
+        )
     };
     Baseline {
         why: why.to_string(),
