@@ -97,7 +97,12 @@ run_one_by_one() {
             77) echo "SKIP $name" >>"$results/.verdicts"
                 report=$(log "SKIP $name (${took}s): $(grep -m1 'SKIP:' "$results/$name.log" | sed 's/.*SKIP: //')" 2>&1) ;;
             *) echo "FAIL $name" >>"$results/.verdicts"
-               report=$(log "FAIL $name (${took}s), $(exit_reason "$rc" "$limit"); last lines of $results/$name.log:" 2>&1
+               # Why first: the last steps and every FAIL line (the state dumped at failure
+               # pushes them out of the tail, and CI keeps only this summary).
+               report=$(log "FAIL $name (${took}s), $(exit_reason "$rc" "$limit"); why, from $results/$name.log:" 2>&1
+                   grep -E '\[e2e\] -- ' "$results/$name.log" | tail -3 | sed 's/^/    /'
+                   grep -E '\[e2e\] FAIL: ' "$results/$name.log" | head -5 | sed 's/^/    /'
+                   echo "    last lines:"
                    tail -25 "$results/$name.log" | sed 's/^/    /') ;;
         esac
         printf '%s\n' "$report" >&2
