@@ -6,13 +6,14 @@
 //! and running it again follows the move under way.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
+use tokio::time::Instant;
 
 use super::controller::moves::MOVE_REFUSED;
 use super::controller::moves::accept::{self, Checked, Settings};
@@ -46,6 +47,9 @@ pub struct MoveArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     pub timeout: u64,
 }
+
+/// How long the follower keeps reading again when the API server does not answer.
+const READ_PATIENCE: Duration = Duration::from_secs(60);
 
 /// How the follow ended.
 enum Ended {
@@ -154,11 +158,26 @@ async fn follow(
 ) -> Result<Ended, String> {
     let started = Instant::now();
     let mut said = String::new();
+    let mut unread_since = None;
     loop {
-        let now = match progress(client, settings, (namespace, name), to).await? {
-            Progress::Done(line) => return Ok(Ended::Moved(line)),
-            Progress::Refused(why) => return Ok(Ended::Refused(why)),
-            Progress::Waiting(line) => line,
+        let now = match progress(client, settings, (namespace, name), to).await {
+            Ok(Progress::Done(line)) => return Ok(Ended::Moved(line)),
+            Ok(Progress::Refused(why)) => return Ok(Ended::Refused(why)),
+            Ok(Progress::Waiting(line)) => {
+                unread_since = None;
+                line
+            }
+            // The move goes on in the controller whatever this follower reads; an API server
+            // that stops answering for a while (a restart, a busy moment) is waited out.
+            Err(why) => {
+                let since = *unread_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= READ_PATIENCE {
+                    return Err(format!(
+                        "{why} (the move goes on; run this again to follow it)"
+                    ));
+                }
+                format!("cannot read the move now ({why}); reading again")
+            }
         };
         if now != said {
             println!("[{:>4} s] {now}", started.elapsed().as_secs());
@@ -272,4 +291,80 @@ async fn finished(
             "claim {namespace}/{name} is not bound on node {to}, and no move of it is asked for or under way"
         )),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::cluster::kit::fake_api::{self, respond, status};
+
+    const KEY: &str = "topology.stickyvol.csi.io/node";
+
+    fn settings() -> Settings {
+        Settings {
+            topology_key: KEY.into(),
+            driver: "stickyvol.csi.io".into(),
+            namespace: "stickyvol".into(),
+        }
+    }
+
+    /// A move that has ended (claim shop/data bound to a PV on node b), behind an API server
+    /// whose first `unanswered` lists of the moves fail.
+    fn client(unanswered: usize) -> (Client, Arc<AtomicUsize>) {
+        let lists = Arc::new(AtomicUsize::new(0));
+        let seen = lists.clone();
+        let client = fake_api::client(move |_, path, _| match path {
+            "/api/v1/persistentvolumes" if seen.fetch_add(1, Ordering::SeqCst) < unanswered => {
+                respond(500, &status(500, "InternalError"))
+            }
+            "/api/v1/persistentvolumes" => respond(200, &json!({"items": []})),
+            "/api/v1/namespaces/shop/persistentvolumeclaims/data" => respond(
+                200,
+                &json!({"metadata": {"name": "data", "namespace": "shop"},
+                        "spec": {"volumeName": "pv-new"}, "status": {"phase": "Bound"}}),
+            ),
+            "/api/v1/persistentvolumes/pv-new" => respond(
+                200,
+                &json!({"metadata": {"name": "pv-new"}, "spec": {"nodeAffinity": {"required":
+                    {"nodeSelectorTerms": [{"matchExpressions":
+                        [{"key": KEY, "operator": "In", "values": ["b"]}]}]}}}}),
+            ),
+            _ => respond(404, &status(404, "NotFound")),
+        });
+        (client, lists)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_reads_again_while_the_api_server_does_not_answer() {
+        let (client, lists) = client(3);
+        let ended = follow(&client, &settings(), ("shop", "data"), "b", None).await;
+        let Ok(Ended::Moved(line)) = ended else {
+            panic!("the follow did not end with the move")
+        };
+        assert!(line.starts_with("moved: claim shop/data is bound to PV pv-new on node b"));
+        assert_eq!(
+            lists.load(Ordering::SeqCst),
+            4,
+            "three failed reads, then one that answered"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_gives_up_after_a_minute_without_answers_and_says_the_move_goes_on() {
+        let (client, _) = client(usize::MAX);
+        let started = Instant::now();
+        let ended = follow(&client, &settings(), ("shop", "data"), "b", None).await;
+        let Err(why) = ended else {
+            panic!("the follow ended without an answer")
+        };
+        assert!(why.contains("the move goes on"), "{why}");
+        assert!(
+            started.elapsed() >= READ_PATIENCE,
+            "gave up after {:?}",
+            started.elapsed()
+        );
+    }
 }

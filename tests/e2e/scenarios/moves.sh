@@ -96,7 +96,8 @@ expect_eq "$(pod_node db-0)" "$node" "the pod's node while the moves wait (never
 step "scaled down: whenScaled: Delete deletes the claims; the moves go on"
 kn scale statefulset db --replicas=0 >/dev/null
 for c in "${claims[@]}"; do
-    wait "${mover[$c]}" || fail "the move of $c failed: $(cat "$E2E_STATE/results/$NS-$c.move")"
+    # On one line, so that the run's summary keeps it whole.
+    wait "${mover[$c]}" || fail "the move of $c failed: $(tr '\n' ' ' <"$E2E_STATE/results/$NS-$c.move") -- the controller's moves said: $(k -n "$DRIVER_NS" logs stickyvol-controller-0 -c stickyvol --since=10m | grep -F "moves:" | tail -12 | tr '\n' ' ')"
     log "$c: $(tail -n 1 "$E2E_STATE/results/$NS-$c.move")"
 done
 log "measured: three 64 MiB claims moved in $((SECONDS - started)) s (from the request, the pod's stop included)"
