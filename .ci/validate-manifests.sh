@@ -85,20 +85,9 @@ fi
 
 status=0
 
-# Strict schema validation, one line per file. Arguments: the Kubernetes version, then pairs of
-# label and file.
-targets=(
-    "kubectl kustomize deploy/kubernetes" "$work/stickyvol.yaml"
-    "kubectl kustomize deploy/kubernetes/snapshots" "$work/snapshots.yaml"
-    "kubectl kustomize deploy/monitoring" "$work/monitoring.yaml"
-)
-for file in "${examples[@]}"; do
-    targets+=("$file" "$file")
-done
-for name in "${components[@]}"; do
-    targets+=("deploy/kubernetes with deploy/components/$name" "$work/component-$name.yaml")
-done
-python3 - "$K8S_VERSION" "${targets[@]}" <<'PY' || status=1
+# schema_check VERSION (LABEL FILE)...: strict schema validation against VERSION's schemas.
+schema_check() {
+    python3 - "$@" <<'PY'
 import sys
 
 import jsonschema
@@ -257,6 +246,33 @@ for label, path in pairs:
         print(f"ok   {label}: valid against Kubernetes {version} (strict)")
 sys.exit(1 if failed else 0)
 PY
+}
+
+# Strict schema validation, one line per file. Arguments: the Kubernetes version, then pairs of
+# label and file.
+targets=(
+    "kubectl kustomize deploy/kubernetes" "$work/stickyvol.yaml"
+    "kubectl kustomize deploy/kubernetes/snapshots" "$work/snapshots.yaml"
+    "kubectl kustomize deploy/monitoring" "$work/monitoring.yaml"
+)
+# An example of a kind newer than $K8S_VERSION says which version's schemas it needs, in a line
+# `# kubernetes-schema: X.Y.Z` (VolumeAttributesClass, storage.k8s.io/v1 from 1.34).
+newer=()
+for file in "${examples[@]}"; do
+    needs=$(sed -n 's/^# kubernetes-schema: \([0-9.]*\)$/\1/p' "$file")
+    if [[ -n $needs ]]; then
+        newer+=("$needs" "$file")
+    else
+        targets+=("$file" "$file")
+    fi
+done
+for name in "${components[@]}"; do
+    targets+=("deploy/kubernetes with deploy/components/$name" "$work/component-$name.yaml")
+done
+schema_check "$K8S_VERSION" "${targets[@]}" || status=1
+for ((i = 0; i < ${#newer[@]}; i += 2)); do
+    schema_check "${newer[i]}" "${newer[i + 1]}" "${newer[i + 1]}" || status=1
+done
 
 # The base, and the base with each component, with the snapshot class and the examples.
 for base in stickyvol "${components[@]/#/component-}"; do

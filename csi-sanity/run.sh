@@ -46,6 +46,12 @@ run_mode() {
         printf 'csi.storage.k8s.io/fstype: %s\n' "${SANITY_IMAGE_FS:-ext4}" >"$work/image-parameters.yaml"
         extra=(--csi.testvolumeparameters "$work/image-parameters.yaml")
     fi
+    # The ModifyVolume specs with IO limits where a volume has a device of its own (a directory
+    # volume refuses them; with none, csi-sanity's specs pass an empty map).
+    if [[ $mode != mount ]]; then
+        printf 'writeIOPS: "1000"\nreadBytesPerSecond: 64Mi\n' >"$work/mutable-parameters.yaml"
+        extra+=(--csi.testvolumemutableparameters "$work/mutable-parameters.yaml")
+    fi
     "$sanity" --csi.endpoint "$work/$mode/csi.sock" \
         --csi.mountdir "$kubelet/pods/sanity/mount" \
         --csi.stagingdir "$kubelet/pods/sanity/staging" \

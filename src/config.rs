@@ -54,6 +54,12 @@ pub struct ServeArgs {
     #[arg(long, env = "MAX_VOLUMES_PER_NODE", default_value_t = 0)]
     pub max_volumes_per_node: i64,
 
+    /// Where the host's cgroup filesystem is in this container, for the IO limits of block and
+    /// image volumes (a container's own /sys/fs/cgroup under cgroup v2 shows only its own
+    /// cgroup: mount the host's elsewhere and name it here).
+    #[arg(long, env = "CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+
     /// Serve Prometheus metrics on http://HOST:PORT/metrics (off unless given). An IPv6 HOST
     /// may be given bare, as `$(POD_IP):8080` expands to: the last `:PORT` is the port.
     #[arg(
@@ -374,6 +380,8 @@ pub struct Config {
     pub driver_name: String,
     pub mode: Mode,
     pub max_volumes_per_node: i64,
+    /// The host's cgroup filesystem, where IO limits are set.
+    pub cgroup_root: PathBuf,
     pub metrics_address: Option<SocketAddr>,
     pub metrics_limits: MetricsLimits,
     /// Where publications are kept (None: beside the records).
@@ -505,6 +513,7 @@ impl Config {
             driver_name: paths.driver_name,
             mode: args.mode,
             max_volumes_per_node: args.max_volumes_per_node,
+            cgroup_root: args.cgroup_root,
             metrics_address: args.metrics_address,
             metrics_limits,
             run_dir: paths.run_dir,
@@ -1028,6 +1037,7 @@ mod tests {
             admin_socket: None,
             node_id: node_id.into(),
             paths: path_args(),
+            cgroup_root: "/sys/fs/cgroup".into(),
             mode: Mode::All,
             max_volumes_per_node: 0,
             metrics_address: None,

@@ -216,6 +216,7 @@ async fn controller_capabilities_in_the_default_mode() {
         ControllerRpc::CreateDeleteSnapshot,
         ControllerRpc::ListSnapshots,
         ControllerRpc::CloneVolume,
+        ControllerRpc::ModifyVolume,
     ] {
         assert!(rpcs.contains(&wanted), "{wanted:?} missing from {rpcs:?}");
     }

@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use crate::config::{DEFAULT_POOL, is_pool_name};
 use crate::host::fsimage::FsType;
 
+pub mod mutable;
 mod values;
+pub use mutable::IoLimits;
 pub use values::{Allocation, OnNodeLoss, OnOverflow};
 
 /// The [pool](crate::config) (`--pool NAME=PATH`) that holds the volume; default `default`.

@@ -98,11 +98,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
     {
         return Err(Error::InvalidArgument(reason));
     }
-    if !req.mutable_parameters.is_empty() {
-        return Err(Error::InvalidArgument(
-            "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
-        ));
-    }
+    let io_limits = request::io_limits(&req.mutable_parameters)?;
     let content_source = req
         .volume_content_source
         .as_ref()
@@ -127,16 +123,18 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
     let mut mount_flags: Vec<_> = caps.iter().flat_map(|c| c.mount_flags.clone()).collect();
     mount_flags.sort();
     mount_flags.dedup();
+    // csi-provisioner moves the class's fsType into the capability; a caller that leaves it
+    // among the parameters (csi-sanity's --csi.testvolumeparameters) means the same.
+    let kind = match (caps[0].kind, parameters.image_fs) {
+        (VolumeKind::Filesystem, Some(fs)) => VolumeKind::Image(fs),
+        (kind, _) => kind,
+    };
+    request::limits_fit(kind, &io_limits)?;
     Ok(CreateRequest {
         name,
         required_bytes: range.required_bytes,
         limit_bytes: range.limit_bytes,
-        // csi-provisioner moves the class's fsType into the capability; a caller that leaves it
-        // among the parameters (csi-sanity's --csi.testvolumeparameters) means the same.
-        kind: match (caps[0].kind, parameters.image_fs) {
-            (VolumeKind::Filesystem, Some(fs)) => VolumeKind::Image(fs),
-            (kind, _) => kind,
-        },
+        kind,
         access_modes,
         mount_flags,
         pool: parameters.pool,
@@ -144,6 +142,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         require_enforcement: parameters.require_enforcement,
         parameters: parameters.raw,
         content_source,
+        io_limits,
     })
 }
 
@@ -315,6 +314,21 @@ impl Controller for ControllerService {
         }))
     }
 
+    /// The IO limits of a VolumeAttributesClass, on the node that holds the volume (csi-sanity
+    /// and `--mode=all`); the controller StatefulSet claims no MODIFY_VOLUME yet, so csi-resizer
+    /// reports a change of class there as not supported (docs/operations/storage.md).
+    async fn controller_modify_volume(
+        &self,
+        request: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = request::volume_id(&req.volume_id)?;
+        let limits = request::io_limits(&req.mutable_parameters)?;
+        let volumes = self.volumes()?;
+        blocking(move || volumes.modify_io_limits(&id, limits)).await?;
+        Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
+    }
+
     async fn get_capacity(
         &self,
         request: Request<csi::GetCapacityRequest>,
@@ -451,6 +465,7 @@ impl Controller for ControllerService {
                 rpc::Type::CreateDeleteSnapshot,
                 rpc::Type::ListSnapshots,
                 rpc::Type::CloneVolume,
+                rpc::Type::ModifyVolume,
             ]
         } else {
             &[]

@@ -25,13 +25,14 @@ impl Driver {
     /// Opens the data directory unless this instance runs in controller mode.
     pub fn new(config: Config) -> Result<Driver> {
         let volumes = if config.mode.works_on_host() {
-            let volumes = Arc::new(Volumes::open(
+            let mut volumes = Volumes::open(
                 &config.pools,
                 &config.kubelet_dir,
                 &config.node_id,
                 config.run_dir.as_deref(),
-            )?);
-            Some(volumes)
+            )?;
+            volumes.set_cgroup_root(config.cgroup_root.clone());
+            Some(Arc::new(volumes))
         } else {
             None
         };
@@ -43,6 +44,7 @@ impl Driver {
     /// wait for it, nor die with it.
     pub fn resume_interrupted_work(&self) {
         if let Some(volumes) = &self.volumes {
+            volumes.reapply_io_limits();
             volumes.remove_leftovers();
             volumes.finish_interrupted_imports();
             volumes.resume_snapshot_copies();

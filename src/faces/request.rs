@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use crate::class::{self, ClassParameters, PROVISIONER_PARAMETER_PREFIX};
+use crate::class::{self, ClassParameters, IoLimits, PROVISIONER_PARAMETER_PREFIX};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
@@ -207,6 +207,25 @@ pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
 /// is INVALID_ARGUMENT naming the key (see `ClassParameters::parse`).
 pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
     ClassParameters::parse(params).map_err(Error::InvalidArgument)
+}
+
+/// A VolumeAttributesClass's parameters (CreateVolume's and ControllerModifyVolume's
+/// `mutable_parameters`): a mistake is INVALID_ARGUMENT naming the key.
+pub fn io_limits(params: &HashMap<String, String>) -> Result<IoLimits> {
+    class::bounded("VolumeAttributesClass", params).map_err(Error::InvalidArgument)?;
+    IoLimits::parse(params).map_err(Error::InvalidArgument)
+}
+
+/// IO limits are a device's: a directory volume shares its pool's device with every other
+/// volume there, so a limit on it could not be its own.
+pub fn limits_fit(kind: VolumeKind, limits: &IoLimits) -> Result<()> {
+    match (kind, limits.is_unlimited()) {
+        (VolumeKind::Filesystem, false) => Err(Error::InvalidArgument(format!(
+            "IO limits ({}) apply to block and image volumes; a directory volume shares its pool's device with the pool's other volumes, so its IO cannot be limited alone: use a class with csi.storage.k8s.io/fstype (an image volume) or a block claim",
+            limits.describe()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// volume_context keys kubelet adds to NodePublishVolume when the CSIDriver has

@@ -1,6 +1,7 @@
 //! Host mechanics with no knowledge of gRPC or CSI: each module does one thing to the kernel.
 
 pub mod archive;
+pub mod blkio;
 pub mod btrfs;
 pub mod caller;
 pub mod cgroup;

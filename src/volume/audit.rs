@@ -291,6 +291,7 @@ mod tests {
             unchecked: false,
             orphaned: None,
             fenced: None,
+            io_limits: Default::default(),
             publications: vec![],
         };
         let repairs = Repairs {

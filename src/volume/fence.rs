@@ -133,6 +133,7 @@ impl Volumes {
         }
         let lifted = VolumeRecord {
             fenced: None,
+            io_limits: Default::default(),
             ..(*record).clone()
         };
         self.store

@@ -38,6 +38,7 @@ pub mod fence;
 pub mod guard;
 pub mod image;
 pub mod inventory;
+pub mod iolimits;
 pub mod orphan;
 pub mod overflow;
 pub mod publish;
@@ -205,6 +206,8 @@ pub struct Volumes {
     /// `open` finds them (through `recover`) before the socket serves, and only later, from the
     /// server, are they removed, so the queue must outlive `open` in the one value both see.
     leftovers: std::sync::Mutex<Vec<Leftover>>,
+    /// The host's cgroup filesystem, where IO limits are set (`iolimits`).
+    cgroup_root: PathBuf,
 }
 
 /// The pools this node has: every `--pool`, and the `--optional-pool`s whose directory exists.
@@ -328,6 +331,7 @@ impl Volumes {
             fenced_mounts: fence::FencedMounts::default(),
             node: NodeTag::of(node_id),
             leftovers: std::sync::Mutex::new(Vec::new()),
+            cgroup_root: PathBuf::from(iolimits::DEFAULT_CGROUP_ROOT),
         };
         volumes.report_full_pools();
         volumes.recover(report)?;

@@ -99,6 +99,8 @@ impl Volumes {
                 .put(updated)
                 .context(|| format!("recording the publication of volume {id}"))?;
         }
+        // After the record: a publish that fails here is retried, and adopts the mount.
+        self.limit_pod_io(&record, &published)?;
         info!(volume = %id, target = %published.target.display(), readonly, "published volume");
         Ok(())
     }

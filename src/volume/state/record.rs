@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::id::{SnapshotId, VolumeId};
+use crate::class::IoLimits;
 pub use crate::host::fsimage::FsType;
 use crate::host::fsstat::FileId;
 
@@ -210,6 +211,10 @@ pub struct VolumeRecord {
     /// Its mounts were made read-only for a reason of its tenant's making (see `volume::fence`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced: Option<Fenced>,
+    /// IO limits on its device for every pod that uses it (block and image volumes; see
+    /// `volume::iolimits`), from its VolumeAttributesClass.
+    #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
+    pub io_limits: IoLimits,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,

@@ -1,0 +1,181 @@
+//! The mutable parameters: a VolumeAttributesClass's `parameters`, which csi-provisioner passes
+//! to CreateVolume and csi-resizer to ControllerModifyVolume as `mutable_parameters`, and which
+//! change with the claim's class at any time. Today: IO limits of a block or an image volume,
+//! applied to the cgroup of every pod that uses it (`volume::iolimits`).
+//!
+//! No key means no limit: a class without one (or the class removed) lifts a limit.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Reads a second, at most, from the volume's device.
+pub const PARAM_READ_IOPS: &str = "readIOPS";
+/// Writes a second, at most, to the volume's device.
+pub const PARAM_WRITE_IOPS: &str = "writeIOPS";
+/// Bytes read a second, at most (a plain number, or with a suffix: k, M, G, Ki, Mi, Gi).
+pub const PARAM_READ_BYTES_PER_SECOND: &str = "readBytesPerSecond";
+/// Bytes written a second, at most (as `readBytesPerSecond`).
+pub const PARAM_WRITE_BYTES_PER_SECOND: &str = "writeBytesPerSecond";
+
+/// The mutable keys stickyvol understands, in the order refusals list them.
+pub const MUTABLE: &[&str] = &[
+    PARAM_READ_IOPS,
+    PARAM_WRITE_IOPS,
+    PARAM_READ_BYTES_PER_SECOND,
+    PARAM_WRITE_BYTES_PER_SECOND,
+];
+
+/// The most operations or bytes a second a limit may name: far above any device, and small
+/// enough for every cgroup file's parser.
+const MAX_LIMIT: u64 = 1 << 50;
+
+/// A volume's IO limits; None is "no limit".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_iops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_iops: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_bytes_per_second: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bytes_per_second: Option<u64>,
+}
+
+impl IoLimits {
+    /// The limits `params` name; an unknown key or a value that is not a positive number is
+    /// refused with a sentence naming the key.
+    pub fn parse(params: &HashMap<String, String>) -> Result<IoLimits, String> {
+        let mut keys: Vec<_> = params.keys().collect();
+        keys.sort();
+        if let Some(unknown) = keys.iter().find(|key| !MUTABLE.contains(&key.as_str())) {
+            let shown: String = unknown.chars().take(80).collect();
+            return Err(format!(
+                "mutable parameter {shown:?} is not one stickyvol knows; accepted: {}",
+                MUTABLE.join(", ")
+            ));
+        }
+        let get = |key: &str, suffixes: bool| -> Result<Option<u64>, String> {
+            params
+                .get(key)
+                .map(|value| limit(key, value, suffixes))
+                .transpose()
+        };
+        Ok(IoLimits {
+            read_iops: get(PARAM_READ_IOPS, false)?,
+            write_iops: get(PARAM_WRITE_IOPS, false)?,
+            read_bytes_per_second: get(PARAM_READ_BYTES_PER_SECOND, true)?,
+            write_bytes_per_second: get(PARAM_WRITE_BYTES_PER_SECOND, true)?,
+        })
+    }
+
+    pub fn is_unlimited(&self) -> bool {
+        *self == IoLimits::default()
+    }
+
+    /// `readIOPS=200 writeBytesPerSecond=1048576`, or `none`: for logs and messages.
+    pub fn describe(&self) -> String {
+        let named = [
+            (PARAM_READ_IOPS, self.read_iops),
+            (PARAM_WRITE_IOPS, self.write_iops),
+            (PARAM_READ_BYTES_PER_SECOND, self.read_bytes_per_second),
+            (PARAM_WRITE_BYTES_PER_SECOND, self.write_bytes_per_second),
+        ];
+        let set: Vec<_> = (named.iter())
+            .filter_map(|(key, value)| value.map(|v| format!("{key}={v}")))
+            .collect();
+        match set.is_empty() {
+            true => "none".into(),
+            false => set.join(" "),
+        }
+    }
+}
+
+/// A limit's value: a positive whole number, with a unit suffix where `suffixes` allows.
+fn limit(key: &str, value: &str, suffixes: bool) -> Result<u64, String> {
+    let units: &[(&str, u64)] = &[
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ];
+    let (digits, unit) = match units.iter().find(|(s, _)| suffixes && value.ends_with(s)) {
+        Some((suffix, unit)) => (&value[..value.len() - suffix.len()], *unit),
+        None => (value, 1),
+    };
+    let number = (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse::<u64>().ok())
+        .flatten()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|&n| (1..=MAX_LIMIT).contains(&n));
+    number.ok_or_else(|| {
+        let shown: String = value.chars().take(40).collect();
+        let form = match suffixes {
+            true => "a whole number of bytes from 1 to 2^50, optionally with k, M, G, Ki, Mi or Gi",
+            false => "a whole number from 1 to 2^50",
+        };
+        format!("mutable parameter {key} {shown:?} is not {form}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<IoLimits, String> {
+        IoLimits::parse(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn limits_parse_with_units_for_bytes_only() {
+        let limits = parse(&[
+            ("writeIOPS", "200"),
+            ("readBytesPerSecond", "10Mi"),
+            ("writeBytesPerSecond", "5M"),
+        ])
+        .unwrap();
+        assert_eq!(limits.write_iops, Some(200));
+        assert_eq!(limits.read_bytes_per_second, Some(10 << 20));
+        assert_eq!(limits.write_bytes_per_second, Some(5_000_000));
+        assert_eq!(limits.read_iops, None);
+        assert_eq!(
+            limits.describe(),
+            "writeIOPS=200 readBytesPerSecond=10485760 writeBytesPerSecond=5000000"
+        );
+        assert!(parse(&[]).unwrap().is_unlimited());
+        assert_eq!(IoLimits::default().describe(), "none");
+    }
+
+    #[test]
+    fn a_bad_key_or_value_is_refused_naming_the_key() {
+        let err = parse(&[("writeIops", "200")]).unwrap_err();
+        assert!(
+            err.contains("\"writeIops\"") && err.contains("writeIOPS"),
+            "{err}"
+        );
+        for (key, value) in [
+            ("writeIOPS", "0"),
+            ("writeIOPS", "-1"),
+            ("writeIOPS", "1k"),
+            ("readIOPS", " 5"),
+            ("readIOPS", "1125899906842625"),
+            ("readBytesPerSecond", "Mi"),
+            ("readBytesPerSecond", "1.5Mi"),
+            ("readBytesPerSecond", "99999999999Gi"),
+        ] {
+            let err = parse(&[(key, value)]).unwrap_err();
+            assert!(
+                err.starts_with(&format!("mutable parameter {key} ")),
+                "{err}"
+            );
+        }
+    }
+}

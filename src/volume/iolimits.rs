@@ -1,0 +1,158 @@
+//! IO limits of block and image volumes (a VolumeAttributesClass's `readIOPS`, `writeIOPS`,
+//! `readBytesPerSecond`, `writeBytesPerSecond`): set on the volume's loop device in the cgroup of
+//! every pod it is published to, when it is published, when its limits change, and again when
+//! the driver starts (a restarted driver finds the pods it published to still running; after a
+//! node reboot the pods are published again).
+//!
+//! The pod is the one kubelet's target path names (`inventory::pod_uid_of`), found by that uid
+//! among kubelet's cgroups (`host::blkio`), never by a name. A limit that cannot be set fails
+//! the publish: a pod must not run unlimited on a volume its class limits.
+
+use std::path::PathBuf;
+
+use tracing::{info, warn};
+
+use super::Volumes;
+use super::inventory::pod_uid_of;
+use super::state::id::VolumeId;
+use super::state::record::{Publication, VolumeKind, VolumeRecord};
+use crate::class::IoLimits;
+use crate::error::{Error, IoContext, Result};
+use crate::host::blkio::{self, DeviceNumber, IoMax};
+
+/// Where the host's cgroup filesystem is when no one says (`--cgroup-root`).
+pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+impl Volumes {
+    /// Where the host's cgroup filesystem is mounted in this process's view.
+    pub fn set_cgroup_root(&mut self, root: PathBuf) {
+        self.cgroup_root = root;
+    }
+
+    /// Gives volume `id` the limits `limits` (ControllerModifyVolume, through the node): kept in
+    /// its record first, then set for every pod it is published to. A pod whose limits could not
+    /// be set is an error, and the call is retried; the record already holds the new limits.
+    pub fn modify_io_limits(&self, id: &VolumeId, limits: IoLimits) -> Result<()> {
+        let _guard = self.claim(id)?;
+        let record = self.get(id)?;
+        if limits.is_unlimited() && record.io_limits.is_unlimited() {
+            return Ok(());
+        }
+        if record.kind == VolumeKind::Filesystem {
+            return Err(Error::InvalidArgument(format!(
+                "volume {id} is a directory volume: IO limits ({}) apply to block and image volumes, whose device is their own",
+                limits.describe()
+            )));
+        }
+        if record.io_limits != limits {
+            let mut updated = (*record).clone();
+            updated.io_limits = limits;
+            self.store
+                .put(updated)
+                .context(|| format!("recording the IO limits of volume {id}"))?;
+            info!(volume = %id, limits = %limits.describe(), "IO limits changed");
+        }
+        let record = self.get(id)?;
+        for publication in record.pod_publications() {
+            if self.is_live(&record, publication)? {
+                // Set even when there are none now: that lifts the ones set before.
+                self.set_pod_io(&record, publication)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// At publish: `record`'s limits, if it has any, for the pod `publication` is for.
+    pub(super) fn limit_pod_io(
+        &self,
+        record: &VolumeRecord,
+        publication: &Publication,
+    ) -> Result<()> {
+        match record.io_limits.is_unlimited() {
+            true => Ok(()),
+            false => self.set_pod_io(record, publication),
+        }
+    }
+
+    /// Sets `record`'s limits (none lifts them) for the pod `publication` is for.
+    fn set_pod_io(&self, record: &VolumeRecord, publication: &Publication) -> Result<()> {
+        let Some(device) = device_of(record, publication) else {
+            return Ok(());
+        };
+        let target = &publication.target;
+        let uid = pod_uid_of(target, &self.kubelet_dir).ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "volume {} has IO limits, and the target {} names no pod in kubelet's layout",
+                record.id,
+                target.display()
+            ))
+        })?;
+        if let Some(pod) = publication.pod.as_ref().filter(|pod| pod.uid != uid) {
+            return Err(Error::InvalidArgument(format!(
+                "the target {} is pod {uid}'s, and the pod info says {}",
+                target.display(),
+                pod.uid
+            )));
+        }
+        let cgroup = blkio::find_pod(&self.cgroup_root, &uid)
+            .map_err(|err| self.cgroup_error(&record.id, &uid, err.to_string()))?
+            .ok_or_else(|| self.cgroup_error(&record.id, &uid, "it has none (yet)".into()))?;
+        let number = blkio::device_number(&device)
+            .context(|| format!("reading the device number of {device}"))?;
+        blkio::set_limits(&cgroup, number, &io_max(&record.io_limits))
+            .map_err(|err| self.cgroup_error(&record.id, &uid, err.to_string()))?;
+        info!(volume = %record.id, pod = %uid, device = %device, limits = %record.io_limits.describe(), "IO limits set");
+        Ok(())
+    }
+
+    /// At start: every live publication of a volume with limits gets them again (a restart
+    /// may have come between a change of limits and setting them).
+    pub fn reapply_io_limits(&self) {
+        for record in self.store.all() {
+            if record.io_limits.is_unlimited() {
+                continue;
+            }
+            for publication in record.pod_publications() {
+                if !self.is_live(&record, publication).unwrap_or(false) {
+                    continue;
+                }
+                if let Err(err) = self.limit_pod_io(&record, publication) {
+                    warn!(volume = %record.id, target = %publication.target.display(), error = %err, "IO limits not set again at start");
+                }
+            }
+        }
+    }
+
+    /// Not there yet (kubelet makes a pod's cgroup before its volumes, but a retry is cheap) or
+    /// not writable: the publish or the change is retried.
+    fn cgroup_error(&self, id: &VolumeId, uid: &str, why: String) -> Error {
+        Error::FailedPrecondition(format!(
+            "volume {id} has IO limits, and pod {uid}'s cgroup under {} cannot take them: {why}",
+            self.cgroup_root.display()
+        ))
+    }
+}
+
+/// The loop device whose IO `publication`'s pod does: none for a directory volume.
+fn device_of(record: &VolumeRecord, publication: &Publication) -> Option<String> {
+    match record.kind {
+        VolumeKind::Filesystem => None,
+        VolumeKind::Block => publication.loop_device.clone(),
+        VolumeKind::Image(_) => record.staging().and_then(|s| s.loop_device.clone()),
+    }
+}
+
+/// The host's form of a volume's limits.
+pub fn io_max(limits: &IoLimits) -> IoMax {
+    IoMax {
+        read_iops: limits.read_iops,
+        write_iops: limits.write_iops,
+        read_bytes_per_second: limits.read_bytes_per_second,
+        write_bytes_per_second: limits.write_bytes_per_second,
+    }
+}
+
+/// The number of device `name`, for tests that read the limits back.
+pub fn device_number(name: &str) -> std::io::Result<DeviceNumber> {
+    blkio::device_number(name)
+}
