@@ -148,7 +148,26 @@ async fn controller_mode_claims_no_volume_work() {
             .await
             .contains(&PluginService::ControllerService)
     );
-    assert_eq!(controller_rpcs(&driver).await, vec![]);
+    // Only MODIFY_VOLUME: csi-resizer's changes of VolumeAttributesClass, handed to the
+    // volume's node through its PV (no API server here: refused, saying so).
+    assert_eq!(
+        controller_rpcs(&driver).await,
+        vec![ControllerRpc::ModifyVolume]
+    );
+    let modify = driver
+        .controller()
+        .controller_modify_volume(csi::ControllerModifyVolumeRequest {
+            volume_id: unknown_volume_id(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(modify.code(), Code::FailedPrecondition, "{modify:?}");
+    assert!(
+        modify.message().contains("no Kubernetes client"),
+        "{}",
+        modify.message()
+    );
     assert_create_volume_unimplemented(&driver).await;
     // csi-resizer reads NodeGetCapabilities on this socket: EXPAND_VOLUME there (and none on
     // the controller) makes it use its trivial resizer, leaving expansion to the node.

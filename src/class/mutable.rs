@@ -70,6 +70,27 @@ impl IoLimits {
         })
     }
 
+    /// The same limits, if each is within what a class may name (limits read back from JSON,
+    /// which no parser of ours wrote).
+    pub fn checked(self) -> Result<IoLimits, String> {
+        let named = [
+            (PARAM_READ_IOPS, self.read_iops),
+            (PARAM_WRITE_IOPS, self.write_iops),
+            (PARAM_READ_BYTES_PER_SECOND, self.read_bytes_per_second),
+            (PARAM_WRITE_BYTES_PER_SECOND, self.write_bytes_per_second),
+        ];
+        match named
+            .iter()
+            .find(|(_, v)| v.is_some_and(|v| !(1..=MAX_LIMIT).contains(&v)))
+        {
+            Some((key, value)) => Err(format!(
+                "{key} {} is not from 1 to 2^50",
+                value.unwrap_or_default()
+            )),
+            None => Ok(self),
+        }
+    }
+
     pub fn is_unlimited(&self) -> bool {
         *self == IoLimits::default()
     }

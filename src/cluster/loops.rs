@@ -8,7 +8,7 @@ use tracing::{debug, warn};
 
 use super::controller::{class_check, evictions, moves, nodeloss::reconcile, placement};
 use super::kit::task::{Inputs, Loop, Shutdown, Stop};
-use super::node::{nodeloss::returned, overflow, pool_full, project_audit, transfer};
+use super::node::{modify, nodeloss::returned, overflow, pool_full, project_audit, transfer};
 
 /// The loops running beside the CSI server.
 pub struct Running {
@@ -20,7 +20,7 @@ pub struct Running {
 /// fails the start (the controller's loops); the node's loops serve without one, and say so.
 pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
     let (stop, shutdown) = Shutdown::new();
-    let made: [Option<Loop>; 10] = [
+    let made: [Option<Loop>; 11] = [
         // Claims of StatefulSets pinned to a lost node are released (controller mode).
         reconcile::start(inputs, shutdown.clone()).await?,
         // Restores and clones go to their source's node (controller mode).
@@ -40,7 +40,9 @@ pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
         // Thin block and image volumes of a full pool: an Event on each one's claim.
         pool_full::start(inputs, shutdown.clone()).await?,
         // Volumes copied straight to another node's plugin, when granted.
-        transfer::start(inputs, shutdown).await?,
+        transfer::start(inputs, shutdown.clone()).await?,
+        // IO limits the controller hands over from csi-resizer (a VolumeAttributesClass changed).
+        modify::start(inputs, shutdown).await?,
     ];
     Ok(Running::spawn(stop, made.into_iter().flatten()))
 }

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
-use crate::class::ClassParameters;
+use crate::class::{ClassParameters, IoLimits};
+use crate::cluster::controller::modify::{self, Relay};
+use crate::cluster::kit::client::{self, Retries};
+use crate::config::Config;
 use crate::csi::controller_server::Controller;
 use crate::csi::controller_service_capability::{Rpc, rpc};
 use crate::csi::{self, list_volumes_response as list};
@@ -78,6 +81,20 @@ fn with_status(
         published_nodes,
         to_csi_condition(volumes.condition(record)),
     )
+}
+
+/// ControllerModifyVolume from the controller: the volume's node sets the limits.
+async fn relay(config: &Config, volume_id: &str, limits: &IoLimits) -> Result<(), Error> {
+    let client = client::make(Retries::On)
+        .await
+        .map_err(|err| Error::FailedPrecondition(format!("no Kubernetes client: {err}")))?;
+    let relay = Relay {
+        client,
+        driver: config.driver_name.clone(),
+        topology_key: config.topology_key(),
+        patience: modify::PATIENCE,
+    };
+    relay.modify(volume_id, limits).await
 }
 
 fn to_csi_condition(condition: Condition) -> csi::VolumeCondition {
@@ -314,9 +331,9 @@ impl Controller for ControllerService {
         }))
     }
 
-    /// The IO limits of a VolumeAttributesClass, on the node that holds the volume (csi-sanity
-    /// and `--mode=all`); the controller StatefulSet claims no MODIFY_VOLUME yet, so csi-resizer
-    /// reports a change of class there as not supported (docs/operations/storage.md).
+    /// The IO limits of a VolumeAttributesClass: set here where the volume is (the node plugin,
+    /// csi-sanity); in `--mode=controller`, beside csi-resizer, handed to the volume's node
+    /// through its PV (`cluster::controller::modify`).
     async fn controller_modify_volume(
         &self,
         request: Request<csi::ControllerModifyVolumeRequest>,
@@ -324,8 +341,10 @@ impl Controller for ControllerService {
         let req = request.into_inner();
         let id = request::volume_id(&req.volume_id)?;
         let limits = request::io_limits(&req.mutable_parameters)?;
-        let volumes = self.volumes()?;
-        blocking(move || volumes.modify_io_limits(&id, limits)).await?;
+        match self.driver.volumes() {
+            Ok(volumes) => blocking(move || volumes.modify_io_limits(&id, limits)).await?,
+            Err(_) => relay(&self.driver.config, &id.to_string(), &limits).await?,
+        }
         Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
     }
 
@@ -468,7 +487,8 @@ impl Controller for ControllerService {
                 rpc::Type::ModifyVolume,
             ]
         } else {
-            &[]
+            // Beside csi-resizer: a change of VolumeAttributesClass, handed to the volume's node.
+            &[rpc::Type::ModifyVolume]
         };
         let capabilities = types
             .iter()
