@@ -111,6 +111,12 @@ async fn modify(
         .map(drop)
 }
 
+/// The call failed with `code`, saying `needle`.
+fn assert_refused(status: tonic::Status, code: Code, needle: &str) {
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(status.message().contains(needle), "{}", status.message());
+}
+
 fn limited_block_request(write_iops: &str) -> csi::CreateVolumeRequest {
     let mut request = thin(create_request(
         &new_name(),
@@ -225,15 +231,12 @@ async fn a_pod_without_a_cgroup_is_not_published_unlimited() {
     let driver = TestDriver::start().await;
     let volume = driver.create(limited_block_request("20")).await;
     let target = driver.block_target();
-    let refused = driver
-        .publish(&volume, &target, block_cap(Mode::SingleNodeWriter), false)
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
-    assert!(
-        refused.message().contains("cannot take them"),
-        "{}",
-        refused.message()
+    let refused =
+        (driver.publish(&volume, &target, block_cap(Mode::SingleNodeWriter), false)).await;
+    assert_refused(
+        refused.unwrap_err(),
+        Code::FailedPrecondition,
+        "cannot take them",
     );
     driver.unpublish(&volume.volume_id, &target).await.unwrap();
     driver.delete(&volume.volume_id).await.unwrap();
@@ -244,27 +247,19 @@ async fn directory_volumes_and_unknown_keys_or_values_are_refused_naming_them() 
     let driver = TestDriver::start().await;
     let mut request = create_request(&new_name(), mount_cap(Mode::SingleNodeWriter), MIB);
     request.mutable_parameters = params(&[("writeIOPS", "20")]);
-    let refused = driver
-        .controller()
-        .create_volume(request)
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::InvalidArgument);
-    assert!(
-        refused.message().contains("directory volume"),
-        "{}",
-        refused.message()
+    let refused = driver.controller().create_volume(request).await;
+    assert_refused(
+        refused.unwrap_err(),
+        Code::InvalidArgument,
+        "directory volume",
     );
 
     let directory = driver.create_fs_volume().await;
-    let refused = modify(&driver, &directory.volume_id, &[("readIOPS", "5")])
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::InvalidArgument);
-    assert!(
-        refused.message().contains("directory volume"),
-        "{}",
-        refused.message()
+    let refused = modify(&driver, &directory.volume_id, &[("readIOPS", "5")]).await;
+    assert_refused(
+        refused.unwrap_err(),
+        Code::InvalidArgument,
+        "directory volume",
     );
     modify(&driver, &directory.volume_id, &[])
         .await
@@ -276,12 +271,11 @@ async fn directory_volumes_and_unknown_keys_or_values_are_refused_naming_them() 
         (&[("writeIOPS", "fast")][..], "writeIOPS"),
         (&[("readBytesPerSecond", "0")][..], "readBytesPerSecond"),
     ] {
-        let refused = modify(&driver, &block.volume_id, pairs).await.unwrap_err();
-        assert_eq!(refused.code(), Code::InvalidArgument, "{pairs:?}");
-        assert!(refused.message().contains(named), "{}", refused.message());
+        let refused = modify(&driver, &block.volume_id, pairs).await;
+        assert_refused(refused.unwrap_err(), Code::InvalidArgument, named);
     }
-    let refused = modify(&driver, "not-ours", &[]).await.unwrap_err();
-    assert_eq!(refused.code(), Code::NotFound);
+    let refused = modify(&driver, "not-ours", &[]).await;
+    assert_refused(refused.unwrap_err(), Code::NotFound, "");
     for volume in [&directory, &block] {
         driver.delete(&volume.volume_id).await.unwrap();
     }

@@ -252,6 +252,12 @@ spec:
 YAML
 }
 
+# provisioning_failure CLAIM: the message of CLAIM's ProvisioningFailed Event ("" if none yet).
+provisioning_failure() {
+    kn get events --field-selector "involvedObject.name=$1,reason=ProvisioningFailed" \
+        -o jsonpath='{.items[0].message}' 2>/dev/null
+}
+
 # snapshot NAME CLAIM: a VolumeSnapshot of CLAIM (class stickyvol), waited for until ready.
 snapshot() {
     apply <<YAML

@@ -30,11 +30,8 @@ log "the class's event: $note"
 step "a claim of it and its pod: the claim's provisioning names the mistake"
 claim wrong 64Mi "$CLASS"
 pod user wrong
-claim_failure() {
-    kn get events --field-selector involvedObject.name=wrong,reason=ProvisioningFailed \
-        -o jsonpath='{.items[0].message}' 2>/dev/null
-}
-until_ok 120 "a ProvisioningFailed event naming the key" '[[ $(claim_failure) == *bogusParameter* ]]'
-log "the claim's event: $(claim_failure)"
+until_ok 120 "a ProvisioningFailed event naming the key" \
+    '[[ $(provisioning_failure wrong) == *bogusParameter* ]]'
+log "the claim's event: $(provisioning_failure wrong)"
 expect_eq "$(kn get pvc wrong -o jsonpath='{.status.phase}')" Pending "the claim's phase"
 expect_eq "$(kn get pod user -o jsonpath='{.status.phase}')" Pending "the pod's phase"

@@ -80,9 +80,6 @@ spec:
   resources: {requests: {storage: 64Mi}}
 YAML
 pod user dir
-refusal() {
-    kn get events --field-selector involvedObject.name=dir,reason=ProvisioningFailed \
-        -o jsonpath='{.items[0].message}' 2>/dev/null
-}
-until_ok 120 "a ProvisioningFailed event saying why" '[[ $(refusal) == *"apply to block and image volumes"* ]]'
-log "the directory claim's event: $(refusal)"
+until_ok 120 "a ProvisioningFailed event saying why" \
+    '[[ $(provisioning_failure dir) == *"apply to block and image volumes"* ]]'
+log "the directory claim's event: $(provisioning_failure dir)"
