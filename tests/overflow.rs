@@ -368,6 +368,42 @@ async fn report_evicts_nothing_but_says_so() {
     driver.unpublish_ok(&volume, &target).await;
 }
 
+/// `onOverflow` from a VolumeAttributesClass (ControllerModifyVolume's mutable parameters) takes
+/// the StorageClass's place: a volume of an evicting class, changed to `report`, evicts nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_overflow_from_the_attributes_class_takes_the_storage_class_s_place() {
+    let setup = start(&[]).await;
+    let driver = &setup.driver;
+    let volume = volume_of_claim(&setup, "logs", &[]).await;
+    let modify = |value: &str| csi::ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: [("onOverflow".to_string(), value.to_string())].into(),
+        ..Default::default()
+    };
+    let refused = driver
+        .controller()
+        .controller_modify_volume(modify("ignore"))
+        .await;
+    assert_eq!(refused.unwrap_err().code(), tonic::Code::InvalidArgument);
+    (driver
+        .controller()
+        .controller_modify_volume(modify("report"))
+        .await)
+        .expect("onOverflow: report from the attributes class");
+    let target = publish_for_pod(driver, &volume, "logger").await;
+    write(&target, "big", 2 * SIZE);
+    assert!(measure(driver, &volume, &target).await.abnormal);
+    until(&setup.api, "the event", |api| !api.events.is_empty()).await;
+    a_few_rounds().await;
+    assert_eq!(asked_pods(&setup.api), Vec::<String>::new());
+    let note = setup.api.lock().unwrap().events[0]["note"].to_string();
+    assert!(
+        note.contains("onOverflow: report: no pod is evicted"),
+        "{note}"
+    );
+    driver.unpublish_ok(&volume, &target).await;
+}
+
 /// Between full rounds (an hour apart here) the volumes stats find above their size are acted on
 /// at once, and the gauge counts them as soon as their Event is out (it once waited for the next
 /// full round: the e2e scenario read 0 beside the Event).

@@ -15,7 +15,7 @@ use crate::host::fsimage::FsType;
 
 pub mod mutable;
 mod values;
-pub use mutable::IoLimits;
+pub use mutable::{IoLimits, Mutable};
 pub use values::{Allocation, OnNodeLoss, OnOverflow};
 
 /// The [pool](crate::config) (`--pool NAME=PATH`) that holds the volume; default `default`.

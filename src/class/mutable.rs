@@ -1,13 +1,17 @@
 //! The mutable parameters: a VolumeAttributesClass's `parameters`, which csi-provisioner passes
 //! to CreateVolume and csi-resizer to ControllerModifyVolume as `mutable_parameters`, and which
-//! change with the claim's class at any time. Today: IO limits of a block or an image volume,
-//! applied to the cgroup of every pod that uses it (`volume::iolimits`).
+//! change with the claim's class at any time: IO limits of a block or an image volume, applied
+//! to the cgroup of every pod that uses it (`volume::iolimits`), and `onOverflow`, which takes
+//! the place of the StorageClass's for a directory volume (`volume::overflow`).
 //!
-//! No key means no limit: a class without one (or the class removed) lifts a limit.
+//! No key means no limit, and the StorageClass's `onOverflow`: a class without one (or the
+//! class removed) lifts a limit.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::{OnOverflow, PARAM_ON_OVERFLOW};
 
 /// Reads a second, at most, from the volume's device.
 pub const PARAM_READ_IOPS: &str = "readIOPS";
@@ -24,7 +28,50 @@ pub const MUTABLE: &[&str] = &[
     PARAM_WRITE_IOPS,
     PARAM_READ_BYTES_PER_SECOND,
     PARAM_WRITE_BYTES_PER_SECOND,
+    PARAM_ON_OVERFLOW,
 ];
+
+/// Everything a VolumeAttributesClass may set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mutable {
+    #[serde(flatten)]
+    pub io: IoLimits,
+    /// In place of the StorageClass's `onOverflow` (None: the StorageClass's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_overflow: Option<OnOverflow>,
+}
+
+impl Mutable {
+    /// What `params` set; an unknown key or a bad value is refused naming the key.
+    pub fn parse(params: &HashMap<String, String>) -> Result<Mutable, String> {
+        let on_overflow = (params.get(PARAM_ON_OVERFLOW))
+            .map(|value| OnOverflow::parse(Some(value)))
+            .transpose()?;
+        let mut io_keys = params.clone();
+        io_keys.remove(PARAM_ON_OVERFLOW);
+        Ok(Mutable {
+            io: IoLimits::parse(&io_keys)?,
+            on_overflow,
+        })
+    }
+
+    /// The same, if each limit is within what a class may name (read back from JSON).
+    pub fn checked(self) -> Result<Mutable, String> {
+        Ok(Mutable {
+            io: self.io.checked()?,
+            ..self
+        })
+    }
+
+    /// `writeIOPS=200 onOverflow=report`, or `none`: for logs and messages.
+    pub fn describe(&self) -> String {
+        match (self.io.is_unlimited(), self.on_overflow) {
+            (_, None) => self.io.describe(),
+            (true, Some(policy)) => format!("{PARAM_ON_OVERFLOW}={policy}"),
+            (false, Some(policy)) => format!("{} {PARAM_ON_OVERFLOW}={policy}", self.io.describe()),
+        }
+    }
+}
 
 /// The most operations or bytes a second a limit may name: far above any device, and small
 /// enough for every cgroup file's parser.
@@ -49,7 +96,8 @@ impl IoLimits {
     pub fn parse(params: &HashMap<String, String>) -> Result<IoLimits, String> {
         let mut keys: Vec<_> = params.keys().collect();
         keys.sort();
-        if let Some(unknown) = keys.iter().find(|key| !MUTABLE.contains(&key.as_str())) {
+        let io_keys = &MUTABLE[..4];
+        if let Some(unknown) = keys.iter().find(|key| !io_keys.contains(&key.as_str())) {
             let shown: String = unknown.chars().take(80).collect();
             return Err(format!(
                 "mutable parameter {shown:?} is not one stickyvol knows; accepted: {}",
@@ -173,6 +221,23 @@ mod tests {
         );
         assert!(parse(&[]).unwrap().is_unlimited());
         assert_eq!(IoLimits::default().describe(), "none");
+    }
+
+    #[test]
+    fn on_overflow_is_mutable_too_and_reads_back_as_written() {
+        let pairs: HashMap<String, String> = [("onOverflow", "report"), ("writeIOPS", "5")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let wanted = Mutable::parse(&pairs).unwrap();
+        assert_eq!(wanted.on_overflow, Some(OnOverflow::Report));
+        assert_eq!(wanted.describe(), "writeIOPS=5 onOverflow=report");
+        let json = serde_json::to_string(&wanted).unwrap();
+        assert_eq!(json, r#"{"write_iops":5,"on_overflow":"report"}"#);
+        assert_eq!(serde_json::from_str::<Mutable>(&json).unwrap(), wanted);
+        let bad: HashMap<String, String> =
+            [("onOverflow".to_string(), "ignore".to_string())].into();
+        assert!(Mutable::parse(&bad).unwrap_err().contains("onOverflow"));
     }
 
     #[test]

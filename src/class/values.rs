@@ -90,7 +90,8 @@ impl fmt::Display for OnNodeLoss {
 
 /// What happens when a directory volume whose size nothing enforces is found above it
 /// (`onOverflow`; see `crate::volume::overflow`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OnOverflow {
     /// Its pods are evicted (through the Eviction API), as kubelet evicts an emptyDir's pod.
     #[default]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use tracing::debug;
 
-use crate::class::{ClassParameters, IoLimits};
+use crate::class::{ClassParameters, Mutable};
 use crate::cluster::controller::modify::{self, Relay};
 use crate::cluster::kit::client::{self, Retries};
 use crate::config::Config;
@@ -84,7 +84,7 @@ fn with_status(
 }
 
 /// ControllerModifyVolume from the controller: the volume's node sets the limits.
-async fn relay(config: &Config, volume_id: &str, limits: &IoLimits) -> Result<(), Error> {
+async fn relay(config: &Config, volume_id: &str, wanted: &Mutable) -> Result<(), Error> {
     let client = client::make(Retries::On)
         .await
         .map_err(|err| Error::FailedPrecondition(format!("no Kubernetes client: {err}")))?;
@@ -94,7 +94,7 @@ async fn relay(config: &Config, volume_id: &str, limits: &IoLimits) -> Result<()
         topology_key: config.topology_key(),
         patience: modify::PATIENCE,
     };
-    relay.modify(volume_id, limits).await
+    relay.modify(volume_id, wanted).await
 }
 
 fn to_csi_condition(condition: Condition) -> csi::VolumeCondition {
@@ -115,7 +115,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
     {
         return Err(Error::InvalidArgument(reason));
     }
-    let io_limits = request::io_limits(&req.mutable_parameters)?;
+    let mutable = request::mutable(&req.mutable_parameters)?;
     let content_source = req
         .volume_content_source
         .as_ref()
@@ -146,7 +146,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         (VolumeKind::Filesystem, Some(fs)) => VolumeKind::Image(fs),
         (kind, _) => kind,
     };
-    request::limits_fit(kind, &io_limits)?;
+    request::limits_fit(kind, &mutable.io)?;
     Ok(CreateRequest {
         name,
         required_bytes: range.required_bytes,
@@ -159,7 +159,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         require_enforcement: parameters.require_enforcement,
         parameters: parameters.raw,
         content_source,
-        io_limits,
+        mutable,
     })
 }
 
@@ -340,10 +340,10 @@ impl Controller for ControllerService {
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = request::volume_id(&req.volume_id)?;
-        let limits = request::io_limits(&req.mutable_parameters)?;
+        let wanted = request::mutable(&req.mutable_parameters)?;
         match self.driver.volumes() {
-            Ok(volumes) => blocking(move || volumes.modify_io_limits(&id, limits)).await?,
-            Err(_) => relay(&self.driver.config, &id.to_string(), &limits).await?,
+            Ok(volumes) => blocking(move || volumes.modify(&id, wanted)).await?,
+            Err(_) => relay(&self.driver.config, &id.to_string(), &wanted).await?,
         }
         Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
     }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use crate::class::{self, ClassParameters, IoLimits, PROVISIONER_PARAMETER_PREFIX};
+use crate::class::{self, ClassParameters, IoLimits, Mutable, PROVISIONER_PARAMETER_PREFIX};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
@@ -211,9 +211,9 @@ pub fn parameters(params: &HashMap<String, String>) -> Result<ClassParameters> {
 
 /// A VolumeAttributesClass's parameters (CreateVolume's and ControllerModifyVolume's
 /// `mutable_parameters`): a mistake is INVALID_ARGUMENT naming the key.
-pub fn io_limits(params: &HashMap<String, String>) -> Result<IoLimits> {
+pub fn mutable(params: &HashMap<String, String>) -> Result<Mutable> {
     class::bounded("VolumeAttributesClass", params).map_err(Error::InvalidArgument)?;
-    IoLimits::parse(params).map_err(Error::InvalidArgument)
+    Mutable::parse(params).map_err(Error::InvalidArgument)
 }
 
 /// IO limits are a device's: a directory volume shares its pool's device with every other

@@ -292,6 +292,7 @@ mod tests {
             orphaned: None,
             fenced: None,
             io_limits: Default::default(),
+            on_overflow: None,
             publications: vec![],
         };
         let repairs = Repairs {

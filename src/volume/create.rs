@@ -51,7 +51,7 @@ use super::state::record::now_ms;
 use super::state::record::{
     AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord,
 };
-use crate::class::IoLimits;
+use crate::class::Mutable;
 use crate::error::{Error, IoContext, Result};
 use crate::host::{fsimage, fsstat, loopdev, mountinfo};
 
@@ -78,8 +78,8 @@ pub struct CreateRequest {
     pub require_enforcement: bool,
     /// The snapshot or volume whose data the volume starts with.
     pub content_source: Option<ContentSource>,
-    /// From the claim's VolumeAttributesClass (block and image volumes only).
-    pub io_limits: IoLimits,
+    /// From the claim's VolumeAttributesClass (IO limits: block and image volumes only).
+    pub mutable: Mutable,
 }
 
 impl CreateRequest {
@@ -418,7 +418,8 @@ fn new_record(
         unchecked: false,
         orphaned: None,
         fenced: None,
-        io_limits: req.io_limits,
+        io_limits: req.mutable.io,
+        on_overflow: req.mutable.on_overflow,
         publications: Vec::new(),
     }
 }

@@ -134,6 +134,7 @@ impl Volumes {
         let lifted = VolumeRecord {
             fenced: None,
             io_limits: Default::default(),
+            on_overflow: None,
             ..(*record).clone()
         };
         self.store

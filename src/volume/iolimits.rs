@@ -1,5 +1,6 @@
 //! IO limits of block and image volumes (a VolumeAttributesClass's `readIOPS`, `writeIOPS`,
-//! `readBytesPerSecond`, `writeBytesPerSecond`): set on the volume's loop device in the cgroup of
+//! `readBytesPerSecond`, `writeBytesPerSecond`), and changes of what such a class sets
+//! (`modify`, `onOverflow` too): set on the volume's loop device in the cgroup of
 //! every pod it is published to, when it is published, when its limits change, and again when
 //! the driver starts (a restarted driver finds the pods it published to still running; after a
 //! node reboot the pods are published again).
@@ -16,7 +17,7 @@ use super::Volumes;
 use super::inventory::pod_uid_of;
 use super::state::id::VolumeId;
 use super::state::record::{Publication, VolumeKind, VolumeRecord};
-use crate::class::IoLimits;
+use crate::class::{IoLimits, Mutable};
 use crate::error::{Error, IoContext, Result};
 use crate::host::blkio::{self, DeviceNumber, IoMax};
 
@@ -29,28 +30,31 @@ impl Volumes {
         self.cgroup_root = root;
     }
 
-    /// Gives volume `id` the limits `limits` (ControllerModifyVolume, through the node): kept in
-    /// its record first, then set for every pod it is published to. A pod whose limits could not
-    /// be set is an error, and the call is retried; the record already holds the new limits.
-    pub fn modify_io_limits(&self, id: &VolumeId, limits: IoLimits) -> Result<()> {
+    /// Gives volume `id` what its VolumeAttributesClass now says (ControllerModifyVolume, on
+    /// the node): kept in its record first, then the IO limits set for every pod it is published
+    /// to. A pod whose limits could not be set is an error, and the call is retried; the record
+    /// already holds the new values.
+    pub fn modify(&self, id: &VolumeId, wanted: Mutable) -> Result<()> {
         let _guard = self.claim(id)?;
         let record = self.get(id)?;
-        if limits.is_unlimited() && record.io_limits.is_unlimited() {
-            return Ok(());
-        }
-        if record.kind == VolumeKind::Filesystem {
+        if record.kind == VolumeKind::Filesystem && !wanted.io.is_unlimited() {
             return Err(Error::InvalidArgument(format!(
                 "volume {id} is a directory volume: IO limits ({}) apply to block and image volumes, whose device is their own",
-                limits.describe()
+                wanted.io.describe()
             )));
         }
-        if record.io_limits != limits {
+        let limits_before = record.io_limits;
+        if (record.io_limits, record.on_overflow) != (wanted.io, wanted.on_overflow) {
             let mut updated = (*record).clone();
-            updated.io_limits = limits;
+            updated.io_limits = wanted.io;
+            updated.on_overflow = wanted.on_overflow;
             self.store
                 .put(updated)
-                .context(|| format!("recording the IO limits of volume {id}"))?;
-            info!(volume = %id, limits = %limits.describe(), "IO limits changed");
+                .context(|| format!("recording the mutable parameters of volume {id}"))?;
+            info!(volume = %id, parameters = %wanted.describe(), "mutable parameters changed");
+        }
+        if wanted.io.is_unlimited() && limits_before.is_unlimited() {
+            return Ok(());
         }
         let record = self.get(id)?;
         for publication in record.pod_publications() {

@@ -72,11 +72,13 @@ pub fn claim_of(record: &VolumeRecord) -> Option<ClaimRef> {
     })
 }
 
-/// The policy a record was created with. CreateVolume refused bad values; one that is bad
-/// anyway (a record edited by hand) evicts nothing.
+/// The policy of a record: its VolumeAttributesClass's, else its StorageClass's. CreateVolume
+/// refused bad values; one that is bad anyway (a record edited by hand) evicts nothing.
 fn on_overflow_of(record: &VolumeRecord) -> OnOverflow {
-    OnOverflow::parse(record.parameters.get(PARAM_ON_OVERFLOW).map(String::as_str))
-        .unwrap_or(OnOverflow::Report)
+    record.on_overflow.unwrap_or_else(|| {
+        OnOverflow::parse(record.parameters.get(PARAM_ON_OVERFLOW).map(String::as_str))
+            .unwrap_or(OnOverflow::Report)
+    })
 }
 
 /// Whether the check looks at `record` at all: a published directory without an enforced size.

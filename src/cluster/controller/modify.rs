@@ -12,7 +12,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tracing::info;
 
-use crate::class::IoLimits;
+use crate::class::Mutable;
 use crate::cluster::kit::affinity::pinned_by;
 use crate::cluster::kit::modify_request::{IO_LIMITS_DONE, IO_LIMITS_WANTED, MODIFY_ON, Modified};
 use crate::error::Error;
@@ -31,8 +31,9 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Sets `limits` on volume `volume_id` through its node, and waits for the node's answer.
-    pub async fn modify(&self, volume_id: &str, limits: &IoLimits) -> Result<(), Error> {
+    /// Gives volume `volume_id` what its class now says, through its node, and waits for the
+    /// node's answer.
+    pub async fn modify(&self, volume_id: &str, wanted: &Mutable) -> Result<(), Error> {
         let pv = self.pv_of(volume_id).await?;
         let name = pv.metadata.name.clone().unwrap_or_default();
         let affinity = pv.spec.as_ref().and_then(|s| s.node_affinity.as_ref());
@@ -41,7 +42,8 @@ impl Relay {
                 "PV {name} of volume {volume_id} is pinned to no one node"
             ))
         })?;
-        let wanted = serde_json::to_string(limits).expect("limits serialize");
+        let limits = wanted;
+        let wanted = serde_json::to_string(wanted).expect("parameters serialize");
         let asked_before = (pv.metadata.labels.as_ref()).is_some_and(|l| l.contains_key(MODIFY_ON));
         let answered = Modified::on(pv.metadata.annotations.as_ref())
             .filter(|done| done.wanted == wanted && done.error.is_none());
@@ -137,6 +139,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+    use crate::class::IoLimits;
     use crate::cluster::kit::fake_api::{self, respond, status};
 
     const KEY: &str = "topology.stickyvol.csi.io/node";
@@ -202,10 +205,13 @@ mod tests {
         (relay, state)
     }
 
-    fn limits() -> IoLimits {
-        IoLimits {
-            write_iops: Some(200),
-            ..IoLimits::default()
+    fn limits() -> Mutable {
+        Mutable {
+            io: IoLimits {
+                write_iops: Some(200),
+                ..IoLimits::default()
+            },
+            on_overflow: None,
         }
     }
 

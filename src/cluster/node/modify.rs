@@ -1,7 +1,7 @@
 //! Changes of IO limits asked on this node's PVs (`kit::modify_request`): the controller, which
 //! csi-resizer asks when a claim's VolumeAttributesClass changes, labels the PV
 //! `stickyvol.csi.io/modify-on=<this node>` and writes the limits wanted; they are set here
-//! (`Volumes::modify_io_limits`: the record, then every pod using the volume) and the outcome
+//! (`Volumes::modify`: the record, then every pod using the volume) and the outcome
 //! written back, the label taken off. A change cut by a restart is made again: the label is
 //! still there. The node writes only its own PVs (the policy `stickyvol-node-volumes`).
 
@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::class::IoLimits;
+use crate::class::Mutable;
 use crate::cluster::kit::affinity::pinned_by;
 use crate::cluster::kit::client::Retries;
 use crate::cluster::kit::modify_request::{IO_LIMITS_DONE, IO_LIMITS_WANTED, MODIFY_ON, Modified};
@@ -113,7 +113,7 @@ async fn modify(volumes: &Arc<Volumes>, volume: &str, wanted: &str) -> Modified 
         (_, Err(why)) => Err(Error::InvalidArgument(why)),
         (Some(id), Ok(limits)) => {
             let volumes = volumes.clone();
-            tokio::task::spawn_blocking(move || volumes.modify_io_limits(&id, limits))
+            tokio::task::spawn_blocking(move || volumes.modify(&id, limits))
                 .await
                 .unwrap_or_else(|err| {
                     Err(Error::host("setting IO limits", std::io::Error::other(err)))
@@ -137,9 +137,9 @@ async fn modify(volumes: &Arc<Volumes>, volume: &str, wanted: &str) -> Modified 
     }
 }
 
-/// The limits in an annotation's JSON, held to the rules a class's parameters are.
-fn limits_from(wanted: &str) -> Result<IoLimits, String> {
-    let limits: IoLimits = serde_json::from_str(wanted)
+/// What an annotation's JSON asks for, held to the rules a class's parameters are.
+fn limits_from(wanted: &str) -> Result<Mutable, String> {
+    let limits: Mutable = serde_json::from_str(wanted)
         .map_err(|err| format!("{IO_LIMITS_WANTED} is not IO limits: {err}"))?;
     limits.checked()
 }
@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn limits_read_from_a_pv_are_held_to_a_class_s_rules() {
         assert_eq!(
-            limits_from(r#"{"write_iops":200}"#).unwrap().write_iops,
+            limits_from(r#"{"write_iops":200}"#).unwrap().io.write_iops,
             Some(200)
         );
         assert!(limits_from(r#"{"write_iops":0}"#).is_err());

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::id::{SnapshotId, VolumeId};
-use crate::class::IoLimits;
+use crate::class::{IoLimits, OnOverflow};
 pub use crate::host::fsimage::FsType;
 use crate::host::fsstat::FileId;
 
@@ -215,6 +215,9 @@ pub struct VolumeRecord {
     /// `volume::iolimits`), from its VolumeAttributesClass.
     #[serde(default, skip_serializing_if = "IoLimits::is_unlimited")]
     pub io_limits: IoLimits,
+    /// `onOverflow` from its VolumeAttributesClass, in place of its StorageClass's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_overflow: Option<OnOverflow>,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,

@@ -294,6 +294,7 @@ mod tests {
             orphaned: None,
             fenced: None,
             io_limits: Default::default(),
+            on_overflow: None,
             publications: vec![],
         }
     }
