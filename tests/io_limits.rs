@@ -236,7 +236,7 @@ async fn a_pod_without_a_cgroup_is_not_published_unlimited() {
     assert_refused(
         refused.unwrap_err(),
         Code::FailedPrecondition,
-        "cannot take them",
+        "cannot be set in pod",
     );
     driver.unpublish(&volume.volume_id, &target).await.unwrap();
     driver.delete(&volume.volume_id).await.unwrap();

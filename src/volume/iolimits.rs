@@ -86,7 +86,7 @@ impl Volumes {
         let target = &publication.target;
         let uid = pod_uid_of(target, &self.kubelet_dir).ok_or_else(|| {
             Error::FailedPrecondition(format!(
-                "volume {} has IO limits, and the target {} names no pod in kubelet's layout",
+                "the IO limits of volume {} need the pod, and the target {} names none in kubelet's layout",
                 record.id,
                 target.display()
             ))
@@ -131,7 +131,7 @@ impl Volumes {
     /// not writable: the publish or the change is retried.
     fn cgroup_error(&self, id: &VolumeId, uid: &str, why: String) -> Error {
         Error::FailedPrecondition(format!(
-            "volume {id} has IO limits, and pod {uid}'s cgroup under {} cannot take them: {why}",
+            "the IO limits of volume {id} cannot be set in pod {uid}'s cgroup under {}: {why}",
             self.cgroup_root.display()
         ))
     }
