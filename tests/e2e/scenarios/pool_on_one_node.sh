@@ -13,18 +13,25 @@ defer 'k delete storageclass "$CLASS" --ignore-not-found >/dev/null'
 
 step "each driver's doctor says whether its node has the pool"
 # The doctor's log of the pod's current run: an earlier scenario may have rebooted a node or
-# restarted its driver.
-k -n "$DRIVER_NS" logs "$(ready_driver_pod "$without")" -c doctor | grep -q "pool nvme (optional) is absent" ||
-    fail "the doctor on $without does not report the pool absent"
-k -n "$DRIVER_NS" logs "$(ready_driver_pod "$with_disk")" -c doctor | grep -q "pool nvme filesystem: xfs" ||
-    fail "the doctor on $with_disk did not check the pool's filesystem"
+# restarted its driver, and just after that kubelet may not serve the new run's log yet.
+doctor_log() { k -n "$DRIVER_NS" logs "$(ready_driver_pod "$1")" -c doctor 2>&1; }
+# wait_doctor_says NODE TEXT: the doctor's log on NODE says TEXT, within a minute.
+wait_doctor_says() {
+    local deadline=$((SECONDS + $(wait_limit 60))) said
+    until said=$(doctor_log "$1") && grep -qF "$2" <<<"$said"; do
+        ((SECONDS < deadline)) || fail "the doctor on $1 does not say '$2': $(tail -5 <<<"$said")"
+        sleep 1
+    done
+}
+wait_doctor_says "$without" "pool nvme (optional) is absent"
+wait_doctor_says "$with_disk" "pool nvme filesystem: xfs"
 
 step "each doctor checked the cluster's Kubernetes, its node's kernel and its node's disk"
 # The minimums (src/doctor/versions.rs) against what this cluster runs, and the nodes' data
 # directories on the filesystems versions.sh gives them (E2E_POOL_FS).
 for i in "${!E2E_NODES[@]}"; do
     node=${E2E_NODES[$i]}
-    report=$(k -n "$DRIVER_NS" logs "$(ready_driver_pod "$node")" -c doctor)
+    report=$(doctor_log "$node")
     grep -qF "[ok]   Kubernetes $KUBE_VERSION (1.32 or newer is needed)" <<<"$report" ||
         fail "the doctor on $node did not check the cluster's version: $report"
     grep -qF "[ok]   kernel $(uname -r) (Linux 5.12 or newer is needed)" <<<"$report" ||
