@@ -20,8 +20,11 @@ use tonic::Code;
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// A pod's cgroup as kubelet's cgroupfs driver makes it, below a `cgroupRoot` of the test's own
-/// (`<hierarchy>/<test>/kubepods/burstable/pod<uid>`), removed when dropped.
+/// (`<hierarchy>/<test>/kubepods/burstable/pod<uid>`), with a container's cgroup below it
+/// (`ctr`, made after the publish, as kubelet makes containers after the volumes), where the
+/// writes run; removed when dropped.
 struct PodCgroup {
+    hierarchy: Hierarchy,
     top: PathBuf,
     dir: PathBuf,
 }
@@ -44,12 +47,33 @@ impl PodCgroup {
             parent = parent.join(part);
             fs::create_dir(&parent).unwrap();
         }
-        Some(PodCgroup { top, dir })
+        Some(PodCgroup {
+            hierarchy,
+            top,
+            dir,
+        })
     }
 
-    /// Seconds a process in this cgroup takes for `count` 4 KiB O_DIRECT writes to `to`.
+    /// The container's cgroup, made now (after the publish), once the driver has given it the
+    /// limits: under cgroup v1 they must be on it (the driver's look every 2 s); under v2 the
+    /// pod's hold for it.
+    async fn start_container(&self, device: &str, write_iops: u64) {
+        let container = self.dir.join("ctr");
+        fs::create_dir_all(&container).unwrap();
+        if self.hierarchy == Hierarchy::V1 {
+            let file = container.join("blkio.throttle.write_iops_device");
+            let number = stickyvol::volume::iolimits::device_number(device).unwrap();
+            let line = format!("{}:{} {write_iops}", number.major, number.minor);
+            eventually("the container's cgroup gets the pod's limit", || {
+                fs::read_to_string(&file).is_ok_and(|text| text.lines().any(|l| l == line))
+            })
+            .await;
+        }
+    }
+
+    /// Seconds a process in the container's cgroup takes for `count` 4 KiB O_DIRECT writes.
     fn time_writes(&self, to: &Path, count: u32) -> Duration {
-        let procs = self.dir.join("cgroup.procs");
+        let procs = self.dir.join("ctr/cgroup.procs");
         let script = format!(
             "echo $$ > '{}' && exec dd if=/dev/zero of='{}' bs=4096 count={count} oflag=direct conv=notrunc status=none",
             procs.display(),
@@ -76,6 +100,7 @@ impl PodCgroup {
 
 impl Drop for PodCgroup {
     fn drop(&mut self) {
+        let _ = fs::remove_dir(self.dir.join("ctr"));
         let mut dir = self.dir.clone();
         while dir.starts_with(&self.top) {
             let _ = fs::remove_dir(&dir);
@@ -140,6 +165,7 @@ async fn a_block_volume_is_limited_for_its_pod_changed_lifted_and_set_again_afte
         .await;
     let device = linked_device(&target).name().to_string();
     assert_eq!(pod.limits_on(&device).write_iops, Some(20));
+    pod.start_container(&device, 20).await;
     // 60 writes at 20 a second: about 3 s.
     let limited = pod.time_writes(&target, 60);
     assert!(
@@ -216,6 +242,7 @@ async fn an_image_volume_is_limited_through_its_filesystem() {
     let devices = loop_devices_of(&host_path(&volume));
     assert_eq!(devices.len(), 1, "{devices:?}");
     assert_eq!(pod.limits_on(devices[0].name()).write_iops, Some(20));
+    pod.start_container(devices[0].name(), 20).await;
     let limited = pod.time_writes(&target.join("data"), 60);
     assert!(
         limited >= Duration::from_secs(2),

@@ -8,7 +8,9 @@ use tracing::{debug, warn};
 
 use super::controller::{class_check, evictions, moves, nodeloss::reconcile, placement};
 use super::kit::task::{Inputs, Loop, Shutdown, Stop};
-use super::node::{modify, nodeloss::returned, overflow, pool_full, project_audit, transfer};
+use super::node::{
+    io_limits, modify, nodeloss::returned, overflow, pool_full, project_audit, transfer,
+};
 
 /// The loops running beside the CSI server.
 pub struct Running {
@@ -20,7 +22,7 @@ pub struct Running {
 /// fails the start (the controller's loops); the node's loops serve without one, and say so.
 pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
     let (stop, shutdown) = Shutdown::new();
-    let made: [Option<Loop>; 11] = [
+    let made: [Option<Loop>; 12] = [
         // Claims of StatefulSets pinned to a lost node are released (controller mode).
         reconcile::start(inputs, shutdown.clone()).await?,
         // Restores and clones go to their source's node (controller mode).
@@ -42,7 +44,9 @@ pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
         // Volumes copied straight to another node's plugin, when granted.
         transfer::start(inputs, shutdown.clone()).await?,
         // IO limits the controller hands over from csi-resizer (a VolumeAttributesClass changed).
-        modify::start(inputs, shutdown).await?,
+        modify::start(inputs, shutdown.clone()).await?,
+        // IO limits set again on pods' new containers' cgroups (cgroup v1).
+        io_limits::start(inputs, shutdown).await?,
     ];
     Ok(Running::spawn(stop, made.into_iter().flatten()))
 }

@@ -55,6 +55,8 @@ pub struct DeviceNumber {
 /// Most directories the search for the `kubepods` directories looks at: a node's cgroup tree
 /// outside its pods is small; this bounds the work on one that is not.
 const MAX_VISITED: usize = 4096;
+/// Most containers' cgroups of one pod that get its limits (a pod has a few).
+const MAX_CHILDREN: usize = 256;
 /// How deep below the hierarchy's root a `kubepods` directory may be (kubelet's `cgroupRoot`
 /// puts it one or two levels down).
 const MAX_DEPTH: usize = 3;
@@ -119,8 +121,39 @@ pub fn find_pod(root: &Path, uid: &str) -> io::Result<Option<PodCgroup>> {
     Ok(found.pop())
 }
 
-/// Sets `limits` for `device` on `cgroup` (a limit left None removes any set before).
+/// Sets `limits` for `device` on `cgroup` (a limit left None removes any set before). Under
+/// cgroup v1 on its containers' cgroups too: v1's throttling does not reach down the hierarchy,
+/// and a pod's processes run in its containers' cgroups (which kubelet makes after the volumes:
+/// `set_limits` again once they exist, as `Volumes::keep_io_limits` does).
 pub fn set_limits(cgroup: &PodCgroup, device: DeviceNumber, limits: &IoMax) -> io::Result<()> {
+    set_own_limits(cgroup, device, limits)?;
+    if cgroup.hierarchy == Hierarchy::V1 {
+        for child in children(cgroup)? {
+            set_own_limits(&child, device, limits)?;
+        }
+    }
+    Ok(())
+}
+
+/// The cgroups directly below `cgroup` (a pod's containers), at most `MAX_CHILDREN`.
+pub fn children(cgroup: &PodCgroup) -> io::Result<Vec<PodCgroup>> {
+    let mut found = Vec::new();
+    for name in subdirectories(cgroup.dir.as_fd())?
+        .into_iter()
+        .take(MAX_CHILDREN)
+    {
+        if let Some(dir) = open_dir(Some(cgroup.dir.as_fd()), Path::new(&name))? {
+            found.push(PodCgroup {
+                hierarchy: cgroup.hierarchy,
+                path: cgroup.path.join(&name),
+                dir,
+            });
+        }
+    }
+    Ok(found)
+}
+
+fn set_own_limits(cgroup: &PodCgroup, device: DeviceNumber, limits: &IoMax) -> io::Result<()> {
     let dev = format!("{}:{}", device.major, device.minor);
     match cgroup.hierarchy {
         Hierarchy::V2 => {

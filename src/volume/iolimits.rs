@@ -11,7 +11,9 @@
 
 use std::path::PathBuf;
 
-use tracing::{info, warn};
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
 
 use super::Volumes;
 use super::inventory::pod_uid_of;
@@ -19,7 +21,7 @@ use super::state::id::VolumeId;
 use super::state::record::{Publication, VolumeKind, VolumeRecord};
 use crate::class::{IoLimits, Mutable};
 use crate::error::{Error, IoContext, Result};
-use crate::host::blkio::{self, DeviceNumber, IoMax};
+use crate::host::blkio::{self, DeviceNumber, Hierarchy, IoMax};
 
 /// Where the host's cgroup filesystem is when no one says (`--cgroup-root`).
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -105,13 +107,38 @@ impl Volumes {
             .context(|| format!("reading the device number of {device}"))?;
         blkio::set_limits(&cgroup, number, &io_max(&record.io_limits))
             .map_err(|err| self.cgroup_error(&record.id, &uid, err.to_string()))?;
-        info!(volume = %record.id, pod = %uid, device = %device, limits = %record.io_limits.describe(), "IO limits set");
+        debug!(volume = %record.id, pod = %uid, device = %device, limits = %record.io_limits.describe(), "IO limits set");
         Ok(())
     }
 
     /// At start: every live publication of a volume with limits gets them again (a restart
     /// may have come between a change of limits and setting them).
     pub fn reapply_io_limits(&self) {
+        for (record, publication, err) in self.set_all_again() {
+            warn!(volume = %record.id, target = %publication.target.display(), error = %err, "IO limits not set again at start");
+        }
+    }
+
+    /// Every few seconds under cgroup v1: the limits set again on every pod using a limited
+    /// volume, so that its containers' cgroups, which kubelet makes after the publish and which
+    /// v1's throttling does not reach from the pod's, get them (`blkio::set_limits`). Nothing
+    /// under v2, where the pod's limit holds for its containers.
+    pub fn keep_io_limits(&self) {
+        if !matches!(
+            blkio::io_hierarchy(&self.cgroup_root),
+            Some((Hierarchy::V1, _))
+        ) {
+            return;
+        }
+        for (record, publication, err) in self.set_all_again() {
+            // A pod going away while it is looked at: said once it is worth saying.
+            debug!(volume = %record.id, target = %publication.target.display(), error = %err, "IO limits not kept");
+        }
+    }
+
+    /// Sets the limits again for every live publication of a limited volume; what failed.
+    fn set_all_again(&self) -> Vec<(Arc<VolumeRecord>, Publication, Error)> {
+        let mut failed = Vec::new();
         for record in self.store.all() {
             if record.io_limits.is_unlimited() {
                 continue;
@@ -120,11 +147,12 @@ impl Volumes {
                 if !self.is_live(&record, publication).unwrap_or(false) {
                     continue;
                 }
-                if let Err(err) = self.limit_pod_io(&record, publication) {
-                    warn!(volume = %record.id, target = %publication.target.display(), error = %err, "IO limits not set again at start");
+                if let Err(err) = self.set_pod_io(&record, publication) {
+                    failed.push((record.clone(), publication.clone(), err));
                 }
             }
         }
+        failed
     }
 
     /// Not there yet (kubelet makes a pod's cgroup before its volumes, but a retry is cheap) or
