@@ -41,12 +41,23 @@ wait_pod_running writer 120
 node=$(pod_node writer)
 uid=$(kn get pod writer -o jsonpath='{.metadata.uid}')
 
-# The limit on writes, as the pod's cgroup on its node holds it ("" if none).
-write_iops() {
+# The pod's cgroup on its node.
+pod_cgroup() {
     local dir
     dir=$(find "/sys/fs/cgroup/blkio/$node/kubepods" -maxdepth 2 -type d -name "pod$uid" | head -1)
     [[ -n $dir ]] || fail "no cgroup of pod $uid under /sys/fs/cgroup/blkio/$node/kubepods"
-    awk '{print $2}' "$dir/blkio.throttle.write_iops_device" | head -1
+    echo "$dir"
+}
+# The limit on writes, as the pod's cgroup on its node holds it ("" if none).
+write_iops() { awk '{print $2}' "$(pod_cgroup)/blkio.throttle.write_iops_device" | head -1; }
+# Whether each of the pod's containers' cgroups has the write limit N too: cgroup v1 throttles
+# no deeper than the cgroup limited, and the driver gives a new container the limit within
+# about 2 s.
+containers_limited() {
+    local dir
+    for dir in "$(pod_cgroup)"/*/; do
+        [[ $(awk '{print $2}' "$dir/blkio.throttle.write_iops_device" | head -1) == "$1" ]] || return 1
+    done
 }
 # Milliseconds for 60 direct 4 KiB writes to the device, in the pod (busybox's date has no %N:
 # the clock is /proc/uptime's, in hundredths of a second).
@@ -56,6 +67,7 @@ write_ms() {
 
 step "made with $slow: its pod's cgroup has the limit, and it holds"
 expect_eq "$(write_iops)" 20 "the pod's write IOPS limit"
+until_ok 30 "the limit on the pod's containers' cgroups" 'containers_limited 20'
 slow_ms=$(write_ms)
 ((slow_ms >= 2000)) || fail "60 writes at 20 a second took $slow_ms ms"
 
@@ -64,6 +76,7 @@ kn patch pvc raw --type merge -p "{\"spec\":{\"volumeAttributesClassName\":\"$fa
 until_ok 90 "the claim's current class $fast" \
     '[[ $(kn get pvc raw -o jsonpath="{.status.currentVolumeAttributesClassName}") == "$fast" ]]'
 expect_eq "$(write_iops)" 400 "the pod's write IOPS limit after the change"
+containers_limited 400 || fail "the pod's containers' cgroups do not have the new limit"
 fast_ms=$(write_ms)
 ((fast_ms * 3 <= slow_ms)) || fail "at 400 a second 60 writes took $fast_ms ms, at 20 $slow_ms ms"
 log "measured: 60 direct 4 KiB writes in the pod: $slow_ms ms at writeIOPS 20, $fast_ms ms at 400 (after the class changed on the running pod)"
