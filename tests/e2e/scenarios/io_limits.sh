@@ -10,7 +10,9 @@ source "$(dirname "$0")/../lib/scenario.sh"
 export BLOCK=1
 
 slow=$NS-20 fast=$NS-400
-defer 'k delete volumeattributesclass "$slow" "$fast" --ignore-not-found >/dev/null'
+# Not waited for: a class in use keeps its vac-protection finalizer until the claims go with the
+# namespace, after the deferred steps.
+defer 'k delete volumeattributesclass "$slow" "$fast" --ignore-not-found --wait=false >/dev/null'
 k apply -f - >/dev/null <<YAML
 apiVersion: storage.k8s.io/v1
 kind: VolumeAttributesClass
