@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::class::Mutable;
 use crate::cluster::kit::affinity::pinned_by;
-use crate::cluster::kit::client::Retries;
+use crate::cluster::kit::client::{self, Retries};
 use crate::cluster::kit::modify_request::{IO_LIMITS_DONE, IO_LIMITS_WANTED, MODIFY_ON, Modified};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::error::Error;
@@ -33,10 +33,18 @@ struct Settings {
     node: String,
 }
 
-/// The loop, where this instance has volumes and a client.
+/// The loop, where this instance has volumes and a client. Without a client (a driver outside
+/// Kubernetes, csi-sanity) there is no controller to hand changes over: said, not an error.
 pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loop>, kube::Error> {
-    let Some(work) = inputs.node_work("IO limit changes", Retries::On).await else {
+    let Some(volumes) = inputs.volumes.cloned() else {
         return Ok(None);
+    };
+    let client = match client::make(Retries::On).await {
+        Ok(client) => client,
+        Err(err) => {
+            info!(error = %err, "IO limit changes from the controller off: no Kubernetes client (ControllerModifyVolume on this socket still works)");
+            return Ok(None);
+        }
     };
     let config = inputs.config;
     let settings = Settings {
@@ -47,7 +55,7 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
     let run = async move {
         tokio::select! {
             _ = shutdown.wait() => {}
-            _ = watch(work.client, work.volumes, settings) => {}
+            _ = watch(client, volumes, settings) => {}
         }
     };
     Ok(Some(Loop::new("IO limit changes", Duration::ZERO, run)))
