@@ -215,8 +215,16 @@ pub fn limits_of(cgroup: &PodCgroup, device: DeviceNumber) -> io::Result<IoMax> 
     Ok(limits)
 }
 
-/// The number of the block device `name` (`loop3`), from sysfs.
+/// The number of the block device `name` (`loop3`), from sysfs. A name that is not one plain
+/// file name is refused before it reaches a path.
 pub fn device_number(name: &str) -> io::Result<DeviceNumber> {
+    let plain = !name.is_empty() && !name.starts_with('.') && !name.contains('/');
+    if !plain {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a block device's name"),
+        ));
+    }
     let text = std::fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev"))?;
     let parse = |s: Option<&str>| s.and_then(|s| s.trim().parse().ok());
     let mut parts = text.split(':');
@@ -484,6 +492,18 @@ mod tests {
             found(root.path()),
             Some(PathBuf::from(format!("real/kubepods/burstable/pod{UID}")))
         );
+    }
+
+    #[test]
+    fn a_device_name_is_never_a_path() {
+        for name in ["", "..", "../../etc", "loop0/../x", ".hidden"] {
+            let err = device_number(name).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{name:?}");
+        }
+        // A real one, where sysfs shows loop devices.
+        if Path::new("/sys/class/block/loop0/dev").exists() {
+            assert_eq!(device_number("loop0").unwrap().major, 7);
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! written back, the label taken off. A change cut by a restart is made again: the label is
 //! still there. The node writes only its own PVs (the policy `stickyvol-node-volumes`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -23,7 +24,6 @@ use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
 use crate::error::Error;
 use crate::volume::Volumes;
 use crate::volume::state::id::VolumeId;
-use std::sync::Arc;
 
 /// Whose PVs, of which driver.
 #[derive(Debug, Clone)]
