@@ -12,7 +12,8 @@
 # in pure Rust by build.rs (no protoc), no network access at run time. The runtime image needs
 # no util-linux: mounts and loop devices are made with system calls. It carries e2fsprogs and
 # xfsprogs: image volumes (a StorageClass with csi.storage.k8s.io/fstype) are made with
-# mkfs.ext4 / mkfs.xfs and grown with resize2fs / xfs_growfs.
+# mkfs.ext4 / mkfs.xfs and grown with resize2fs / xfs_growfs; and cryptsetup-bin: encrypted
+# image volumes (encryption: luks2) are LUKS2 devices made and opened with cryptsetup.
 
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -36,7 +37,7 @@ LABEL org.opencontainers.image.title="stickyvol" \
       org.opencontainers.image.description="Sticky, node-local, emptyDir-style persistent volumes for Kubernetes (CSI driver)" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends e2fsprogs xfsprogs \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends e2fsprogs xfsprogs cryptsetup-bin \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/stickyvol /usr/local/bin/stickyvol
 # The node plugin runs as root (privileged); the controller overrides the user in its pod spec.

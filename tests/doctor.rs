@@ -25,6 +25,7 @@ const PUBLICATIONS: &str = "no --run-dir: publications are kept beside the recor
 const PROPAGATION: &str = "kubelet directory";
 const IMAGE_EXT4: &str = "image volumes of ext4";
 const IMAGE_XFS: &str = "image volumes of xfs";
+const ENCRYPTION: &str = "encrypted image volumes";
 
 /// A scratch directory (the harness's test directory, no driver started) that unmounts
 /// everything beneath it when dropped.
@@ -110,7 +111,7 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
     assert_consistent(&report);
     assert_host_checks_pass(&report);
     // No in-cluster check outside a pod (KUBERNETES_SERVICE_HOST unset).
-    assert_eq!(report.checks.len(), 11, "{}", report.stdout);
+    assert_eq!(report.checks.len(), 12, "{}", report.stdout);
     let position = |needle: &str| {
         let check = report.check(needle);
         report
@@ -130,12 +131,22 @@ fn the_report_names_every_check_and_the_exit_status_follows_failures() {
         PUBLICATIONS,
         IMAGE_EXT4,
         IMAGE_XFS,
+        ENCRYPTION,
         PROPAGATION,
     ]
     .iter()
     .map(|needle| position(needle))
     .collect();
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{}", report.stdout);
+
+    // Encryption is a warning where the node cannot (no device mapper here), never a failure.
+    let encryption = report.check(ENCRYPTION);
+    let can = Path::new("/dev/mapper/control").exists()
+        && ["/usr/sbin/cryptsetup", "/sbin/cryptsetup"]
+            .iter()
+            .any(|tool| Path::new(tool).exists());
+    let expected = if can { Outcome::Ok } else { Outcome::Warn };
+    assert_eq!(encryption.outcome, expected, "{}", report.stdout);
 
     // The tools are installed here (.ci/run installs them); only ext4's growth may warn, where
     // root lacks CAP_SYS_RESOURCE.

@@ -16,7 +16,7 @@ use crate::host::fsimage::FsType;
 pub mod mutable;
 mod values;
 pub use mutable::{IoLimits, Mutable};
-pub use values::{Allocation, OnNodeLoss, OnOverflow};
+pub use values::{Allocation, Encryption, OnNodeLoss, OnOverflow};
 
 /// The [pool](crate::config) (`--pool NAME=PATH`) that holds the volume; default `default`.
 pub const PARAM_POOL: &str = "pool";
@@ -31,6 +31,9 @@ pub const PARAM_ON_NODE_LOSS: &str = "onNodeLoss";
 /// `evict` (the default) or `report` when a directory volume on a pool that cannot limit sizes
 /// grows past its size.
 pub const PARAM_ON_OVERFLOW: &str = "onOverflow";
+/// `none` (the default) or `luks2`: an image volume's data encrypted at rest, its key from the
+/// class's node-stage Secret.
+pub const PARAM_ENCRYPTION: &str = "encryption";
 
 /// The keys stickyvol itself understands, in the order refusals list them; anything else
 /// outside `PROVISIONER_PARAMETER_PREFIX` is refused so a typo never goes unnoticed.
@@ -41,6 +44,7 @@ pub const ACCEPTED: &[&str] = &[
     PARAM_SHARED_ACCESS,
     PARAM_ON_NODE_LOSS,
     PARAM_ON_OVERFLOW,
+    PARAM_ENCRYPTION,
 ];
 
 /// Keys external-provisioner adds or passes through (PVC/PV names, secret references, fstype);
@@ -103,6 +107,7 @@ pub struct ClassParameters {
     pub image_fs: Option<FsType>,
     /// Read by the node's overflow check from the record's parameters; checked here likewise.
     pub on_overflow: OnOverflow,
+    pub encryption: Encryption,
 }
 
 impl ClassParameters {
@@ -148,6 +153,7 @@ impl ClassParameters {
             Some(fs_type) => image_fs(fs_type)?,
         };
         let on_overflow = OnOverflow::parse(get(PARAM_ON_OVERFLOW))?;
+        let encryption = Encryption::parse(get(PARAM_ENCRYPTION))?;
         Ok(Self {
             raw: params.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             pool,
@@ -157,6 +163,7 @@ impl ClassParameters {
             on_node_loss,
             image_fs,
             on_overflow,
+            encryption,
         })
     }
 

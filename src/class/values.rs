@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{PARAM_BLOCK_ALLOCATION, PARAM_ON_NODE_LOSS, PARAM_ON_OVERFLOW};
+use super::{PARAM_BLOCK_ALLOCATION, PARAM_ENCRYPTION, PARAM_ON_NODE_LOSS, PARAM_ON_OVERFLOW};
 
 /// The refusal of `value` for `key`, naming what is accepted.
 pub(super) fn not(key: &str, value: &str, expected: &str) -> String {
@@ -43,6 +43,26 @@ impl Allocation {
         match self {
             Allocation::Thin => "thin",
             Allocation::Thick => "thick",
+        }
+    }
+}
+
+/// Whether an image volume's data is encrypted at rest (`encryption`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encryption {
+    #[default]
+    None,
+    /// LUKS2 through dm-crypt, the key from the class's node-stage Secret.
+    Luks2,
+}
+
+impl Encryption {
+    /// Absent means `none`; anything but `none` or `luks2` is refused.
+    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value {
+            None | Some("none") => Ok(Self::None),
+            Some("luks2") => Ok(Self::Luks2),
+            Some(other) => Err(not(PARAM_ENCRYPTION, other, "none or luks2")),
         }
     }
 }

@@ -77,6 +77,7 @@ pub fn run(config: &DoctorConfig) -> Vec<Check> {
     }
     checks.extend(run_directory(config));
     checks.extend(FsType::ALL.map(image_tools));
+    checks.push(encryption());
     checks.push(match &mounts {
         Ok(mounts) => propagation(&config.kubelet_dir, mounts),
         Err(err) => check(
@@ -108,6 +109,23 @@ fn image_tools(fs: FsType) -> Check {
             format!(
                 "image volumes of {0} (a StorageClass with csi.storage.k8s.io/fstype: {0}) cannot be made here: no {tool} on PATH; this node refuses them and offers no capacity for them",
                 fs.name()
+            ),
+        ),
+    }
+}
+
+/// Whether encrypted image volumes (`encryption: luks2`) can be made here. A warning: the node
+/// serves everything else, and refuses an encrypted class at CreateVolume with the same reason.
+fn encryption() -> Check {
+    match crate::host::crypt::unavailable() {
+        None => check(
+            Outcome::Ok,
+            "encrypted image volumes (encryption: luks2): device mapper and cryptsetup found",
+        ),
+        Some(why) => check(
+            Outcome::Warn,
+            format!(
+                "encrypted image volumes (a StorageClass with encryption: luks2) cannot be made here: {why}; this node refuses them"
             ),
         ),
     }

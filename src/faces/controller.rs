@@ -147,6 +147,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         (kind, _) => kind,
     };
     request::limits_fit(kind, &mutable.io)?;
+    let encrypted = request::encryption_fits(kind, parameters.encryption)?;
     Ok(CreateRequest {
         name,
         required_bytes: range.required_bytes,
@@ -160,6 +161,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
         parameters: parameters.raw,
         content_source,
         mutable,
+        encrypted,
     })
 }
 

@@ -67,6 +67,7 @@ impl Node for NodeService {
         let stage = StageRequest {
             staging,
             capability,
+            key: request::stage_key(&req.secrets)?.map(std::sync::Arc::new),
         };
         blocking(move || volumes.stage(&id, stage)).await?;
         Ok(Response::new(csi::NodeStageVolumeResponse {}))

@@ -7,14 +7,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
 
-use crate::class::{self, ClassParameters, IoLimits, Mutable, PROVISIONER_PARAMETER_PREFIX};
+use crate::class::{
+    self, ClassParameters, Encryption, IoLimits, Mutable, PROVISIONER_PARAMETER_PREFIX,
+};
 use crate::csi;
 use crate::csi::volume_capability::AccessType;
 use crate::csi::volume_capability::access_mode::Mode as CsiMode;
 use crate::csi::volume_content_source::Type as SourceType;
 use crate::error::{Error, Result};
+use crate::host::crypt::Key;
 use crate::host::mount;
 pub use crate::volume::capability::Capability;
+use crate::volume::encryption;
 use crate::volume::state::id::{SnapshotId, VolumeId};
 use crate::volume::state::record::{AccessMode, ContentSource, PodRef, VolumeKind};
 
@@ -201,6 +205,37 @@ pub fn mount_flags(options: &[String]) -> Result<Vec<String>> {
     accepted.sort();
     accepted.dedup();
     Ok(accepted)
+}
+
+/// The key of an encrypted volume, from NodeStageVolume's secrets (the class's node-stage
+/// Secret), if they hold one; a key too short or too long is INVALID_ARGUMENT (never quoted).
+pub fn stage_key(secrets: &HashMap<String, String>) -> Result<Option<Key>> {
+    let Some(value) = secrets.get(encryption::SECRET_KEY) else {
+        return Ok(None);
+    };
+    Key::new(value.as_bytes().to_vec())
+        .map(Some)
+        .map_err(|why| {
+            Error::InvalidArgument(format!(
+                "node-stage secret {:?}: {why}",
+                encryption::SECRET_KEY
+            ))
+        })
+}
+
+/// An encrypted class's volumes must be image volumes: a directory shares the pool's
+/// filesystem, and a block volume's device would be the pod's to read raw.
+pub fn encryption_fits(kind: VolumeKind, encryption: Encryption) -> Result<bool> {
+    match (encryption, kind) {
+        (Encryption::None, _) => Ok(false),
+        (Encryption::Luks2, VolumeKind::Image(_)) => Ok(true),
+        (Encryption::Luks2, VolumeKind::Filesystem) => Err(Error::InvalidArgument(
+            "StorageClass parameter encryption: luks2 applies to image volumes (a class with csi.storage.k8s.io/fstype: ext4 or xfs); a directory volume shares its pool's filesystem and cannot be encrypted alone".into(),
+        )),
+        (Encryption::Luks2, VolumeKind::Block) => Err(Error::InvalidArgument(
+            "StorageClass parameter encryption: luks2 is not available for block volumes yet (only image volumes: a class with csi.storage.k8s.io/fstype: ext4 or xfs)".into(),
+        )),
+    }
 }
 
 /// StorageClass parameters (CreateVolume, ValidateVolumeCapabilities, GetCapacity): a mistake

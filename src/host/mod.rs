@@ -6,6 +6,7 @@ pub mod btrfs;
 pub mod caller;
 pub mod cgroup;
 pub mod copy;
+pub mod crypt;
 pub mod dirfd;
 pub mod fsimage;
 pub mod fsstat;

@@ -293,6 +293,7 @@ mod tests {
             fenced: None,
             io_limits: Default::default(),
             on_overflow: None,
+            encryption: None,
             publications: vec![],
         };
         let repairs = Repairs {

@@ -41,6 +41,7 @@ use super::copies::content::SourceData;
 use super::copies::cow;
 use super::copies::in_flight::copies_in_flight;
 use super::devices;
+use super::encryption;
 use super::space::accounting::Holder;
 use super::space::capacity;
 use super::space::limits;
@@ -49,11 +50,11 @@ use super::space::pool::Pool;
 use super::state::id::VolumeId;
 use super::state::record::now_ms;
 use super::state::record::{
-    AccessMode, Allocation, ContentSource, SizeLimit, VolumeKind, VolumeRecord,
+    AccessMode, Allocation, ContentSource, Luks, SizeLimit, VolumeKind, VolumeRecord,
 };
 use crate::class::Mutable;
 use crate::error::{Error, IoContext, Result};
-use crate::host::{fsimage, fsstat, loopdev, mountinfo};
+use crate::host::{crypt, fsimage, fsstat, loopdev, mountinfo};
 
 /// How old the usage figures behind a reservation may be (measuring is O(volumes)).
 const USAGE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -80,6 +81,8 @@ pub struct CreateRequest {
     pub content_source: Option<ContentSource>,
     /// From the claim's VolumeAttributesClass (IO limits: block and image volumes only).
     pub mutable: Mutable,
+    /// LUKS2 between the file and the filesystem (image volumes only; see `encryption`).
+    pub encrypted: bool,
 }
 
 impl CreateRequest {
@@ -112,7 +115,7 @@ impl Volumes {
             .transpose()?;
         let capacity = match (&source, &req.content_source) {
             (Some(data), Some(from)) => {
-                data.check_kind(req.kind, from)?;
+                data.check_kind(req.kind, req.encrypted, from)?;
                 data.capacity(req.required_bytes, req.limit_bytes)?
             }
             _ => capacity,
@@ -122,9 +125,14 @@ impl Volumes {
         self.reserve(pool, Holder::from(&id), capacity as u64, &req.name)?;
         let staging = pool.staging_path(&id, req.kind);
         let made = match &source {
-            None => make_data(pool, &staging, req.kind, req.allocation_in(pool), capacity),
+            None => make_data(pool, &staging, &req, req.allocation_in(pool), capacity),
             Some(data) => self.fill_from(pool, data, &req, &staging, capacity as u64),
         };
+        // A copy of an encrypted source is formatted (or not) as its source was.
+        let encryption = req.encrypted.then(|| {
+            let source = source.as_ref().and_then(|data| data.encryption);
+            source.unwrap_or(Luks { formatted: false })
+        });
         drop(source);
         // No flush of the staging entry: the commit below is the only one (see the module
         // comment for what a power loss does and how the next start repairs it).
@@ -132,7 +140,8 @@ impl Volumes {
         let mut staged_limit = SizeLimit::None;
         let committed = made.and_then(|made| {
             staged_limit = made.as_ref().map_or(SizeLimit::File, |d| d.limit);
-            let record = new_record(&id, req, pool, capacity, staged_limit);
+            let mut record = new_record(&id, req, pool, capacity, staged_limit);
+            record.encryption = encryption;
             self.commit_created(&id, record, made)
         });
         let record = match committed {
@@ -342,6 +351,10 @@ impl Volumes {
         kind: VolumeKind,
     ) -> Result<[PathBuf; 2]> {
         if kind.is_file() {
+            // An encrypted volume's mapping left open by a crash holds its loop device (and
+            // its key in the kernel).
+            let mapping = encryption::mapping_name(id);
+            crypt::close(&mapping).context(|| format!("closing {mapping}"))?;
             // A device left attached by a crash would keep the file's blocks alive.
             for device in devices::serving(&pool.data_path(id, kind)).unwrap_or_default() {
                 loopdev::detach(&device).context(|| {
@@ -381,6 +394,12 @@ impl Volumes {
 /// `ready_to_remove` looked stops it there.
 fn remove_trees(paths: &[PathBuf], id: &VolumeId, limit: SizeLimit) -> Result<()> {
     for path in paths {
+        encryption::erase(path).context(|| {
+            format!(
+                "erasing the encryption header of volume {id} at {}",
+                path.display()
+            )
+        })?;
         limits::remove_directory(limit, path)
             .map_err(|err| Error::volume_walk(id, "deleting", err))?;
     }
@@ -420,16 +439,24 @@ fn new_record(
         fenced: None,
         io_limits: req.mutable.io,
         on_overflow: req.mutable.on_overflow,
+        encryption: None,
         publications: Vec::new(),
     }
 }
 
 fn new_capacity(req: &CreateRequest) -> Result<i64> {
     let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
-    match req.kind.image_fs() {
-        Some(fs) => capacity::at_least(capacity, fs.min_bytes() as i64, req.limit_bytes, fs.name()),
-        None => Ok(capacity),
-    }
+    let Some(fs) = req.kind.image_fs() else {
+        return Ok(capacity);
+    };
+    // An encrypted image holds its LUKS header too.
+    let header = if req.encrypted {
+        crypt::HEADER_BYTES
+    } else {
+        0
+    };
+    let least = (fs.min_bytes() + header) as i64;
+    capacity::at_least(capacity, least, req.limit_bytes, fs.name())
 }
 
 /// RESOURCE_EXHAUSTED (the provisioner then tries another node) when this node cannot make the
@@ -441,6 +468,12 @@ fn check_node_can_make(pool: &Pool, req: &CreateRequest) -> Result<()> {
             "volume {:?} is an image volume of {}, but this node has no {tool} (see `stickyvol doctor`)",
             req.name,
             req.kind.as_str()
+        )));
+    }
+    if let Some(why) = req.encrypted.then(crypt::unavailable).flatten() {
+        return Err(Error::ResourceExhausted(format!(
+            "volume {:?} is to be encrypted (StorageClass parameter encryption: luks2), but {why} (see `stickyvol doctor`)",
+            req.name
         )));
     }
     if req.kind == VolumeKind::Filesystem && req.require_enforcement && !pool.enforcement.enforces()
@@ -489,10 +522,11 @@ fn check_compatible(existing: &VolumeRecord, req: &CreateRequest) -> Result<()> 
 fn make_data(
     pool: &Pool,
     path: &Path,
-    kind: VolumeKind,
+    req: &CreateRequest,
     allocation: Allocation,
     capacity: i64,
 ) -> Result<Option<NewDirectory>> {
+    let kind = req.kind;
     match kind {
         VolumeKind::Filesystem => pool
             .enforcement
@@ -507,7 +541,9 @@ fn make_data(
                 .context(|| format!("creating {}", path.display()))?;
             size_file(&file, path, allocation, capacity as u64)?;
             drop(file);
-            if let Some(fs) = kind.image_fs() {
+            // An encrypted image's filesystem is made inside its LUKS device, at the first
+            // stage: only NodeStageVolume has the key.
+            if let Some(fs) = kind.image_fs().filter(|_| !req.encrypted) {
                 // Only ever a file made just now (create_new above): formatting never meets data.
                 fsimage::format(path, fs)
                     .context(|| format!("making {} in {}", fs.name(), path.display()))?;

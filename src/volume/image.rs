@@ -21,15 +21,17 @@ use tracing::{info, warn};
 
 use super::capability::Capability;
 use super::devices;
+use super::encryption;
 use super::publish::{check_capability, missing_data, usable};
 use super::space::mechanism::Mechanism;
 use super::space::throttle::{caller_gone, node_walk};
 use super::state::id::VolumeId;
-use super::state::record::{FsType, Publication, VolumeRecord};
+use super::state::record::{FsType, Luks, Publication, VolumeRecord};
 use super::stats::{Amounts, VolumeStats};
 use super::target::{MountPoint, Target, target_name};
 use super::{Condition, Volumes};
 use crate::error::{Error, IoContext, Result};
+use crate::host::crypt::Key;
 use crate::host::fsstat::{self, Stat};
 use crate::host::loopdev::{self, LoopDevice};
 use crate::host::{dirfd, fsimage, mount};
@@ -39,6 +41,8 @@ use crate::host::{dirfd, fsimage, mount};
 pub struct StageRequest {
     pub staging: PathBuf,
     pub capability: Capability,
+    /// From the node-stage Secret: what opens an encrypted volume (see `encryption`).
+    pub key: Option<Arc<Key>>,
 }
 
 impl Volumes {
@@ -99,8 +103,13 @@ impl Volumes {
         } else {
             record
         };
+        let key = req.key.as_deref();
+        let record = match record.encryption {
+            Some(Luks { formatted: false }) => self.format_encrypted(&record, fs, &data, key)?,
+            _ => record,
+        };
         let readonly = cap.access_mode.is_read_only();
-        let device = self.mount_image(&record, fs, &data, &at, readonly)?;
+        let (device, fs_device) = self.mount_image(&record, fs, &data, &at, readonly, key)?;
         let staged = Publication {
             target: req.staging.clone(),
             readonly,
@@ -124,7 +133,7 @@ impl Volumes {
         if !readonly {
             // The file may be bigger than its filesystem: a restore into a bigger volume, or
             // an expansion while nothing was staged. Growing to the same size is a no-op.
-            if let Err(err) = fsimage::grow(fs, &device.path(), &req.staging) {
+            if let Err(err) = fsimage::grow(fs, &fs_device, &req.staging) {
                 warn!(volume = %id, error = %err, "could not grow the filesystem to its image's size; NodeExpandVolume retries");
             }
         }
@@ -160,7 +169,8 @@ impl Volumes {
     }
 
     /// Mounts the image `data` at `at`, or adopts the mount an interrupted attempt made there;
-    /// returns the loop device behind it.
+    /// returns the loop device behind it and the device the filesystem is on (the same, or an
+    /// encrypted volume's mapping over it, opened with `key`).
     fn mount_image(
         &self,
         record: &VolumeRecord,
@@ -168,19 +178,25 @@ impl Volumes {
         data: &Path,
         at: &Target<'_>,
         readonly: bool,
-    ) -> Result<LoopDevice> {
+        key: Option<&Key>,
+    ) -> Result<(LoopDevice, PathBuf)> {
         let id = &record.id;
         let target = at.path;
         let (directory, created) = match at.mount_point("staging path")? {
             MountPoint::Made(fd) => (fd, true),
             MountPoint::Empty(fd) => (fd, false),
             MountPoint::Mounted(_, stat) => {
-                return image_device(record, data, &stat).ok_or_else(|| {
-                    Error::AlreadyExists(format!(
-                        "staging path {} already has something else mounted",
-                        target.display()
-                    ))
-                });
+                return image_device(record, data, &stat)
+                    .and_then(|device| {
+                        let (fs_device, _) = encryption::filesystem_device(record, &device)?;
+                        Some((device, fs_device))
+                    })
+                    .ok_or_else(|| {
+                        Error::AlreadyExists(format!(
+                            "staging path {} already has something else mounted",
+                            target.display()
+                        ))
+                    });
             }
         };
         // The device of an earlier staging that pods' bind mounts still hold: mounting the
@@ -204,22 +220,35 @@ impl Volumes {
         if readonly {
             flags |= MountFlags::RDONLY;
         }
-        let mounted = fsimage::mount(&device.path(), fs, directory.as_fd(), flags);
-        if let Err(err) = mounted {
-            // Nothing left behind: the device goes, and the directory if we made it.
+        let fs_device = match record.encryption {
+            None => Ok(device.path()),
+            Some(_) => self.open_encrypted(record, &device, key, readonly),
+        };
+        let mounted = fs_device.and_then(|fs_device| {
+            fsimage::mount(&fs_device, fs, directory.as_fd(), flags)
+                .map(|()| fs_device)
+                .map_err(|err| {
+                    Error::FailedPrecondition(format!(
+                        "the {} filesystem of volume {id} cannot be mounted ({err}); it may be damaged: check it with fsck from the node, the image is {}",
+                        fs.name(),
+                        data.display()
+                    ))
+                })
+        });
+        if mounted.is_err() {
+            // Nothing left behind: the mapping and the device go, and the directory if we made
+            // it.
             if attached {
+                if record.encryption.is_some() {
+                    let _ = self.close_encrypted(id);
+                }
                 let _ = loopdev::detach(&device);
             }
             if created {
                 let _ = dirfd::remove_dir_at(at.parent()?, at.name);
             }
-            return Err(Error::FailedPrecondition(format!(
-                "the {} filesystem of volume {id} cannot be mounted ({err}); it may be damaged: check it with fsck from the node, the image is {}",
-                fs.name(),
-                data.display()
-            )));
         }
-        Ok(device)
+        Ok((device, mounted?))
     }
 
     /// At start: an image volume whose staging mount is gone while pods' bind mounts of it
@@ -247,7 +276,7 @@ impl Volumes {
                     name: target_name(&staged.target)?,
                     path: &staged.target,
                 };
-                self.mount_image(&record, fs, &data, &at, staged.readonly)
+                self.mount_image(&record, fs, &data, &at, staged.readonly, None)
             });
             match restaged {
                 Ok(_) => {
@@ -345,6 +374,10 @@ impl Volumes {
                 .and_then(LoopDevice::from_name)
                 .filter(|device| devices::serves_publication(device, recorded, &data)),
         );
+        if record.encryption.is_some() {
+            // The key leaves the kernel with the mapping; the loop device is free after it.
+            self.close_encrypted(id)?;
+        }
         for device in devices {
             if let Err(err) = loopdev::detach(&device) {
                 warn!(volume = %id, device = %device.path().display(), error = %err, "could not detach loop device; it is retried at next start");
@@ -387,7 +420,8 @@ impl Volumes {
             return false;
         };
         let served = devices::serves_publication(&device, Some(staged), data);
-        let on_device = loopdev::device_number(&device).is_ok_and(|dev| dev == target.dev);
+        let on_device = encryption::filesystem_device(record, &device)
+            .is_some_and(|(_, dev)| dev == target.dev);
         served && on_device && target.is_dir() && target.is_mount_root
     }
 
@@ -410,7 +444,17 @@ impl Volumes {
                     record.id
                 ))
             })?;
-        fsimage::grow(fs, &device.path(), &staged.target).map_err(|err| {
+        if record.encryption.is_some() {
+            self.resize_encrypted(record)?;
+        }
+        let (fs_device, _) = encryption::filesystem_device(record, &device).ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "volume {} is staged, but its encryption is not open over {}",
+                record.id,
+                device.path().display()
+            ))
+        })?;
+        fsimage::grow(fs, &fs_device, &staged.target).map_err(|err| {
             let what = format!(
                 "growing the {} filesystem of volume {} at {}",
                 fs.name(),
@@ -529,7 +573,8 @@ impl Volumes {
         let errors = record
             .staging()
             .and_then(|staged| staged.loop_device.as_deref())
-            .and_then(|device| fsimage::error_count(fs, device))
+            .and_then(|device| encryption::filesystem_device_name(record, device))
+            .and_then(|device| fsimage::error_count(fs, &device))
             .filter(|count| *count > 0);
         let problem = errors.map(|count| {
             format!(
@@ -567,7 +612,9 @@ fn image_device(record: &VolumeRecord, data: &Path, mounted: &Stat) -> Option<Lo
         .into_iter()
         .chain(devices::serving(data).unwrap_or_default())
         .filter(|device| devices::serves_publication(device, record.staging(), data))
-        .find(|device| loopdev::device_number(device).is_ok_and(|dev| dev == mounted.dev))
+        .find(|device| {
+            encryption::filesystem_device(record, device).is_some_and(|(_, dev)| dev == mounted.dev)
+        })
 }
 
 /// An unstage for a volume we do not know: succeed unless a mount stands there.

@@ -33,6 +33,7 @@ mod available;
 pub mod capability;
 pub mod create;
 mod devices;
+pub mod encryption;
 mod expand;
 pub mod fence;
 pub mod guard;

@@ -218,6 +218,10 @@ impl Volumes {
         let Ok(pool) = self.pool(pool) else { return };
         // At start no caller waits: the slot always comes.
         let _slot = pool.walks.take();
+        if let Err(err) = super::encryption::erase(path) {
+            warn!(volume = %id, path = %path.display(), error = %err, "could not erase the encryption header of {what}; the next start tries again");
+            return;
+        }
         match limits::remove_directory(*limit, path) {
             Ok(()) => {
                 info!(volume = %id, path = %path.display(), limit = ?limit, "removed the data of {what}")
@@ -381,7 +385,11 @@ fn remake_data(pool: &Pool, record: &VolumeRecord) -> Result<()> {
             }
             // An image whose filesystem a power loss took: only a file of nothing but holes
             // (it cannot hold anyone's data) is formatted again; mkfs refuses any filesystem.
-            if let Some(fs) = record.kind.image_fs()
+            // An encrypted image's filesystem is made inside its LUKS device, at its first stage.
+            if let Some(fs) = record
+                .kind
+                .image_fs()
+                .filter(|_| record.encryption.is_none())
                 && !holds_any_data(&file).context(|| format!("inspecting {}", path.display()))?
             {
                 drop(file);

@@ -17,6 +17,7 @@ vm_install_tools() {
     [[ -x /usr/sbin/mke2fs || -x /sbin/mke2fs ]] || missing+=(e2fsprogs)
     [[ -x /usr/sbin/mkfs.btrfs || -x /sbin/mkfs.btrfs ]] || missing+=(btrfs-progs)
     command -v strip >/dev/null || missing+=(binutils)
+    [[ -x /usr/sbin/cryptsetup || -x /sbin/cryptsetup ]] || missing+=(cryptsetup-bin)
     command -v jq >/dev/null || missing+=(jq)
     command -v file >/dev/null || missing+=(file)
     [[ -f /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)
@@ -105,10 +106,11 @@ vm_tools() {
     tool dash
     ln -s dash "$root/usr/bin/sh"
     # util-linux (losetup --find --show, mount -o, umount -l, unshare --propagation, setpriv),
-    # xfsprogs, e2fsprogs, btrfs-progs, and GNU cp (--reflink), du (-B1) and tar (--xattrs).
+    # xfsprogs, e2fsprogs, btrfs-progs, cryptsetup, and GNU cp (--reflink), du (-B1) and tar
+    # (--xattrs).
     for t in mount umount losetup unshare setpriv nsenter mkfs.xfs xfs_quota xfs_growfs xfs_repair \
         mke2fs mkfs.ext4 tune2fs dumpe2fs chattr lsattr resize2fs e2fsck mkfs.btrfs btrfs \
-        cp du tar; do
+        cryptsetup cp du tar; do
         tool "$t"
     done
     cp /etc/mke2fs.conf "$root/etc/"

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::volume::Volumes;
 use crate::volume::guard::OperationGuard;
 use crate::volume::space::capacity;
-use crate::volume::state::record::{ContentSource, VolumeKind, VolumeRecord};
+use crate::volume::state::record::{ContentSource, Luks, VolumeKind, VolumeRecord};
 
 /// A source found and claimed for the length of one create.
 #[derive(Debug)]
@@ -20,6 +20,8 @@ pub(in crate::volume) struct SourceData {
     pub size_bytes: i64,
     /// A clone's source volume (a staged image is frozen while it is copied).
     pub volume: Option<Arc<VolumeRecord>>,
+    /// The source's encryption: its copy is ciphertext under the same header.
+    pub encryption: Option<Luks>,
     _claimed: OperationGuard,
 }
 
@@ -42,6 +44,7 @@ impl Volumes {
                     kind: record.kind,
                     size_bytes: record.size_bytes,
                     volume: None,
+                    encryption: record.encryption,
                     _claimed: claimed,
                 })
             }
@@ -55,6 +58,7 @@ impl Volumes {
                     path: self.data_path(&record)?,
                     kind: record.kind,
                     size_bytes: record.capacity_bytes,
+                    encryption: record.encryption,
                     volume: Some(record.clone()),
                     _claimed: claimed,
                 })
@@ -84,15 +88,30 @@ impl SourceData {
         capacity::choose(required.max(size), limit)
     }
 
-    /// A volume of `kind` can only start from data of the same kind.
-    pub fn check_kind(&self, kind: VolumeKind, source: &ContentSource) -> Result<()> {
-        if self.kind == kind {
-            return Ok(());
-        }
+    /// A volume of `kind`, encrypted or not, can only start from data of the same kind and
+    /// the same encryption: ciphertext is no filesystem, and plaintext no LUKS device.
+    pub fn check_kind(
+        &self,
+        kind: VolumeKind,
+        encrypted: bool,
+        source: &ContentSource,
+    ) -> Result<()> {
         let what = match source {
             ContentSource::Snapshot(id) => format!("snapshot {id}"),
             ContentSource::Volume(id) => format!("volume {id}"),
         };
+        if self.encryption.is_some() != encrypted {
+            let (is, class) = match encrypted {
+                true => ("is not", "an encrypted"),
+                false => ("is", "an unencrypted"),
+            };
+            return Err(Error::InvalidArgument(format!(
+                "{what} {is} encrypted, so it cannot become {class} volume: restore or clone it with a StorageClass whose encryption parameter matches its source's"
+            )));
+        }
+        if self.kind == kind {
+            return Ok(());
+        }
         Err(Error::InvalidArgument(format!(
             "{what} holds a {} volume; it cannot become a {} volume",
             self.kind.as_str(),

@@ -22,7 +22,7 @@ use crate::volume::space::mechanism::Mechanism;
 use crate::volume::space::pool::Pool;
 use crate::volume::state::id::{Issuer, SnapshotId, VolumeId};
 use crate::volume::state::record::now_ms;
-use crate::volume::state::record::{SizeLimit, VolumeKind, VolumeRecord};
+use crate::volume::state::record::{Luks, SizeLimit, VolumeKind, VolumeRecord};
 use crate::volume::state::records::Record;
 
 /// One pool's snapshots, for metrics (`Volumes::snapshot_census`).
@@ -67,6 +67,9 @@ pub struct SnapshotRecord {
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
     pub created_unix_ms: u64,
+    /// The source's encryption: the copy is its ciphertext, header and all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Luks>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -155,6 +158,7 @@ impl Volumes {
             copy_error: None,
             parameters: req.parameters,
             created_unix_ms: now_ms(),
+            encryption: source.encryption,
         };
         let record = Arc::new(record);
         // The commit point of the id: from here on, the snapshot exists (not ready yet).
@@ -317,8 +321,13 @@ impl Volumes {
 }
 
 /// Removes a snapshot's data: a (read-only) btrfs subvolume in one call, anything else by a
-/// walk that never follows a symlink nor crosses a mount. Missing data is fine.
+/// walk that never follows a symlink nor crosses a mount. Missing data is fine. The copy of an
+/// encrypted volume loses its header first, as the volume does (`encryption::erase`).
 pub(in crate::volume) fn remove_snapshot_data(path: &std::path::Path) -> Result<(), WalkError> {
+    crate::volume::encryption::erase(path).map_err(|source| WalkError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
     // The btrfs path tries the subvolume first and falls back to the walk for anything else.
     limits::remove_directory(SizeLimit::BtrfsQgroup, path)
 }

@@ -28,6 +28,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::host::archive::{self, ArchiveError, Header, ImageOf, Importer, Kind, Summary};
 use crate::host::{copy, safe_delete};
 use crate::volume::Volumes;
+use crate::volume::encryption;
 use crate::volume::guard::OperationGuard;
 use crate::volume::space::limits::size_file;
 use crate::volume::space::mechanism::Mechanism;
@@ -98,6 +99,7 @@ impl Volumes {
     /// Prepares an export of volume `id` (see the module comment for what it reads).
     pub fn open_export(&self, id: &VolumeId) -> Result<ExportSource> {
         let record = self.get(id)?;
+        encryption::refuse_stream(&record, "exported")?;
         let pool = self.pool_of(&record)?;
         let data = pool.data_path(id, record.kind);
         let header_of = |path: &Path| {
@@ -163,6 +165,7 @@ impl Volumes {
     /// holds. Returns once the data is verified and on disk.
     pub fn import(&self, id: &VolumeId, replace: bool, input: impl Read) -> Result<Summary> {
         let record = self.get(id)?;
+        encryption::refuse_stream(&record, "imported")?;
         let pool = self.pool_of(&record)?;
         let _slot = self.claim(id)?;
         // Not while a snapshot or clone of it copies its data.

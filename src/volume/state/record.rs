@@ -218,9 +218,20 @@ pub struct VolumeRecord {
     /// `onOverflow` from its VolumeAttributesClass, in place of its StorageClass's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overflow: Option<OnOverflow>,
+    /// Encrypted at rest (image volumes; see `volume::encryption`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<Luks>,
     /// Kept in a file of its own by the store (records of older versions carry them inline).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publications: Vec<Publication>,
+}
+
+/// An encrypted volume's LUKS2 layer between its file and its filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Luks {
+    /// Its header and the filesystem inside are made. CreateVolume has no key (it comes with
+    /// NodeStageVolume, from the node-stage Secret), so the first stage makes them.
+    pub formatted: bool,
 }
 
 /// A volume fenced read-only: since when, what made it so, and the sentence that said why.

@@ -295,6 +295,7 @@ mod tests {
             fenced: None,
             io_limits: Default::default(),
             on_overflow: None,
+            encryption: None,
             publications: vec![],
         }
     }
