@@ -25,7 +25,7 @@ const PUBLICATIONS: &str = "no --run-dir: publications are kept beside the recor
 const PROPAGATION: &str = "kubelet directory";
 const IMAGE_EXT4: &str = "image volumes of ext4";
 const IMAGE_XFS: &str = "image volumes of xfs";
-const ENCRYPTION: &str = "encrypted image volumes";
+const ENCRYPTION: &str = "encrypted volumes";
 
 /// A scratch directory (the harness's test directory, no driver started) that unmounts
 /// everything beneath it when dropped.

@@ -33,7 +33,15 @@ fn ext4_cap() -> csi::VolumeCapability {
 }
 
 fn encrypted_request(bytes: i64, pool: Option<&str>) -> csi::CreateVolumeRequest {
-    let mut request = thin(create_request(&new_name(), ext4_cap(), bytes));
+    encrypted_request_of(ext4_cap(), bytes, pool)
+}
+
+fn encrypted_request_of(
+    cap: csi::VolumeCapability,
+    bytes: i64,
+    pool: Option<&str>,
+) -> csi::CreateVolumeRequest {
+    let mut request = thin(create_request(&new_name(), cap, bytes));
     request
         .parameters
         .insert("encryption".into(), "luks2".into());
@@ -47,11 +55,22 @@ fn secrets(key: &str) -> HashMap<String, String> {
     HashMap::from([("key".to_string(), key.to_string())])
 }
 
-/// NodeStageVolume as kubelet sends it for a class with a node-stage Secret.
+/// NodeStageVolume of an encrypted image as kubelet sends it for a class with a node-stage
+/// Secret.
 async fn stage(
     driver: &TestDriver,
     volume: &csi::Volume,
     staging: &Path,
+    key: Option<&str>,
+) -> Result<(), tonic::Status> {
+    stage_as(driver, volume, staging, ext4_cap(), key).await
+}
+
+async fn stage_as(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    staging: &Path,
+    cap: csi::VolumeCapability,
     key: Option<&str>,
 ) -> Result<(), tonic::Status> {
     driver
@@ -59,7 +78,7 @@ async fn stage(
         .node_stage_volume(csi::NodeStageVolumeRequest {
             volume_id: volume.volume_id.clone(),
             staging_target_path: path_str(staging),
-            volume_capability: Some(ext4_cap()),
+            volume_capability: Some(cap),
             volume_context: volume.volume_context.clone(),
             secrets: key.map(secrets).unwrap_or_default(),
             ..Default::default()
@@ -131,11 +150,15 @@ fn dm_crypt_here() -> bool {
 }
 
 #[tokio::test]
-async fn encryption_is_refused_for_directory_and_block_volumes_and_for_unknown_values() {
+async fn encryption_is_refused_for_directory_volumes_and_for_unknown_values() {
     let driver = TestDriver::start().await;
     let cases = [
-        (mount_cap(Mode::SingleNodeWriter), "luks2", "image volumes"),
-        (block_cap(Mode::SingleNodeWriter), "luks2", "block volumes"),
+        (
+            mount_cap(Mode::SingleNodeWriter),
+            "luks2",
+            "directory volume",
+        ),
+        (block_cap(Mode::SingleNodeWriter), "aes", "none or luks2"),
         (ext4_cap(), "aes", "none or luks2"),
     ];
     for (cap, value, said) in cases {
@@ -407,4 +430,157 @@ fn the_scan_finds_what_starts_a_block_anywhere_in_a_file() {
     fs::write(&path, &bytes).unwrap();
     assert!(holds(&path, LUKS_MAGIC));
     assert!(!holds(&path, b"PLAINTEXT"));
+}
+
+/// Writes `marker` at the start of the block device behind `target` (a pod's link) and flushes.
+fn write_device_marker(target: &Path, marker: &str) {
+    let mut device = fs::OpenOptions::new().write(true).open(target).unwrap();
+    let mut block = marker.as_bytes().to_vec();
+    block.resize(4096, b'.');
+    device.write_all(&block).unwrap();
+    device.sync_all().unwrap();
+}
+
+fn read_device_marker(target: &Path, length: usize) -> String {
+    let mut device = File::open(target).unwrap();
+    let mut bytes = vec![0u8; length];
+    device.read_exact(&mut bytes).unwrap();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn device_size(target: &Path) -> u64 {
+    use std::io::{Seek, SeekFrom};
+    File::open(target).unwrap().seek(SeekFrom::End(0)).unwrap()
+}
+
+#[tokio::test]
+async fn an_encrypted_block_volume_is_staged_with_its_key_linked_into_pods_grown_copied_and_erased()
+{
+    if !dm_crypt_here() {
+        return;
+    }
+    let CryptDriver { driver, fs } = start_on_xfs().await;
+    let cap = block_cap(Mode::SingleNodeWriter);
+    let marker = format!("PLAINTEXT-{}", new_name());
+    let volume = driver
+        .create(encrypted_request_of(cap.clone(), 32 * MIB, Some("crypt")))
+        .await;
+    let image = host_path(&volume);
+    let staging = driver.staging_path();
+
+    // No publish before the stage that opens it; no stage without the key.
+    let early = driver.block_target();
+    let mut request = publish_request(&volume, &early, cap.clone(), false);
+    request.staging_target_path = path_str(&staging);
+    let err = driver
+        .node()
+        .node_publish_volume(request)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    let err = stage_as(&driver, &volume, &staging, cap.clone(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+
+    stage_as(&driver, &volume, &staging, cap.clone(), Some(KEY))
+        .await
+        .unwrap();
+    stage_as(&driver, &volume, &staging, cap.clone(), Some(KEY))
+        .await
+        .expect("a repeated stage is a no-op");
+    let target = driver.block_target();
+    let mut request = publish_request(&volume, &target, cap.clone(), false);
+    request.staging_target_path = path_str(&staging);
+    driver
+        .node()
+        .node_publish_volume(request.clone())
+        .await
+        .unwrap();
+    assert_eq!(fs::read_link(&target).unwrap(), mapping(&volume));
+    // The device is the file less its header.
+    assert_eq!(device_size(&target), 31 * MIB as u64);
+    write_device_marker(&target, &marker);
+    assert!(!holds(&image, marker.as_bytes()), "plaintext in the file");
+    // Read-only pods would need a second mapping: refused with a sentence.
+    let mut readonly = request.clone();
+    readonly.target_path = path_str(&driver.block_target());
+    readonly.readonly = true;
+    let err = driver
+        .node()
+        .node_publish_volume(readonly)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+
+    // Growth reaches the pod's device; the data stays.
+    driver
+        .expand(expand_request(&volume.volume_id, &target, 64 * MIB, 0))
+        .await
+        .expect("NodeExpandVolume");
+    assert_eq!(device_size(&target), 63 * MIB as u64);
+    assert_eq!(read_device_marker(&target, marker.len()), marker);
+
+    // Unstaged, the mapping is gone; staged again, the data is there.
+    let err = driver
+        .unstage(&volume.volume_id, &staging)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::FailedPrecondition,
+        "a pod still uses it: {err:?}"
+    );
+    driver.unpublish_ok(&volume, &target).await;
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
+    assert!(!mapping(&volume).exists());
+    assert!(driver.loop_devices_left().is_empty());
+    stage_as(&driver, &volume, &staging, cap.clone(), Some(KEY))
+        .await
+        .unwrap();
+    driver.node().node_publish_volume(request).await.unwrap();
+    assert_eq!(read_device_marker(&target, marker.len()), marker);
+
+    // A restore of its snapshot opens with the same key and holds the same data.
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    let mut restore = encrypted_request_of(cap.clone(), 64 * MIB, Some("crypt"));
+    restore.volume_content_source = Some(from_snapshot(&snapshot.snapshot_id));
+    let restored = driver.create(restore).await;
+    let restored_staging = driver.staging_path();
+    stage_as(
+        &driver,
+        &restored,
+        &restored_staging,
+        cap.clone(),
+        Some(KEY),
+    )
+    .await
+    .unwrap();
+    let restored_target = driver.block_target();
+    let mut request = publish_request(&restored, &restored_target, cap.clone(), false);
+    request.staging_target_path = path_str(&restored_staging);
+    driver.node().node_publish_volume(request).await.unwrap();
+    assert_eq!(read_device_marker(&restored_target, marker.len()), marker);
+
+    for (volume, staging, target) in [
+        (&volume, &staging, &target),
+        (&restored, &restored_staging, &restored_target),
+    ] {
+        driver.unpublish_ok(volume, target).await;
+        driver.unstage(&volume.volume_id, staging).await.unwrap();
+        driver.delete(&volume.volume_id).await.unwrap();
+    }
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+    assert!(driver.loop_devices_left().is_empty());
+    fs::File::open(&fs.device).unwrap().sync_all().unwrap();
+    assert!(
+        !holds(&fs.device, marker.as_bytes()),
+        "plaintext on the pool's disk"
+    );
+    for magic in [LUKS_MAGIC, LUKS_SECOND_MAGIC] {
+        assert!(
+            !holds(&fs.device, magic),
+            "a LUKS header survived on the pool's disk"
+        );
+    }
 }

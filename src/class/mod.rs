@@ -31,7 +31,7 @@ pub const PARAM_ON_NODE_LOSS: &str = "onNodeLoss";
 /// `evict` (the default) or `report` when a directory volume on a pool that cannot limit sizes
 /// grows past its size.
 pub const PARAM_ON_OVERFLOW: &str = "onOverflow";
-/// `none` (the default) or `luks2`: an image volume's data encrypted at rest, its key from the
+/// `none` (the default) or `luks2`: an image or block volume's data encrypted at rest, its key from the
 /// class's node-stage Secret.
 pub const PARAM_ENCRYPTION: &str = "encryption";
 

@@ -47,7 +47,7 @@ impl Allocation {
     }
 }
 
-/// Whether an image volume's data is encrypted at rest (`encryption`).
+/// Whether an image or block volume's data is encrypted at rest (`encryption`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Encryption {
     #[default]

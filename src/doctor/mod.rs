@@ -114,18 +114,18 @@ fn image_tools(fs: FsType) -> Check {
     }
 }
 
-/// Whether encrypted image volumes (`encryption: luks2`) can be made here. A warning: the node
+/// Whether encrypted volumes (`encryption: luks2`) can be made here. A warning: the node
 /// serves everything else, and refuses an encrypted class at CreateVolume with the same reason.
 fn encryption() -> Check {
     match crate::host::crypt::unavailable() {
         None => check(
             Outcome::Ok,
-            "encrypted image volumes (encryption: luks2): device mapper and cryptsetup found",
+            "encrypted volumes (encryption: luks2): device mapper and cryptsetup found",
         ),
         Some(why) => check(
             Outcome::Warn,
             format!(
-                "encrypted image volumes (a StorageClass with encryption: luks2) cannot be made here: {why}; this node refuses them"
+                "encrypted volumes (a StorageClass with encryption: luks2) cannot be made here: {why}; this node refuses them"
             ),
         ),
     }

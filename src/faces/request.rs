@@ -223,17 +223,14 @@ pub fn stage_key(secrets: &HashMap<String, String>) -> Result<Option<Key>> {
         })
 }
 
-/// An encrypted class's volumes must be image volumes: a directory shares the pool's
-/// filesystem, and a block volume's device would be the pod's to read raw.
+/// An encrypted class's volumes must be image or block volumes: a directory shares the pool's
+/// filesystem and cannot be encrypted alone.
 pub fn encryption_fits(kind: VolumeKind, encryption: Encryption) -> Result<bool> {
     match (encryption, kind) {
         (Encryption::None, _) => Ok(false),
-        (Encryption::Luks2, VolumeKind::Image(_)) => Ok(true),
+        (Encryption::Luks2, VolumeKind::Image(_) | VolumeKind::Block) => Ok(true),
         (Encryption::Luks2, VolumeKind::Filesystem) => Err(Error::InvalidArgument(
-            "StorageClass parameter encryption: luks2 applies to image volumes (a class with csi.storage.k8s.io/fstype: ext4 or xfs); a directory volume shares its pool's filesystem and cannot be encrypted alone".into(),
-        )),
-        (Encryption::Luks2, VolumeKind::Block) => Err(Error::InvalidArgument(
-            "StorageClass parameter encryption: luks2 is not available for block volumes yet (only image volumes: a class with csi.storage.k8s.io/fstype: ext4 or xfs)".into(),
+            "StorageClass parameter encryption: luks2 applies to image volumes (a class with csi.storage.k8s.io/fstype: ext4 or xfs) and block volumes; a directory volume shares its pool's filesystem and cannot be encrypted alone".into(),
         )),
     }
 }

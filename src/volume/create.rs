@@ -81,7 +81,7 @@ pub struct CreateRequest {
     pub content_source: Option<ContentSource>,
     /// From the claim's VolumeAttributesClass (IO limits: block and image volumes only).
     pub mutable: Mutable,
-    /// LUKS2 between the file and the filesystem (image volumes only; see `encryption`).
+    /// LUKS2 between the file and the filesystem or the pod (see `encryption`).
     pub encrypted: bool,
 }
 
@@ -447,7 +447,14 @@ fn new_record(
 fn new_capacity(req: &CreateRequest) -> Result<i64> {
     let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
     let Some(fs) = req.kind.image_fs() else {
-        return Ok(capacity);
+        // An encrypted block volume holds its LUKS header, and at least as much data.
+        return match req.encrypted {
+            true => {
+                let least = 2 * crypt::HEADER_BYTES as i64;
+                capacity::at_least(capacity, least, req.limit_bytes, "LUKS2")
+            }
+            false => Ok(capacity),
+        };
     };
     // An encrypted image holds its LUKS header too.
     let header = if req.encrypted {

@@ -1,6 +1,6 @@
-//! Encrypted image volumes (StorageClass `encryption: luks2`): a LUKS2 device (dm-crypt)
-//! between the volume's loop device and its filesystem, so the file in the pool holds only
-//! ciphertext.
+//! Encrypted volumes (StorageClass `encryption: luks2`): a LUKS2 device (dm-crypt) between the
+//! volume's loop device and an image's filesystem, or a block volume's pod
+//! (`encrypted_block`), so the file in the pool holds only ciphertext.
 //!
 //! The key is NodeStageVolume's, from the class's node-stage Secret (`SECRET_KEY`); CreateVolume
 //! has none, so it makes the file only, and the first stage formats the header and makes the
@@ -55,9 +55,10 @@ pub(super) fn filesystem_device(
         .then(|| (crypt::mapper_path(&name), mapping.dev))
 }
 
-/// The kernel's name of the device an image volume's filesystem is on (e.g. "loop3", "dm-0"),
-/// where the filesystem's own counters are (`/sys/fs/ext4/<name>`).
-pub(super) fn filesystem_device_name(record: &VolumeRecord, loop_device: &str) -> Option<String> {
+/// The kernel's name of the device a volume's users do their IO on, over `loop_device` (e.g.
+/// "loop3", or "dm-0" for an encrypted volume's mapping): where an image's filesystem keeps its
+/// counters (`/sys/fs/ext4/<name>`) and where a pod's IO limits go.
+pub(super) fn top_device_name(record: &VolumeRecord, loop_device: &str) -> Option<String> {
     match record.encryption {
         None => Some(loop_device.to_string()),
         Some(_) => crypt::mapping(&mapping_name(&record.id)).map(|m| m.kernel_name),
@@ -94,13 +95,14 @@ pub(super) fn erase(path: &Path) -> io::Result<()> {
 }
 
 impl Volumes {
-    /// The first stage of an encrypted image volume: formats its LUKS header with `key`, makes
-    /// its filesystem inside, and records that it did. Only for a volume not formatted yet, so
-    /// it never meets data (a crash midway leaves it unformatted: the next stage starts over).
+    /// The first stage of an encrypted volume: formats its LUKS header with `key`, makes an
+    /// image's filesystem `fs` inside, and records that it did. Only for a volume not formatted
+    /// yet, so it never meets data (a crash midway leaves it unformatted: the next stage starts
+    /// over).
     pub(super) fn format_encrypted(
         &self,
         record: &VolumeRecord,
-        fs: FsType,
+        fs: Option<FsType>,
         data: &Path,
         key: Option<&Key>,
     ) -> Result<Arc<VolumeRecord>> {
@@ -111,13 +113,14 @@ impl Volumes {
         let name = mapping_name(id);
         let made = crypt::format(&device.path(), key)
             .and_then(|()| crypt::open(&device.path(), &name, key, false))
-            .and_then(|mapped| fsimage::format(&mapped, fs));
+            .and_then(|mapped| fs.map_or(Ok(()), |fs| fsimage::format(&mapped, fs)));
         let closed = crypt::close(&name);
         if let Err(err) = loopdev::detach(&device) {
             warn!(volume = %id, device = %device.path().display(), error = %err, "could not detach the loop device used to format; it is detached at next start");
         }
+        let what = fs.map_or("device", FsType::name);
         made.and(closed)
-            .context(|| format!("making the encrypted {} of volume {id}", fs.name()))?;
+            .context(|| format!("making the encrypted {what} of volume {id}"))?;
         let formatted = self
             .store
             .put(VolumeRecord {
@@ -125,7 +128,7 @@ impl Volumes {
                 ..record.clone()
             })
             .context(|| format!("recording the encryption of volume {id}"))?;
-        info!(volume = %id, fs = fs.name(), "formatted an encrypted image volume (LUKS2) and made its filesystem");
+        info!(volume = %id, fs = what, "formatted an encrypted volume (LUKS2)");
         Ok(formatted)
     }
 
@@ -158,10 +161,13 @@ impl Volumes {
         crypt::close(&mapping_name(id)).context(|| format!("closing the encryption of volume {id}"))
     }
 
-    /// Grows encrypted volume `record`'s open mapping to its loop device's new size.
+    /// Grows encrypted volume `record`'s mapping, if open, to its loop device's new size.
     pub(super) fn resize_encrypted(&self, record: &VolumeRecord) -> Result<()> {
-        crypt::resize(&mapping_name(&record.id))
-            .context(|| format!("growing the encryption of volume {}", record.id))
+        let name = mapping_name(&record.id);
+        if record.encryption.is_none() || crypt::mapping(&name).is_none() {
+            return Ok(());
+        }
+        crypt::resize(&name).context(|| format!("growing the encryption of volume {}", record.id))
     }
 }
 

@@ -66,7 +66,8 @@ impl Volumes {
         let grown = match record.kind {
             VolumeKind::Filesystem => limits::resize(record.size_limit, &path, wanted as u64)
                 .context(|| format!("raising the size limit of volume {id} to {wanted} bytes")),
-            VolumeKind::Block => grow_file(id, &path, record.allocation, wanted as u64),
+            VolumeKind::Block => grow_file(id, &path, record.allocation, wanted as u64)
+                .and_then(|()| self.resize_encrypted(&record)),
             // The file first, then the filesystem in it, while pods may use it.
             VolumeKind::Image(fs) => grow_file(id, &path, record.allocation, wanted as u64)
                 .and_then(|()| self.grow_staged(&record, fs)),

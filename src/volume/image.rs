@@ -53,18 +53,18 @@ impl Volumes {
         let record = self.get(id)?;
         usable(&record)?;
         check_capability(&record, cap, "staged")?;
-        Ok(record.kind.image_fs().is_none())
+        Ok(stages_nothing(&record))
     }
 
     /// Whether unstaging volume `id` has nothing to do: a known volume that stages nothing.
     pub fn unstages_nothing(&self, id: &VolumeId) -> bool {
         self.store
             .get(id)
-            .is_some_and(|record| record.kind.image_fs().is_none())
+            .is_some_and(|record| stages_nothing(&record))
     }
 
-    /// NodeStageVolume: mounts an image volume's filesystem at `req.staging`; for other
-    /// volumes, checks the request and does nothing.
+    /// NodeStageVolume: mounts an image volume's filesystem at `req.staging`, opens an encrypted
+    /// block volume (`encrypted_block`); for other volumes, checks the request and does nothing.
     pub fn stage(&self, id: &VolumeId, req: StageRequest) -> Result<()> {
         let _guard = self.claim(id)?;
         if self.stages_nothing(id, &req.capability)? {
@@ -73,7 +73,7 @@ impl Volumes {
         let record = self.get(id)?;
         let cap = &req.capability;
         let Some(fs) = record.kind.image_fs() else {
-            return Ok(());
+            return self.stage_encrypted_block(&record, &req);
         };
         if let Some(staged) = record.staging()
             && staged.target != req.staging
@@ -105,7 +105,9 @@ impl Volumes {
         };
         let key = req.key.as_deref();
         let record = match record.encryption {
-            Some(Luks { formatted: false }) => self.format_encrypted(&record, fs, &data, key)?,
+            Some(Luks { formatted: false }) => {
+                self.format_encrypted(&record, Some(fs), &data, key)?
+            }
             _ => record,
         };
         let readonly = cap.access_mode.is_read_only();
@@ -337,7 +339,10 @@ impl Volumes {
             return refuse_unknown_mount(&at);
         };
         if record.kind.image_fs().is_none() {
-            return Ok(());
+            return match record.encryption {
+                Some(_) => self.unstage_encrypted_block(&record, staging),
+                None => Ok(()),
+            };
         }
         let pods = record
             .pod_publications()
@@ -444,9 +449,7 @@ impl Volumes {
                     record.id
                 ))
             })?;
-        if record.encryption.is_some() {
-            self.resize_encrypted(record)?;
-        }
+        self.resize_encrypted(record)?;
         let (fs_device, _) = encryption::filesystem_device(record, &device).ok_or_else(|| {
             Error::FailedPrecondition(format!(
                 "volume {} is staged, but its encryption is not open over {}",
@@ -470,8 +473,11 @@ impl Volumes {
         })
     }
 
-    /// The image volume's staging, if its filesystem is mounted read-write now.
+    /// The image volume's staging, if its filesystem is mounted read-write now. Never another
+    /// kind's: an encrypted block volume's staging path is a plain directory of kubelet's, and
+    /// freezing "its filesystem" would freeze the node's.
     fn staged_writable<'a>(&self, record: &'a VolumeRecord) -> Option<&'a Publication> {
+        record.kind.image_fs()?;
         record
             .staging()
             .filter(|staged| !staged.readonly && self.is_live(record, staged).unwrap_or(false))
@@ -573,7 +579,7 @@ impl Volumes {
         let errors = record
             .staging()
             .and_then(|staged| staged.loop_device.as_deref())
-            .and_then(|device| encryption::filesystem_device_name(record, device))
+            .and_then(|device| encryption::top_device_name(record, device))
             .and_then(|device| fsimage::error_count(fs, &device))
             .filter(|count| *count > 0);
         let problem = errors.map(|count| {
@@ -615,6 +621,12 @@ fn image_device(record: &VolumeRecord, data: &Path, mounted: &Stat) -> Option<Lo
         .find(|device| {
             encryption::filesystem_device(record, device).is_some_and(|(_, dev)| dev == mounted.dev)
         })
+}
+
+/// Whether volume `record` has nothing to stage: a directory, or a block volume that is not
+/// encrypted (an encrypted one needs its key, which only the stage has).
+fn stages_nothing(record: &VolumeRecord) -> bool {
+    record.kind.image_fs().is_none() && record.encryption.is_none()
 }
 
 /// An unstage for a volume we do not know: succeed unless a mount stands there.

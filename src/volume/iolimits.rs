@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 use super::Volumes;
+use super::encryption;
 use super::inventory::pod_uid_of;
 use super::state::id::VolumeId;
 use super::state::record::{Publication, VolumeKind, VolumeRecord};
@@ -165,13 +166,15 @@ impl Volumes {
     }
 }
 
-/// The loop device whose IO `publication`'s pod does: none for a directory volume.
+/// The device whose IO `publication`'s pod does: its loop device (block), the staged one
+/// (image), or the encrypted volume's mapping over it; none for a directory volume.
 fn device_of(record: &VolumeRecord, publication: &Publication) -> Option<String> {
-    match record.kind {
+    let loop_device = match record.kind {
         VolumeKind::Filesystem => None,
-        VolumeKind::Block => publication.loop_device.clone(),
-        VolumeKind::Image(_) => record.staging().and_then(|s| s.loop_device.clone()),
-    }
+        VolumeKind::Block => publication.loop_device.as_deref(),
+        VolumeKind::Image(_) => record.staging().and_then(|s| s.loop_device.as_deref()),
+    }?;
+    encryption::top_device_name(record, loop_device)
 }
 
 /// The host's form of a volume's limits.

@@ -33,6 +33,7 @@ mod available;
 pub mod capability;
 pub mod create;
 mod devices;
+pub mod encrypted_block;
 pub mod encryption;
 mod expand;
 pub mod fence;

@@ -210,6 +210,9 @@ impl Volumes {
         match record.kind {
             VolumeKind::Filesystem => Ok(is_bind_of(&target, &data).context(context)?),
             VolumeKind::Image(_) => Ok(self.image_is_live(record, &target, &data)),
+            VolumeKind::Block if record.encryption.is_some() => {
+                Ok(self.encrypted_block_is_live(record, publication, &target, &data))
+            }
             VolumeKind::Block => {
                 let Some(device) = publication
                     .loop_device
@@ -280,6 +283,11 @@ impl Volumes {
         mut wanted: Publication,
         known: Option<&Publication>,
     ) -> Result<Publication> {
+        if record.encryption.is_some() {
+            let (wanted, mapping) = self.publish_encrypted_block(record, wanted)?;
+            link_device(at, &mapping)?;
+            return Ok(wanted);
+        }
         let target = wanted.target.clone();
         let source = fsstat::lstat(data).map_err(|err| missing_data(id, data, err))?;
         if !source.is_regular_file() {
@@ -308,7 +316,7 @@ impl Volumes {
         wanted.loop_device = Some(device.name().to_string());
         wanted.loop_backing_file = Some(source.id());
         // Any failure from here on must not leave the device we may just have attached behind.
-        if let Err(err) = link_device(at, &device) {
+        if let Err(err) = link_device(at, &device.path()) {
             self.release_device_if_unused(record, &device, &target);
             return Err(err);
         }
@@ -441,11 +449,11 @@ fn linked_device(at: &Target<'_>, data: &Path, readonly: bool) -> Option<loopdev
 
 /// Makes `at` a symlink to `device`, replacing an empty placeholder or another link; Ok if
 /// it already is one.
-fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
+fn link_device(at: &Target<'_>, device: &Path) -> Result<()> {
     let target = at.path;
     match at.stat()? {
         Some(stat) if stat.is_symlink() => {
-            if at.read_link() == Some(device.path()) {
+            if at.read_link().as_deref() == Some(device) {
                 return Ok(());
             }
             // Kubelet's block target belongs to one PV and one pod, so a link there to another
@@ -467,13 +475,8 @@ fn link_device(at: &Target<'_>, device: &loopdev::LoopDevice) -> Result<()> {
         }
         None => {}
     }
-    dirfd::symlink_at(&device.path(), at.parent()?, at.name).context(|| {
-        format!(
-            "linking {} to {}",
-            target.display(),
-            device.path().display()
-        )
-    })
+    dirfd::symlink_at(device, at.parent()?, at.name)
+        .context(|| format!("linking {} to {}", target.display(), device.display()))
 }
 
 /// The flags for a bind of `data`: the ones asked for, plus those the data's own mount has (a

@@ -337,6 +337,14 @@ impl Volumes {
             if !(known || recordless) {
                 continue;
             }
+            // An encrypted volume's mapping left open over it by a crash holds it (and the key).
+            let mapping = super::encryption::mapping_name(&id);
+            if crate::host::crypt::mapping(&mapping)
+                .is_some_and(|m| m.below.iter().any(|below| below == device.name()))
+                && let Err(err) = crate::host::crypt::close(&mapping)
+            {
+                warn!(device = %device.path().display(), error = %err, "could not close the encryption mapping over an unused loop device");
+            }
             match loopdev::detach(&device) {
                 Ok(()) => {
                     info!(device = %device.path().display(), file = %file.display(), "detached a loop device no publication uses")

@@ -218,7 +218,7 @@ pub struct VolumeRecord {
     /// `onOverflow` from its VolumeAttributesClass, in place of its StorageClass's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overflow: Option<OnOverflow>,
-    /// Encrypted at rest (image volumes; see `volume::encryption`).
+    /// Encrypted at rest (image and block volumes; see `volume::encryption`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Luks>,
     /// Kept in a file of its own by the store (records of older versions carry them inline).

@@ -50,6 +50,6 @@ log "the claim's event: $said"
 expect_eq "$(kn get pvc secret -o jsonpath='{.status.phase}')" Pending "the claim's phase"
 expect_eq "$(kn get pod user -o jsonpath='{.status.phase}')" Pending "the pod's phase"
 step "the node's doctor says it cannot encrypt"
-doctor=$(k -n "$DRIVER_NS" logs "$plugin" -c doctor 2>&1 | grep "encrypted image volumes" || true)
+doctor=$(k -n "$DRIVER_NS" logs "$plugin" -c doctor 2>&1 | grep "encrypted volumes" || true)
 log "the doctor: $doctor"
 [[ $doctor == *"cannot be made here"* ]] || fail "the doctor on $node does not report it: $doctor"
