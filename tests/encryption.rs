@@ -454,12 +454,12 @@ fn device_size(target: &Path) -> u64 {
 }
 
 #[tokio::test]
-async fn an_encrypted_block_volume_is_staged_with_its_key_linked_into_pods_grown_copied_and_erased()
-{
+async fn an_encrypted_block_volume_is_staged_with_its_key_linked_into_pods_kept_across_a_restart_grown_copied_and_erased()
+ {
     if !dm_crypt_here() {
         return;
     }
-    let CryptDriver { driver, fs } = start_on_xfs().await;
+    let CryptDriver { mut driver, fs } = start_on_xfs().await;
     let cap = block_cap(Mode::SingleNodeWriter);
     let marker = format!("PLAINTEXT-{}", new_name());
     let volume = driver
@@ -538,6 +538,8 @@ async fn an_encrypted_block_volume_is_staged_with_its_key_linked_into_pods_grown
     stage_as(&driver, &volume, &staging, cap.clone(), Some(KEY))
         .await
         .unwrap();
+    // A restarted driver keeps the mapping and serves a new pod without the key.
+    driver.kill9_and_restart().await;
     driver.node().node_publish_volume(request).await.unwrap();
     assert_eq!(read_device_marker(&target, marker.len()), marker);
 

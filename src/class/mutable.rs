@@ -1,17 +1,19 @@
 //! The mutable parameters: a VolumeAttributesClass's `parameters`, which csi-provisioner passes
 //! to CreateVolume and csi-resizer to ControllerModifyVolume as `mutable_parameters`, and which
 //! change with the claim's class at any time: IO limits of a block or an image volume, applied
-//! to the cgroup of every pod that uses it (`volume::iolimits`), and `onOverflow`, which takes
-//! the place of the StorageClass's for a directory volume (`volume::overflow`).
+//! to the cgroup of every pod that uses it (`volume::iolimits`), `onOverflow`, which takes
+//! the place of the StorageClass's for a directory volume (`volume::overflow`), and
+//! `onNodeLoss`, which takes the place of the StorageClass's for the node-loss reconciler (it
+//! reads the class the PV names; nothing on the node).
 //!
-//! No key means no limit, and the StorageClass's `onOverflow`: a class without one (or the
-//! class removed) lifts a limit.
+//! No key means no limit, and the StorageClass's policies: a class without one (or the class
+//! removed) lifts a limit.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{OnOverflow, PARAM_ON_OVERFLOW};
+use super::{OnNodeLoss, OnOverflow, PARAM_ON_NODE_LOSS, PARAM_ON_OVERFLOW};
 
 /// Reads a second, at most, from the volume's device.
 pub const PARAM_READ_IOPS: &str = "readIOPS";
@@ -29,6 +31,7 @@ pub const MUTABLE: &[&str] = &[
     PARAM_READ_BYTES_PER_SECOND,
     PARAM_WRITE_BYTES_PER_SECOND,
     PARAM_ON_OVERFLOW,
+    PARAM_ON_NODE_LOSS,
 ];
 
 /// Everything a VolumeAttributesClass may set.
@@ -39,6 +42,9 @@ pub struct Mutable {
     /// In place of the StorageClass's `onOverflow` (None: the StorageClass's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overflow: Option<OnOverflow>,
+    /// In place of the StorageClass's `onNodeLoss` (None: the StorageClass's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_node_loss: Option<OnNodeLoss>,
 }
 
 impl Mutable {
@@ -47,11 +53,16 @@ impl Mutable {
         let on_overflow = (params.get(PARAM_ON_OVERFLOW))
             .map(|value| OnOverflow::parse(Some(value)))
             .transpose()?;
+        let on_node_loss = (params.get(PARAM_ON_NODE_LOSS))
+            .map(|value| OnNodeLoss::parse(Some(value)))
+            .transpose()?;
         let mut io_keys = params.clone();
         io_keys.remove(PARAM_ON_OVERFLOW);
+        io_keys.remove(PARAM_ON_NODE_LOSS);
         Ok(Mutable {
             io: IoLimits::parse(&io_keys)?,
             on_overflow,
+            on_node_loss,
         })
     }
 
@@ -63,13 +74,19 @@ impl Mutable {
         })
     }
 
-    /// `writeIOPS=200 onOverflow=report`, or `none`: for logs and messages.
+    /// `writeIOPS=200 onOverflow=report onNodeLoss=release`, or `none`: for logs and messages.
     pub fn describe(&self) -> String {
-        match (self.io.is_unlimited(), self.on_overflow) {
-            (_, None) => self.io.describe(),
-            (true, Some(policy)) => format!("{PARAM_ON_OVERFLOW}={policy}"),
-            (false, Some(policy)) => format!("{} {PARAM_ON_OVERFLOW}={policy}", self.io.describe()),
+        let mut parts = Vec::new();
+        if !self.io.is_unlimited() || (self.on_overflow, self.on_node_loss) == (None, None) {
+            parts.push(self.io.describe());
         }
+        if let Some(policy) = self.on_overflow {
+            parts.push(format!("{PARAM_ON_OVERFLOW}={policy}"));
+        }
+        if let Some(policy) = self.on_node_loss {
+            parts.push(format!("{PARAM_ON_NODE_LOSS}={}", policy.as_str()));
+        }
+        parts.join(" ")
     }
 }
 
@@ -238,6 +255,25 @@ mod tests {
         let bad: HashMap<String, String> =
             [("onOverflow".to_string(), "ignore".to_string())].into();
         assert!(Mutable::parse(&bad).unwrap_err().contains("onOverflow"));
+    }
+
+    #[test]
+    fn on_node_loss_is_mutable_too_and_reads_back_as_written() {
+        let pairs: HashMap<String, String> = [("onNodeLoss", "release"), ("onOverflow", "report")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let wanted = Mutable::parse(&pairs).unwrap();
+        assert_eq!(wanted.on_node_loss, Some(super::super::OnNodeLoss::Release));
+        assert!(wanted.io.is_unlimited());
+        assert_eq!(wanted.describe(), "onOverflow=report onNodeLoss=release");
+        let json = serde_json::to_string(&wanted).unwrap();
+        assert_eq!(json, r#"{"on_overflow":"report","on_node_loss":"release"}"#);
+        assert_eq!(serde_json::from_str::<Mutable>(&json).unwrap(), wanted);
+        let bad: HashMap<String, String> =
+            [("onNodeLoss".to_string(), "sometimes".to_string())].into();
+        assert!(Mutable::parse(&bad).unwrap_err().contains("onNodeLoss"));
+        assert_eq!(Mutable::default().describe(), "none");
     }
 
     #[test]

@@ -68,7 +68,8 @@ impl Encryption {
 }
 
 /// What happens to a StatefulSet's claim pinned to a lost node (`onNodeLoss`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OnNodeLoss {
     /// Nothing: an operator decides (the data may come back with the node).
     #[default]

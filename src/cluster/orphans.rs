@@ -289,6 +289,7 @@ mod tests {
             reclaim_retain: false,
             deleting: false,
             provisioner_finalizer: true,
+            attributes_class: None,
         };
         let snapshot = Snapshot {
             nodes: vec![decide::NodeView {

@@ -212,6 +212,7 @@ mod tests {
                 ..IoLimits::default()
             },
             on_overflow: None,
+            on_node_loss: None,
         }
     }
 

@@ -228,6 +228,8 @@ pub struct PersistentVolumeSpec {
     pub claim_ref: Option<ClaimRef>,
     pub persistent_volume_reclaim_policy: Option<String>,
     pub node_affinity: Option<VolumeNodeAffinity>,
+    /// The VolumeAttributesClass in effect (csi-resizer sets it once a change is carried out).
+    pub volume_attributes_class_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -4,12 +4,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::decide::provenance::{OwnerView, TemplateView};
-use super::decide::{ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView, StatefulSetView};
-use crate::class::OnNodeLoss;
+use super::decide::{
+    AttributesClassView, ClaimView, ClassView, NodeView, ObjectRef, PodView, PvView,
+    StatefulSetView,
+};
+use crate::class::{OnNodeLoss, PARAM_ON_NODE_LOSS};
 pub use crate::cluster::kit::affinity::pinned_by;
 use crate::cluster::kit::names::PROVISIONER_FINALIZER;
 use crate::cluster::kit::slim::{self, Pod, StatefulSet};
@@ -78,6 +81,21 @@ pub fn pv(pv: &slim::PersistentVolume, topology_key: &str) -> PvView {
             .finalizers
             .as_ref()
             .is_some_and(|f| f.iter().any(|f| f == PROVISIONER_FINALIZER)),
+        attributes_class: spec
+            .and_then(|s| s.volume_attributes_class_name.clone())
+            .filter(|name| !name.is_empty()),
+    }
+}
+
+pub fn attributes_class(class: &VolumeAttributesClass) -> AttributesClassView {
+    AttributesClassView {
+        name: class.metadata.name.clone().unwrap_or_default(),
+        driver: class.driver_name.clone(),
+        on_node_loss: class
+            .parameters
+            .as_ref()
+            .and_then(|p| p.get(PARAM_ON_NODE_LOSS))
+            .map(|value| OnNodeLoss::parse(Some(value))),
     }
 }
 

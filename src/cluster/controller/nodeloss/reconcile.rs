@@ -16,12 +16,15 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::VolumeAttributesClass;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::decide::{self, Action, Decision, ObjectRef, Options, Reason, Snapshot};
+use super::decide::{
+    self, Action, AttributesClassView, Decision, ObjectRef, Options, PvView, Reason, Snapshot,
+};
 use super::lease::Election;
 use super::view::ClusterView;
 use super::{observe, watch};
@@ -84,6 +87,7 @@ pub async fn snapshot(
             snapshot.pvs.push(pv);
         }
     }
+    snapshot.attributes_classes = attributes_classes(client, &snapshot.pvs).await?;
     let namespaces: BTreeSet<String> = snapshot
         .pvs
         .iter()
@@ -105,6 +109,27 @@ pub async fn snapshot(
             .extend(sets.iter().map(observe::statefulset));
     }
     Ok(snapshot)
+}
+
+/// The VolumeAttributesClasses `pvs` name, read now. One that is gone (or an API server
+/// without them) is none; any other error fails the round rather than fall back to the
+/// StorageClass's policy, which the class may have overridden with `keep`.
+async fn attributes_classes(
+    client: &Client,
+    pvs: &[PvView],
+) -> Result<Vec<AttributesClassView>, kube::Error> {
+    let names: BTreeSet<&String> = pvs
+        .iter()
+        .filter_map(|pv| pv.attributes_class.as_ref())
+        .collect();
+    let api = Api::<VolumeAttributesClass>::all(client.clone());
+    let mut found = Vec::new();
+    for name in names {
+        if let Some(class) = api.get_opt(name).await? {
+            found.push(observe::attributes_class(&class));
+        }
+    }
+    Ok(found)
 }
 
 fn delete_params(uid: &str) -> DeleteParams {
@@ -537,6 +562,7 @@ mod tests {
             "pods",
             "statefulsets",
             "storageclasses",
+            "volumeattributesclasses",
             "leases",
             "events",
             "configmaps",
@@ -824,6 +850,58 @@ mod tests {
         round(&client, &settings(dry_run), &view, metrics, reported)
             .await
             .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_volume_attributes_class_of_the_pv_overrides_its_storage_class() {
+        // The StorageClass says release; the PV's VolumeAttributesClass says keep: nothing.
+        let store = cluster("release");
+        let vac = |name: &str, policy: &str| {
+            json!({"metadata": {"name": name}, "driverName": DRIVER,
+                   "parameters": {"onNodeLoss": policy}})
+        };
+        let name_class = |store: &Shared, class: &str| {
+            let mut s = store.lock().unwrap();
+            let pv = s
+                .objects
+                .get_mut("/api/v1/persistentvolumes")
+                .and_then(|pvs| pvs.get_mut("pv-b"))
+                .unwrap();
+            pv["spec"]["volumeAttributesClassName"] = json!(class);
+        };
+        put(
+            &store,
+            "/apis/storage.k8s.io/v1/volumeattributesclasses",
+            vac("hold", "keep"),
+        );
+        name_class(&store, "hold");
+        let mut reported = HashSet::new();
+        one_round(&store, false, &mut reported).await;
+        assert_eq!(writes(&store), Vec::<String>::new());
+
+        // And the other way round: the class keeps, the attributes class releases.
+        let store = cluster("keep");
+        put(
+            &store,
+            "/apis/storage.k8s.io/v1/volumeattributesclasses",
+            vac("go", "release"),
+        );
+        name_class(&store, "go");
+        let mut reported = HashSet::new();
+        one_round(&store, false, &mut reported).await;
+        assert_eq!(
+            writes(&store),
+            [
+                "DELETE /api/v1/namespaces/ns/persistentvolumeclaims/data-db-0",
+                "DELETE /api/v1/namespaces/ns/pods/db-0",
+            ]
+        );
+
+        // An attributes class that is gone, or that says nothing of it: the StorageClass's.
+        let store = cluster("keep");
+        name_class(&store, "gone");
+        one_round(&store, false, &mut HashSet::new()).await;
+        assert_eq!(writes(&store), Vec::<String>::new());
     }
 
     #[tokio::test]

@@ -76,6 +76,9 @@ pub struct PvView {
     /// It carries external-provisioner's finalizer, which only the provisioner of its node
     /// removes.
     pub provisioner_finalizer: bool,
+    /// `spec.volumeAttributesClassName`: its VolumeAttributesClass, whose `onNodeLoss` takes the
+    /// place of its StorageClass's.
+    pub attributes_class: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -122,6 +125,14 @@ pub struct ClassView {
     pub on_node_loss: Result<OnNodeLoss, String>,
 }
 
+/// A VolumeAttributesClass a PV on a lost node names: its `onNodeLoss`, if it sets one.
+#[derive(Debug, Clone)]
+pub struct AttributesClassView {
+    pub name: String,
+    pub driver: String,
+    pub on_node_loss: Option<Result<OnNodeLoss, String>>,
+}
+
 /// What the API server showed, complete (the loop builds one only after every list arrived).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -131,6 +142,7 @@ pub struct Snapshot {
     pub pods: Vec<PodView>,
     pub statefulsets: Vec<StatefulSetView>,
     pub classes: Vec<ClassView>,
+    pub attributes_classes: Vec<AttributesClassView>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,7 +353,18 @@ pub fn decide(snapshot: &Snapshot, options: Options<'_>) -> Vec<Decision> {
     decisions
 }
 
+/// The PV's policy: its VolumeAttributesClass's `onNodeLoss` when it sets one, else its
+/// StorageClass's.
 fn policy_of(snapshot: &Snapshot, pv: &PvView, driver: &str) -> Result<OnNodeLoss, Reason> {
+    let attributes = pv.attributes_class.as_ref().and_then(|name| {
+        snapshot
+            .attributes_classes
+            .iter()
+            .find(|c| &c.name == name && c.driver == driver)
+    });
+    if let Some(policy) = attributes.and_then(|c| c.on_node_loss.clone()) {
+        return policy.map_err(Reason::ClassParameterInvalid);
+    }
     let class = snapshot
         .classes
         .iter()
@@ -514,6 +537,7 @@ mod tests {
                 reclaim_retain: false,
                 deleting: false,
                 provisioner_finalizer: true,
+                attributes_class: None,
             }],
             claims: vec![ClaimView {
                 object: obj("ns", "data-db-0"),
@@ -533,6 +557,7 @@ mod tests {
             }],
             statefulsets: vec![set],
             classes: vec![class("sv", Some("release"))],
+            attributes_classes: Vec::new(),
         }
     }
 
@@ -565,6 +590,37 @@ mod tests {
         let d = only(decide(&s, ACT));
         assert_eq!(d.loss, Loss::OutOfService);
         assert_eq!(d.action, release_of_db0());
+    }
+
+    #[test]
+    fn an_attributes_class_policy_wins_over_the_storage_class_only_when_it_is_ours() {
+        let attributes = |driver: &str, policy: Option<&str>| AttributesClassView {
+            name: "vac".into(),
+            driver: driver.into(),
+            on_node_loss: policy.map(|p| OnNodeLoss::parse(Some(p))),
+        };
+        let with = |view: AttributesClassView| {
+            let mut s = cluster();
+            s.pvs[0].attributes_class = Some("vac".into());
+            s.attributes_classes = vec![view];
+            only(decide(&s, ACT))
+        };
+        assert_eq!(
+            with(attributes(DRIVER, Some("keep"))).action,
+            Action::Nothing
+        );
+        // Another driver's class of that name, or one without the key: the StorageClass's.
+        assert_eq!(
+            with(attributes("other.csi.io", Some("keep"))).action,
+            release_of_db0()
+        );
+        assert_eq!(with(attributes(DRIVER, None)).action, release_of_db0());
+        let bad = with(attributes(DRIVER, Some("sometimes")));
+        assert!(
+            matches!(bad.reason, Reason::ClassParameterInvalid(_)),
+            "{bad:?}"
+        );
+        assert_eq!(bad.action, Action::Nothing);
     }
 
     #[test]
