@@ -232,6 +232,23 @@ async fn start_on_xfs() -> CryptDriver {
     CryptDriver { driver, fs }
 }
 
+/// After every volume and snapshot of the pool is deleted, its whole disk holds neither the
+/// plaintext a pod wrote nor a LUKS header (primary or secondary).
+#[track_caller]
+fn assert_disk_holds_neither(fs: &ScratchFs, marker: &str) {
+    File::open(&fs.device).unwrap().sync_all().unwrap();
+    assert!(
+        !holds(&fs.device, marker.as_bytes()),
+        "plaintext on the pool's disk"
+    );
+    for magic in [LUKS_MAGIC, LUKS_SECOND_MAGIC] {
+        assert!(
+            !holds(&fs.device, magic),
+            "a LUKS header survived on the pool's disk"
+        );
+    }
+}
+
 fn write_marker(dir: &Path, marker: &str) {
     let mut file = File::create(dir.join("marker")).unwrap();
     for _ in 0..256 {
@@ -312,17 +329,7 @@ async fn an_encrypted_image_holds_only_ciphertext_opens_with_its_key_alone_and_i
     driver.unstage(&volume.volume_id, &staging).await.unwrap();
     driver.delete(&volume.volume_id).await.unwrap();
     assert!(!image.exists());
-    fs::File::open(&fs.device).unwrap().sync_all().unwrap();
-    assert!(
-        !holds(&fs.device, marker.as_bytes()),
-        "plaintext on the pool's disk"
-    );
-    for magic in [LUKS_MAGIC, LUKS_SECOND_MAGIC] {
-        assert!(
-            !holds(&fs.device, magic),
-            "a LUKS header survived DeleteVolume on the pool's disk"
-        );
-    }
+    assert_disk_holds_neither(&fs, &marker);
     assert!(!driver.log_text().contains(KEY), "the key was logged");
 }
 
@@ -404,17 +411,7 @@ async fn an_encrypted_image_is_snapshotted_restored_with_its_key_grown_and_never
         driver.delete(&volume.volume_id).await.unwrap();
     }
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
-    fs::File::open(&fs.device).unwrap().sync_all().unwrap();
-    assert!(
-        !holds(&fs.device, marker.as_bytes()),
-        "plaintext on the pool's disk"
-    );
-    for magic in [LUKS_MAGIC, LUKS_SECOND_MAGIC] {
-        assert!(
-            !holds(&fs.device, magic),
-            "a LUKS header survived the deletion of the volumes and the snapshot"
-        );
-    }
+    assert_disk_holds_neither(&fs, &marker);
 }
 
 fn holds_bytes(haystack: &[u8], needle: &[u8]) -> bool {
@@ -574,15 +571,5 @@ async fn an_encrypted_block_volume_is_staged_with_its_key_linked_into_pods_kept_
     }
     driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
     assert!(driver.loop_devices_left().is_empty());
-    fs::File::open(&fs.device).unwrap().sync_all().unwrap();
-    assert!(
-        !holds(&fs.device, marker.as_bytes()),
-        "plaintext on the pool's disk"
-    );
-    for magic in [LUKS_MAGIC, LUKS_SECOND_MAGIC] {
-        assert!(
-            !holds(&fs.device, magic),
-            "a LUKS header survived on the pool's disk"
-        );
-    }
+    assert_disk_holds_neither(&fs, &marker);
 }
