@@ -334,7 +334,7 @@ async fn an_encrypted_image_holds_only_ciphertext_opens_with_its_key_alone_and_i
 }
 
 #[tokio::test]
-async fn an_encrypted_image_is_snapshotted_restored_with_its_key_grown_and_never_exported() {
+async fn an_encrypted_image_is_snapshotted_restored_cloned_with_its_key_grown_and_never_exported() {
     if !dm_crypt_here() {
         return;
     }
@@ -360,6 +360,17 @@ async fn an_encrypted_image_is_snapshotted_restored_with_its_key_grown_and_never
         .unwrap();
     let restored_target = publish(&driver, &restored, &restored_staging).await;
     assert_eq!(read_marker(&restored_target), marker);
+
+    // A clone of the volume in use (its filesystem frozen for the reflink) likewise.
+    let mut clone = encrypted_request(64 * MIB, Some("crypt"));
+    clone.volume_content_source = Some(from_volume(&volume.volume_id));
+    let cloned = driver.create(clone).await;
+    let cloned_staging = driver.staging_path();
+    stage(&driver, &cloned, &cloned_staging, Some(KEY))
+        .await
+        .unwrap();
+    let cloned_target = publish(&driver, &cloned, &cloned_staging).await;
+    assert_eq!(read_marker(&cloned_target), marker);
 
     // Ciphertext is no filesystem: a class without encryption cannot restore it.
     let mut plain = thin(create_request(&new_name(), ext4_cap(), 64 * MIB));
@@ -405,6 +416,7 @@ async fn an_encrypted_image_is_snapshotted_restored_with_its_key_grown_and_never
     for (volume, staging, target) in [
         (&volume, &staging, &target),
         (&restored, &restored_staging, &restored_target),
+        (&cloned, &cloned_staging, &cloned_target),
     ] {
         driver.unpublish_ok(volume, target).await;
         driver.unstage(&volume.volume_id, staging).await.unwrap();

@@ -167,6 +167,22 @@ impl ClassParameters {
         })
     }
 
+    /// A mistake only the StorageClass object shows: csi-provisioner strips its own keys (the
+    /// secrets' references) before CreateVolume. An encrypted class without a node-stage Secret
+    /// makes volumes no stage can open.
+    pub fn class_mistake(&self) -> Option<String> {
+        let secret = |key: &str| {
+            self.raw.contains_key(&format!(
+                "{PROVISIONER_PARAMETER_PREFIX}node-stage-secret-{key}"
+            ))
+        };
+        (self.encryption == Encryption::Luks2 && !(secret("name") && secret("namespace"))).then(|| {
+            format!(
+                "StorageClass parameter {PARAM_ENCRYPTION}: luks2 needs the Secret holding the key: set {PROVISIONER_PARAMETER_PREFIX}node-stage-secret-name and {PROVISIONER_PARAMETER_PREFIX}node-stage-secret-namespace (its entry \"key\" is the key)"
+            )
+        })
+    }
+
     /// The parameters of a class with mistakes, without them: each key kept only if it is valid
     /// on its own. GetCapacity answers with these, so that a class with a misspelt key still gets
     /// capacity where its pool is (the scheduler then picks a node, and CreateVolume's

@@ -35,7 +35,10 @@ pub fn mistake(class: &StorageClass, driver: &str) -> Option<String> {
         .unwrap_or_default()
         .into_iter()
         .collect();
-    ClassParameters::parse(&parameters).err()
+    match ClassParameters::parse(&parameters) {
+        Ok(parsed) => parsed.class_mistake(),
+        Err(mistake) => Some(mistake),
+    }
 }
 
 /// The class, as its Event's `regarding`.
@@ -156,6 +159,14 @@ mod tests {
         );
         let provisioner_keys = json!({"csi.storage.k8s.io/fstype": "ext4"});
         assert_eq!(mistake(&class(driver, provisioner_keys), driver), None);
+        // An encrypted class must name the Secret with its key.
+        let keyless = json!({"csi.storage.k8s.io/fstype": "ext4", "encryption": "luks2"});
+        let said = mistake(&class(driver, keyless), driver).unwrap();
+        assert!(said.contains("node-stage-secret-name"), "{said}");
+        let keyed = json!({"encryption": "luks2",
+                           "csi.storage.k8s.io/node-stage-secret-name": "k",
+                           "csi.storage.k8s.io/node-stage-secret-namespace": "ns"});
+        assert_eq!(mistake(&class(driver, keyed), driver), None);
         assert_eq!(
             mistake(&class("other.csi.io", json!({"bogus": "x"})), driver),
             None
