@@ -172,3 +172,62 @@ pub fn text(r: &IoLimitsReport) -> String {
     push_errors(&mut out, &r.io_errors, &r.rpcs);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn side(iops: f64) -> Side {
+        Side {
+            ops: (iops * 10.0) as u64,
+            seconds: 10.0,
+            iops,
+            ..Side::default()
+        }
+    }
+
+    fn phase(limited: f64, in_cgroup: Option<u64>, beside: f64) -> Phase {
+        Phase {
+            changed: false,
+            write_iops: 200,
+            write_iops_in_cgroup: in_cgroup,
+            neighbour_alone_before: side(1000.0),
+            neighbour_alone_after: side(1200.0),
+            neighbour_alone_iops: 1100.0,
+            limited: side(limited),
+            neighbour: side(beside),
+            limited_bound: 210.0,
+            neighbour_share: beside / 1100.0,
+        }
+    }
+
+    fn kind(phases: Vec<Phase>) -> KindReport {
+        KindReport {
+            kind: "block",
+            limited_device: "7:0".into(),
+            neighbour_device: "7:1".into(),
+            phases,
+        }
+    }
+
+    #[test]
+    fn each_threshold_fails_on_its_own() {
+        let good = phase(205.0, Some(200), 1000.0);
+        assert_eq!(
+            failed_checks(&[kind(vec![good])], 0.9),
+            Vec::<String>::new()
+        );
+        let cases = [
+            (phase(211.0, Some(200), 1000.0), "211.0 IOPS, bound 210.0"),
+            (phase(0.0, Some(200), 1000.0), "0.0 IOPS"),
+            (phase(200.0, None, 1000.0), "writeIOPS None"),
+            (phase(200.0, Some(400), 1000.0), "writeIOPS Some(400)"),
+            (phase(200.0, Some(200), 980.0), "89.1% of its rate alone"),
+        ];
+        for (bad, says) in cases {
+            let failed = failed_checks(&[kind(vec![bad])], 0.9);
+            assert_eq!(failed.len(), 1, "{failed:?}");
+            assert!(failed[0].contains(says), "{failed:?} should say {says}");
+        }
+    }
+}
