@@ -106,18 +106,7 @@ pub async fn io_limits(args: &IoLimitsArgs) -> Result<IoLimitsReport, Fatal> {
         run.leftovers.push(err);
     }
     let kinds = measured.map_err(|err| with_leftovers(err, &run.leftovers))?;
-    let write_errors: u64 = (kinds.iter())
-        .flat_map(|k| k.phases.iter())
-        .flat_map(|p| {
-            [
-                &p.neighbour_alone_before,
-                &p.neighbour_alone_after,
-                &p.limited,
-                &p.neighbour,
-            ]
-        })
-        .map(|side| side.errors)
-        .sum();
+    let write_errors = write_errors(&kinds);
     run.io_errors.truncate(10);
     Ok(IoLimitsReport {
         workload: "io-limits",
@@ -135,6 +124,22 @@ pub async fn io_limits(args: &IoLimitsArgs) -> Result<IoLimitsReport, Fatal> {
         io_errors: run.io_errors,
         leftovers: run.leftovers,
     })
+}
+
+/// The writes that failed, in every run.
+fn write_errors(kinds: &[KindReport]) -> u64 {
+    (kinds.iter())
+        .flat_map(|kind| kind.phases.iter())
+        .flat_map(|p| {
+            [
+                &p.neighbour_alone_before,
+                &p.neighbour_alone_after,
+                &p.limited,
+                &p.neighbour,
+            ]
+        })
+        .map(|side| side.errors)
+        .sum()
 }
 
 fn check_args(args: &IoLimitsArgs) -> Result<(), Fatal> {
