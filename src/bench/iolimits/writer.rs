@@ -100,10 +100,12 @@ pub(crate) fn run_together(
     writers: &[Writer],
     runtime: Duration,
 ) -> Result<Vec<WriterOutput>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding our own binary: {e}"))?;
+    // Our own binary as the kernel holds it: a rebuild that replaces the file on disk during a
+    // run (a shared target directory) leaves `current_exe()` naming a deleted path.
+    let exe = Path::new("/proc/self/exe");
     let mut running = Vec::new();
     for writer in writers {
-        running.push(spawn(&exe, writer, runtime)?);
+        running.push(spawn(exe, writer, runtime)?);
     }
     for one in &mut running {
         let mut line = String::new();
