@@ -106,7 +106,7 @@ pub(crate) fn cases() -> Vec<Case> {
 }
 
 /// What one side (device or plain file) did in one case.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct Side {
     pub ops: u64,
     pub bytes: u64,
@@ -512,7 +512,12 @@ pub(crate) fn run_case_on_both(
 }
 
 /// Runs one case on `file` for `runtime`; the figures and the I/O errors met.
-fn run_case(file: &File, size: u64, case: Case, runtime: Duration) -> (Side, Vec<String>) {
+pub(crate) fn run_case(
+    file: &File,
+    size: u64,
+    case: Case,
+    runtime: Duration,
+) -> (Side, Vec<String>) {
     let shared = CaseRun {
         file,
         case,

@@ -45,6 +45,16 @@ pub enum Workload {
     /// the same round on --floor-dir, compared with the ratios committed in --baseline. Exit
     /// status 1 when a figure is more than --tolerance behind its baseline.
     Guard(GuardArgs),
+    /// IO limits from a VolumeAttributesClass (`writeIOPS`), for a block and an image volume:
+    /// 4 KiB random direct writes in a pod's cgroup (made as kubelet makes it) on a limited
+    /// volume, beside an unlimited neighbour of the same pool in a pod of its own, before and
+    /// after ControllerModifyVolume changes the class on the running pod. Exit status 1 when the
+    /// limited volume exceeds its limit × (1 + --limit-slack) or the neighbour keeps less than
+    /// --neighbour-share of its rate alone.
+    IoLimits(IoLimitsArgs),
+    /// Internal: one writer of `io-limits`, run in a pod's cgroup.
+    #[command(hide = true)]
+    IoWriter(IoWriterArgs),
 }
 
 #[derive(Debug, Args)]
@@ -289,6 +299,119 @@ impl FsIoArgs {
             self.json,
         )
     }
+}
+
+#[derive(Debug, Args)]
+pub struct IoLimitsArgs {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+
+    /// Bytes each writer writes over: the first of its block volume, or a file of this size in
+    /// its image volume (which gets room for its metadata).
+    #[arg(long, default_value_t = 256 << 20)]
+    pub size: u64,
+
+    /// The kinds of volume measured, in order (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [LimitedKind::Block, LimitedKind::Image])]
+    pub kinds: Vec<LimitedKind>,
+
+    /// fsType of the image volumes.
+    #[arg(long, default_value = "ext4")]
+    pub fs_type: String,
+
+    /// A CreateVolume parameter (StorageClass parameter) of every volume, KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// `writeIOPS` of the limited volume's class when it is created.
+    #[arg(long, default_value_t = 200)]
+    pub write_iops: u64,
+
+    /// `writeIOPS` of the class it is changed to on the running pod.
+    #[arg(long, default_value_t = 400)]
+    pub changed_write_iops: u64,
+
+    /// How far above its limit the limited volume may write (0.05: 210 for 200).
+    #[arg(long, default_value_t = 0.05)]
+    pub limit_slack: f64,
+
+    /// The share of its rate alone the neighbour must keep beside the limited volume.
+    #[arg(long, default_value_t = 0.9)]
+    pub neighbour_share: f64,
+
+    /// How long each run of writes lasts.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub runtime: Duration,
+
+    /// Where the host's cgroup filesystem is (the driver's --cgroup-root): the pods' cgroups
+    /// are made below it, in a directory of the run.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl IoLimitsArgs {
+    /// The shared flags: volumes with room for a `--size` file and an image's metadata.
+    pub fn common(&self) -> Common {
+        let size = self.size as i64;
+        Common::without_preload(
+            &self.driver,
+            AccessType::Block,
+            size + size / 4 + (64 << 20),
+            &self.parameters,
+            self.deadline,
+            self.json,
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LimitedKind {
+    /// A block volume (its loop device published).
+    Block,
+    /// An image volume (a filesystem of --fs-type on its loop device).
+    Image,
+}
+
+impl LimitedKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LimitedKind::Block => "block",
+            LimitedKind::Image => "image",
+        }
+    }
+
+    pub fn access(self) -> AccessType {
+        match self {
+            LimitedKind::Block => AccessType::Block,
+            LimitedKind::Image => AccessType::Mount,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct IoWriterArgs {
+    /// The `cgroup.procs` this process joins before anything else.
+    #[arg(long)]
+    pub cgroup_procs: PathBuf,
+
+    /// The block device or file written.
+    #[arg(long)]
+    pub path: PathBuf,
+
+    /// Bytes written over, from the start.
+    #[arg(long)]
+    pub size: u64,
+
+    #[arg(long, value_parser = parse_duration)]
+    pub runtime: Duration,
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,9 @@
 //! published block volume against a plain file), `fsio` (the same in a file on an image
 //! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
 //! a volume of many files, with Probe timed), `guard` (CI's speed guard: lifecycle rounds
-//! against committed figures), `report` (samples, percentiles, output);
+//! against committed figures), `iolimits` (a VolumeAttributesClass's write IOPS limit on a
+//! block and an image volume in pods' cgroups, beside an unlimited neighbour), `report`
+//! (samples, percentiles, output);
 //! `cluster` is no CSI benchmark: stickyvol's controller and a node plugin against a simulated
 //! API server of a big cluster.
 
@@ -17,6 +19,7 @@ mod cluster;
 mod driver_process;
 mod fsio;
 mod guard;
+mod iolimits;
 mod paths;
 mod report;
 mod statsflood;
@@ -55,7 +58,17 @@ fn main() -> ExitCode {
         Workload::StatsFlood(args) => {
             finish(runtime.block_on(statsflood::stats_flood(&args)), args.json)
         }
-        Workload::Guard(args) => finish_guard(runtime.block_on(guard::guard(&args)), args.json),
+        Workload::Guard(args) => {
+            finish_checked(runtime.block_on(guard::guard(&args)), args.json, |report| {
+                !report.failed_figures.is_empty()
+            })
+        }
+        Workload::IoLimits(args) => finish_checked(
+            runtime.block_on(iolimits::io_limits(&args)),
+            args.json,
+            |report| !report.failed_checks.is_empty(),
+        ),
+        Workload::IoWriter(args) => io_writer(&args),
     }
 }
 
@@ -89,6 +102,7 @@ outcome!(statsflood::StatsFloodReport, statsflood::text);
 outcome!(fsio::FsIoReport, fsio::text);
 outcome!(cluster::ClusterReport, cluster::text);
 outcome!(guard::GuardReport, guard::text);
+outcome!(iolimits::report::IoLimitsReport, iolimits::report::text);
 
 /// Prints the report (JSON or text) and turns it into the exit status.
 fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCode {
@@ -104,14 +118,30 @@ fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCod
     exit_status(report.errors_total(), report.leftovers())
 }
 
-/// As `finish`, and a figure behind its baseline fails too.
-fn finish_guard(result: Result<guard::GuardReport, workload::Fatal>, json: bool) -> ExitCode {
-    let failed = matches!(&result, Ok(report) if !report.failed_figures.is_empty());
+/// As `finish`, and a check the report failed (a figure behind its baseline, a threshold
+/// missed) fails too.
+fn finish_checked<R: Outcome>(
+    result: Result<R, workload::Fatal>,
+    json: bool,
+    failed: impl Fn(&R) -> bool,
+) -> ExitCode {
+    let failed = matches!(&result, Ok(report) if failed(report));
     let status = finish(result, json);
     if failed && status == ExitCode::SUCCESS {
         ExitCode::from(EXIT_FAILED_CALLS)
     } else {
         status
+    }
+}
+
+/// One writer of `io-limits` (a process of its own in a pod's cgroup): its figures as JSON.
+fn io_writer(args: &cli::IoWriterArgs) -> ExitCode {
+    match iolimits::writer::run(args) {
+        Ok(output) => {
+            print_json(&output);
+            ExitCode::SUCCESS
+        }
+        Err(err) => cannot_run(&err),
     }
 }
 

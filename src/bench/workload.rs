@@ -61,6 +61,12 @@ impl Target {
         self.fs_type = fs_type.to_string();
     }
 
+    /// Volumes made and attached from now on are of `access` (see `make_base_dirs` for the
+    /// directories kubelet has for it).
+    pub(crate) fn set_access(&mut self, access: AccessType) {
+        self.access = access;
+    }
+
     pub(crate) fn capability(&self) -> csi::VolumeCapability {
         use csi::volume_capability::{AccessMode, AccessType as Type, BlockVolume, MountVolume};
         csi::VolumeCapability {
@@ -77,8 +83,13 @@ impl Target {
         }
     }
 
-    /// CreateVolume as external-provisioner sends it, topology from NodeGetInfo.
-    fn create_request(&self, name: &str) -> csi::CreateVolumeRequest {
+    /// CreateVolume as external-provisioner sends it, topology from NodeGetInfo, and a
+    /// VolumeAttributesClass's parameters as `mutable_parameters`.
+    fn create_request(
+        &self,
+        name: &str,
+        mutable_parameters: &HashMap<String, String>,
+    ) -> csi::CreateVolumeRequest {
         let topology = self.info.topology.as_ref().map(|segments| {
             let topology = csi::Topology {
                 segments: segments.clone(),
@@ -96,6 +107,7 @@ impl Target {
             }),
             volume_capabilities: vec![self.capability()],
             parameters: self.parameters.clone(),
+            mutable_parameters: mutable_parameters.clone(),
             accessibility_requirements: topology,
             ..Default::default()
         }
@@ -105,8 +117,18 @@ impl Target {
     /// followed by the same request again (as the provisioner retries) and a delete, so nothing
     /// stays behind. `None` when no volume is there to use.
     pub(crate) async fn create(&self, name: &str, recorder: &mut Recorder) -> Option<csi::Volume> {
+        self.create_in_class(name, &HashMap::new(), recorder).await
+    }
+
+    /// `create` with a VolumeAttributesClass's `mutable_parameters`.
+    pub(crate) async fn create_in_class(
+        &self,
+        name: &str,
+        mutable_parameters: &HashMap<String, String>,
+        recorder: &mut Recorder,
+    ) -> Option<csi::Volume> {
         let mut controller = self.csi.controller.clone();
-        let request = self.create_request(name);
+        let request = self.create_request(name, mutable_parameters);
         let call = controller.create_volume(self.csi.request(request.clone()));
         match timed(recorder, Rpc::CreateVolume, call).await {
             Ok(response) => response.volume,
@@ -175,13 +197,26 @@ impl Target {
         dirs: &mut MadeDirs,
         recorder: &mut Recorder,
     ) -> (Attachment, Result<Duration, AttachFailure>) {
-        let id = volume.volume_id.clone();
         let pod_uid = uuid::Uuid::now_v7().to_string();
+        self.attach_for_pod(volume, name, &pod_uid, dirs, recorder)
+            .await
+    }
+
+    /// `attach` for the pod with uid `pod_uid` (its target paths name it, as kubelet's do).
+    pub(crate) async fn attach_for_pod(
+        &self,
+        volume: &csi::Volume,
+        name: &str,
+        pod_uid: &str,
+        dirs: &mut MadeDirs,
+        recorder: &mut Recorder,
+    ) -> (Attachment, Result<Duration, AttachFailure>) {
+        let id = volume.volume_id.clone();
         let mut done = Attachment {
             volume_id: id.clone(),
             target: match self.access {
-                AccessType::Mount => self.layout.mount_target(&pod_uid, name),
-                AccessType::Block => self.layout.block_target(name, &pod_uid),
+                AccessType::Mount => self.layout.mount_target(pod_uid, name),
+                AccessType::Block => self.layout.block_target(name, pod_uid),
             },
             staging: self.info.stage_unstage.then(|| match self.access {
                 AccessType::Mount => self.layout.mount_staging(&id),
@@ -567,7 +602,7 @@ async fn target_for(session: &Session, common: &Common) -> Result<(Target, Recor
 }
 
 /// The shared directories kubelet would have (pods/, plugins/…) that the cycles need.
-fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
+pub(crate) fn make_base_dirs(target: &Target) -> Result<MadeDirs, Fatal> {
     let layout = &target.layout;
     let mut bases = vec![layout.root().to_path_buf()];
     match target.access {
