@@ -132,6 +132,39 @@ pub fn grow(fs: FsType, device: &Path, mount_point: &Path) -> io::Result<()> {
     }
 }
 
+/// Whether filesystem `fs` on `device` is smaller than the device, from its superblock (ext4:
+/// `s_blocks_count` and `s_log_block_size`; XFS: `sb_dblocks` and `sb_blocksize`): what decides
+/// whether a stage has growing to do, without running a tool for nothing.
+pub fn smaller_than_device(fs: FsType, device: &Path) -> io::Result<bool> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    let mut file = std::fs::File::open(device)?;
+    let device_bytes = file.seek(SeekFrom::End(0))?;
+    let fs_bytes = match fs {
+        FsType::Ext4 => {
+            let mut sb = [0u8; 1024];
+            file.read_exact_at(&mut sb, 1024)?;
+            let word = |at: usize| u32::from_le_bytes(sb[at..at + 4].try_into().unwrap());
+            // The high half counts only with the 64bit feature (incompat 0x80).
+            let high = if word(0x60) & 0x80 != 0 {
+                word(0x150)
+            } else {
+                0
+            };
+            let blocks = u64::from(word(0x4)) | (u64::from(high) << 32);
+            blocks << (10 + word(0x18).min(6))
+        }
+        FsType::Xfs => {
+            let mut sb = [0u8; 16];
+            file.read_exact_at(&mut sb, 0)?;
+            let block = u32::from_be_bytes(sb[4..8].try_into().unwrap());
+            let blocks = u64::from_be_bytes(sb[8..16].try_into().unwrap());
+            blocks.saturating_mul(u64::from(block))
+        }
+    };
+    Ok(fs_bytes < device_bytes)
+}
+
 /// Checks the filesystem `fs` in the image file `image` with its own checker, changing
 /// nothing (`e2fsck -n -f`, `xfs_repair -n -f`): an error names what the checker found. Run on
 /// bytes the kernel has not mounted yet (an imported image), in user space, where a crafted
@@ -288,6 +321,20 @@ pub fn error_count(fs: FsType, device: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_superblock_says_whether_the_image_grew_past_its_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        for fs in FsType::ALL {
+            let image = dir.path().join(fs.name());
+            let file = std::fs::File::create(&image).unwrap();
+            file.set_len(fs.min_bytes()).unwrap();
+            format(&image, fs).unwrap();
+            assert!(!smaller_than_device(fs, &image).unwrap(), "{}", fs.name());
+            file.set_len(fs.min_bytes() + (16 << 20)).unwrap();
+            assert!(smaller_than_device(fs, &image).unwrap(), "{}", fs.name());
+        }
+    }
 
     #[test]
     fn names_round_trip_and_nothing_else_parses() {

@@ -132,12 +132,14 @@ impl Volumes {
                 .put(updated)
                 .context(|| format!("recording the staging of volume {id}"))?;
         }
-        if !readonly {
-            // The file may be bigger than its filesystem: a restore into a bigger volume, or
-            // an expansion while nothing was staged. Growing to the same size is a no-op.
-            if let Err(err) = fsimage::grow(fs, &fs_device, &req.staging) {
-                warn!(volume = %id, error = %err, "could not grow the filesystem to its image's size; NodeExpandVolume retries");
-            }
+        // The file may be bigger than its filesystem: a restore into a bigger volume, or an
+        // expansion while nothing was staged. Its superblock says; a grow tool runs only then.
+        let smaller = fsimage::smaller_than_device(fs, &fs_device).unwrap_or(true);
+        if !readonly
+            && smaller
+            && let Err(err) = fsimage::grow(fs, &fs_device, &req.staging)
+        {
+            warn!(volume = %id, error = %err, "could not grow the filesystem to its image's size; NodeExpandVolume retries");
         }
         info!(volume = %id, staging = %req.staging.display(), device = %device.path().display(), fs = fs.name(), "staged image volume");
         Ok(())
