@@ -82,8 +82,10 @@ impl Recorder {
     /// whether the API server took it.
     pub async fn record_on_claim(&self, namespace: &str, name: &str, said: Said<'_>) -> bool {
         let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
-        let uid = match claims.get(name).await {
-            Ok(found) => found.metadata.uid,
+        // A claim that is gone (a move deletes and remakes it) gets the Event by name alone:
+        // not worth a warning at each step.
+        let uid = match claims.get_opt(name).await {
+            Ok(found) => found.and_then(|claim| claim.metadata.uid),
             Err(err) => {
                 warn!(reporter = %self.controller, claim = %format!("{namespace}/{name}"), error = %err, "cannot read the claim an Event is about");
                 None
