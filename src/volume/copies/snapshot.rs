@@ -88,7 +88,7 @@ impl Record for SnapshotRecord {
         SnapshotId::parse(text)
     }
     fn needs(&self) -> u32 {
-        crate::volume::state::format::needs_for(self.kind)
+        crate::volume::state::format::needs_for(self.kind, self.encryption.is_some())
     }
 }
 

@@ -5,7 +5,9 @@
 //! needs to read it correctly, `"needs": N`, and the release that wrote it, `"written_by"`,
 //! both only when N > 1: a record without them is format 1, what every release before the
 //! marker wrote, and reads the same in them. Format 2 adds image volumes (and snapshots of
-//! them), which releases before it cannot read.
+//! them), which releases before it cannot read. Format 3 adds encrypted volumes (and their
+//! snapshots): a release before it would take their LUKS device for a filesystem or a plain
+//! device, and delete them without erasing their header.
 //!
 //! A release that changes what a record means raises N in the records concerned; one that
 //! changes the journal's frames changes its magic (see `journal_file`). This release meets
@@ -19,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::record::VolumeKind;
 
 /// The newest format this release reads (and the newest it writes).
-pub const SUPPORTED_FORMAT: u32 = 2;
+pub const SUPPORTED_FORMAT: u32 = 3;
 
 /// What this release writes as `written_by`.
 pub const WRITER: &str = concat!(
@@ -30,12 +32,14 @@ pub const WRITER: &str = concat!(
     ")"
 );
 
-/// The format a volume's or a snapshot's record needs: image volumes came with format 2.
-pub fn needs_for(kind: VolumeKind) -> u32 {
-    match kind {
+/// The format a volume's or a snapshot's record needs: image volumes came with format 2,
+/// encrypted volumes with format 3.
+pub fn needs_for(kind: VolumeKind, encrypted: bool) -> u32 {
+    let by_kind = match kind {
         VolumeKind::Filesystem | VolumeKind::Block => 1,
         VolumeKind::Image(_) => 2,
-    }
+    };
+    if encrypted { 3 } else { by_kind }
 }
 
 /// A record as written: its own fields, then its stamp when it needs more than format 1
@@ -169,13 +173,15 @@ mod tests {
     }
 
     #[test]
-    fn image_volumes_need_format_2_and_the_others_format_1() {
-        assert_eq!(needs_for(VolumeKind::Filesystem), 1);
-        assert_eq!(needs_for(VolumeKind::Block), 1);
+    fn image_volumes_need_format_2_encrypted_ones_3_and_the_others_format_1() {
+        assert_eq!(needs_for(VolumeKind::Filesystem, false), 1);
+        assert_eq!(needs_for(VolumeKind::Block, false), 1);
         for fs in FsType::ALL {
-            assert_eq!(needs_for(VolumeKind::Image(fs)), 2);
+            assert_eq!(needs_for(VolumeKind::Image(fs), false), 2);
+            assert_eq!(needs_for(VolumeKind::Image(fs), true), 3);
         }
-        assert!(needs_for(VolumeKind::Image(FsType::Xfs)) <= SUPPORTED_FORMAT);
+        assert_eq!(needs_for(VolumeKind::Block, true), 3);
+        assert!(needs_for(VolumeKind::Block, true) <= SUPPORTED_FORMAT);
     }
 
     #[test]
@@ -183,10 +189,11 @@ mod tests {
         assert_eq!(judge(br#"{"id":"a"}"#), None, "no stamp: format 1");
         assert_eq!(judge(br#"{"id":"a","needs":1}"#), None);
         assert_eq!(judge(br#"{"id":"a","needs":2,"written_by":"x"}"#), None);
+        assert_eq!(judge(br#"{"id":"a","needs":3,"written_by":"x"}"#), None);
         assert_eq!(
-            judge(br#"{"id":"a","needs":3,"written_by":"stickyvol 0.3.0 (commit abc)"}"#),
+            judge(br#"{"id":"a","needs":4,"written_by":"stickyvol 0.3.0 (commit abc)"}"#),
             Some(TooNew {
-                needs: 3,
+                needs: 4,
                 written_by: Some("stickyvol 0.3.0 (commit abc)".into())
             })
         );
@@ -203,14 +210,14 @@ mod tests {
     fn the_refusal_says_where_what_wrote_it_what_it_needs_what_we_read_and_what_to_do() {
         let mut refusals = Refusals::default();
         refusals.check(|| "never asked".into(), br#"{"id":"a"}"#);
-        let record = br#"{"id":"b","needs":3,"written_by":"stickyvol 0.3.0 (commit abc)"}"#;
+        let record = br#"{"id":"b","needs":4,"written_by":"stickyvol 0.3.0 (commit abc)"}"#;
         refusals.check(|| "/state/sv-b.json".into(), record);
-        refusals.check(|| "/state/sv-c.json".into(), br#"{"needs":4}"#);
+        refusals.check(|| "/state/sv-c.json".into(), br#"{"needs":5}"#);
         let err = refusals.into_result().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         let message = err.to_string();
         for part in [
-            "/state/sv-b.json needs state format 3",
+            "/state/sv-b.json needs state format 4",
             "written by stickyvol 0.3.0 (commit abc)",
             "and 1 more record",
             &format!("reads formats 1 to {SUPPORTED_FORMAT}"),
@@ -221,11 +228,11 @@ mod tests {
             assert!(message.contains(part), "{part:?} missing from: {message}");
         }
         let mut unsigned = Refusals::default();
-        unsigned.check(|| "/state/sv-d.json".into(), br#"{"needs":5}"#);
+        unsigned.check(|| "/state/sv-d.json".into(), br#"{"needs":6}"#);
         let message = unsigned.into_result().unwrap_err().to_string();
         assert!(message.contains("did not say which"), "{message}");
         assert!(
-            message.contains("a release that reads format 5"),
+            message.contains("a release that reads format 6"),
             "{message}"
         );
         assert!(Refusals::default().into_result().is_ok());

@@ -41,7 +41,7 @@ impl Record for VolumeRecord {
         VolumeId::parse(text)
     }
     fn needs(&self) -> u32 {
-        super::format::needs_for(self.kind)
+        super::format::needs_for(self.kind, self.encryption.is_some())
     }
 }
 
@@ -501,5 +501,27 @@ mod tests {
         assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
         assert_eq!(store.get(&image.id).unwrap(), image);
         assert_eq!(store.get(&plain.id).unwrap(), plain);
+    }
+
+    #[test]
+    fn an_encrypted_volume_record_needs_format_3_and_reads_back_whole() {
+        use crate::volume::state::record::Luks;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(dir.path(), None, Default::default()).unwrap();
+        let mut block = record("sealed");
+        block.kind = VolumeKind::Block;
+        block.encryption = Some(Luks { formatted: true });
+        let block = store.put(block).unwrap();
+        store.records.compact_now().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(
+            &fs::read(dir.path().join(format!("{}.json", block.id))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(json["needs"], 3, "{json}");
+        assert_eq!(json["encryption"]["formatted"], true, "{json}");
+        drop(store);
+        let (store, report) = Store::open(dir.path(), None, Default::default()).unwrap();
+        assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
+        assert_eq!(store.get(&block.id).unwrap(), block);
     }
 }
