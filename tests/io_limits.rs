@@ -307,3 +307,58 @@ async fn directory_volumes_and_unknown_keys_or_values_are_refused_naming_them() 
         driver.delete(&volume.volume_id).await.unwrap();
     }
 }
+
+/// An encrypted block volume's pod writes to its LUKS mapping, not to the loop device below:
+/// the limit goes on the mapping (the VM runs this; hosts without dm-crypt record a skip).
+#[tokio::test]
+async fn an_encrypted_block_volume_is_limited_on_its_mapping_the_device_its_pod_writes_to() {
+    let control = Path::new("/dev/mapper/control").exists();
+    let tool = Command::new("cryptsetup").arg("--version").output();
+    if !control || !tool.is_ok_and(|out| out.status.success()) {
+        skip::skip("dm-crypt", "no device mapper or no cryptsetup");
+        return;
+    }
+    let driver = TestDriver::start().await;
+    let mut request = limited_block_request("20");
+    request.capacity_range.as_mut().unwrap().required_bytes = 32 * MIB;
+    request
+        .parameters
+        .insert("encryption".into(), "luks2".into());
+    let volume = driver.create(request).await;
+    let staging = driver.staging_path();
+    let cap = block_cap(Mode::SingleNodeWriter);
+    driver
+        .node()
+        .node_stage_volume(csi::NodeStageVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            staging_target_path: path_str(&staging),
+            volume_capability: Some(cap.clone()),
+            secrets: params(&[("key", "an-io-limits-test-key-of-32-bytes-at-least")]),
+            ..Default::default()
+        })
+        .await
+        .expect("NodeStageVolume with the key");
+    let target = driver.block_target();
+    let Some(pod) = PodCgroup::make(&uid_of(&target, &driver.kubelet)) else {
+        return;
+    };
+    let mut publish = publish_request(&volume, &target, cap, false);
+    publish.staging_target_path = path_str(&staging);
+    driver.node().node_publish_volume(publish).await.unwrap();
+    let mapping = stickyvol::host::crypt::mapping(&format!("stickyvol-{}", volume.volume_id))
+        .expect("the volume's mapping is open");
+    assert_eq!(
+        fs::read_link(&target).unwrap(),
+        Path::new("/dev/mapper").join(format!("stickyvol-{}", volume.volume_id))
+    );
+    assert_eq!(pod.limits_on(&mapping.kernel_name).write_iops, Some(20));
+    pod.start_container(&mapping.kernel_name, 20).await;
+    let limited = pod.time_writes(&target, 60);
+    assert!(
+        limited >= Duration::from_secs(2),
+        "60 writes at 20 IOPS through the mapping took {limited:?}"
+    );
+    driver.unpublish_ok(&volume, &target).await;
+    driver.unstage(&volume.volume_id, &staging).await.unwrap();
+    driver.delete(&volume.volume_id).await.unwrap();
+}
