@@ -15,9 +15,10 @@ suite_dir() { echo "$E2E_CACHE/suite-$KUBE_VERSION-$(worktree_hash tests/e2e/mod
 
 # The images the storage tests run, of those `storage.test --list-images` names: busybox (most
 # pods), agnhost (subPath, volume content), nginx (the exec test, a shell script) and
-# glibc-dns-testing (the pods of the concurrent-access tests, shell loops). pause is the
-# cluster's sandbox image already. The others are for tests outside the storage suite.
-SUITE_IMAGES_RE='^registry\.k8s\.io/e2e-test-images/(busybox|agnhost|nginx|glibc-dns-testing):'
+# glibc-dns-testing (the pods of the concurrent-access tests, shell loops; jessie-dnsutils in
+# Kubernetes 1.35 and before). pause is the cluster's sandbox image already. The others are for
+# tests outside the storage suite.
+SUITE_IMAGES_RE='^registry\.k8s\.io/e2e-test-images/(busybox|agnhost|nginx|glibc-dns-testing|jessie-dnsutils):'
 
 # Images the tests' own manifests name, which --list-images does not: "should provision storage
 # with any volume data source" deploys a volume populator from
@@ -46,10 +47,11 @@ build_suite() {
             go build -trimpath -ldflags "-s -w" -o "$out.partial/" \
                 github.com/onsi/ginkgo/v2/ginkgo k8s.io/kubernetes/test/images/agnhost
         )
-        "$out.partial/storage.test" --list-images | grep -E "$SUITE_IMAGES_RE" >"$out.partial/images"
         mv -T "$out.partial" "$out"
         prune_except "$out" "$E2E_CACHE/suite-$KUBE_VERSION"-*
     fi
+    # Listed again each time (a second): the list follows SUITE_IMAGES_RE, not the cache.
+    "$out/storage.test" --list-images | grep -E "$SUITE_IMAGES_RE" >"$out/images"
     suite_images "$out"
     suite_standin_images
 }
@@ -59,7 +61,7 @@ build_suite() {
 #   busybox, nginx      Debian's static busybox (build-images.sh): sh, dd, ls, ...
 #   agnhost             the same, plus agnhost at /agnhost, its entrypoint, as its Dockerfile has it
 #   glibc-dns-testing   Debian bookworm minbase: GNU coreutils, whose dd has oflag=nocache
-#                       (busybox's has not; the concurrent-access tests write with it)
+#   (jessie-dnsutils)   (busybox's has not; the concurrent-access tests write with it)
 suite_images() {
     local dir=$1 name key env='"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]'
     while read -r name; do
@@ -67,7 +69,7 @@ suite_images() {
         case $name in
             */agnhost:*)
                 AGNHOST_BIN=$dir/agnhost scratch_image "$key" fill_agnhost "$name" "{\"Entrypoint\":[\"/agnhost\"],$env}" ;;
-            */glibc-dns-testing:*)
+            */glibc-dns-testing:* | */jessie-dnsutils:*)
                 scratch_image "$key" fill_debian_slim "$name" "{\"Cmd\":[\"bash\"],$env}" ;;
             *)
                 scratch_image "$key" fill_busybox "$name" "{\"Cmd\":[\"sh\"],$env}" ;;
@@ -102,7 +104,7 @@ suite_standin_key() {
 # The cache key of test image $1: its name and what it is made of.
 suite_image_key() {
     local base=busybox key
-    [[ $1 == */glibc-dns-testing:* ]] && base=debian
+    [[ $1 == */glibc-dns-testing:* || $1 == */jessie-dnsutils:* ]] && base=debian
     key="images-suite-$base-${1##*/}"
     echo "${key//:/-}"
 }
