@@ -117,7 +117,7 @@ impl Collector for JournalCollector {
             &mut encoder,
             latest,
             "journal_commits",
-            "Record changes committed to a state journal (journal = volumes, snapshots)",
+            "Record changes committed to a state journal (journal = volumes, snapshots, groups)",
             |s| ConstCounter::new(s.commits),
         )?;
         per_journal(

@@ -26,6 +26,7 @@ use crate::config::{Config, Mode};
 use crate::csi;
 use crate::faces::controller::ControllerService;
 use crate::faces::driver::Driver;
+use crate::faces::group_controller::GroupControllerService;
 use crate::faces::identity::IdentityService;
 use crate::faces::node::NodeService;
 use crate::metrics::{self, Metrics};
@@ -150,9 +151,13 @@ async fn serve_on(
             IdentityService::new(driver.clone()),
         ));
     if mode != Mode::Node {
-        router = router.add_service(csi::controller_server::ControllerServer::new(
-            ControllerService::new(driver.clone()),
-        ));
+        router = router
+            .add_service(csi::controller_server::ControllerServer::new(
+                ControllerService::new(driver.clone()),
+            ))
+            .add_service(csi::group_controller_server::GroupControllerServer::new(
+                GroupControllerService::new(driver.clone()),
+            ));
     }
     // Controller mode serves Node too, for NodeGetCapabilities: csi-resizer reads it on this socket.
     router = router.add_service(csi::node_server::NodeServer::new(NodeService::new(

@@ -255,8 +255,4 @@ async fn rpcs_we_do_not_offer_answer_unimplemented() {
         })
         .await;
     expect_code(publish, Code::Unimplemented);
-    let group = csi::group_controller_client::GroupControllerClient::new(driver.channel())
-        .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
-        .await;
-    expect_code(group, Code::Unimplemented);
 }

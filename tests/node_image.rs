@@ -7,7 +7,7 @@ mod common;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,65 +16,8 @@ use common::*;
 use stickyvol::host::loopdev;
 use tonic::Code;
 
-fn image_cap(fs: &str, mode: Mode) -> csi::VolumeCapability {
-    let mut cap = mount_cap(mode);
-    if let Some(csi::volume_capability::AccessType::Mount(mount)) = &mut cap.access_type {
-        mount.fs_type = fs.to_string();
-    }
-    cap
-}
-
 fn ext4() -> csi::VolumeCapability {
     image_cap("ext4", Mode::SingleNodeWriter)
-}
-
-/// Publishes with the staging path, as kubelet does for a driver that stages.
-async fn publish(
-    driver: &TestDriver,
-    volume: &csi::Volume,
-    staging: &Path,
-    cap: csi::VolumeCapability,
-) -> Result<PathBuf, tonic::Status> {
-    let target = driver.mount_target();
-    let mut request = publish_request(volume, &target, cap, false);
-    request.staging_target_path = path_str(staging);
-    driver.node().node_publish_volume(request).await?;
-    Ok(target)
-}
-
-/// A staged and published thin image volume of `bytes`: the volume, its staging path and its
-/// pod target.
-async fn published_image(
-    driver: &TestDriver,
-    cap: csi::VolumeCapability,
-    bytes: i64,
-) -> (csi::Volume, PathBuf, PathBuf) {
-    let volume = driver
-        .create(thin(create_request(&new_name(), cap.clone(), bytes)))
-        .await;
-    let staging = driver.staging_path();
-    driver
-        .stage(&volume, &staging, cap.clone())
-        .await
-        .expect("NodeStageVolume");
-    let target = publish(driver, &volume, &staging, cap)
-        .await
-        .expect("NodePublishVolume");
-    (volume, staging, target)
-}
-
-async fn tear_down(driver: &TestDriver, volume: &csi::Volume, staging: &Path, targets: &[&Path]) {
-    for target in targets {
-        driver.unpublish_ok(volume, target).await;
-    }
-    driver
-        .unstage(&volume.volume_id, staging)
-        .await
-        .expect("NodeUnstageVolume");
-    driver
-        .delete(&volume.volume_id)
-        .await
-        .expect("DeleteVolume");
 }
 
 fn loop_devices_of(file: &Path) -> Vec<loopdev::LoopDevice> {
@@ -798,16 +741,6 @@ async fn a_volume_and_its_clone_are_staged_side_by_side_though_their_filesystems
         tear_down(&driver, &clone, &clone_staging, &[&clone_target]).await;
         tear_down(&driver, &volume, &staging, &[&target]).await;
     }
-}
-
-/// A driver whose default pool is on a scratch XFS with reflinks, where a snapshot or clone of
-/// a staged image freezes it only for an instant (a pool that copies data refuses them).
-async fn on_reflink_xfs() -> (scratchfs::ScratchFs, TestDriver) {
-    let fs = scratchfs::ScratchFs::new("xfs", 1 << 30, &["-q", "-m", "reflink=1"], "");
-    let mut driver = TestDriver::prepare(Options::default());
-    driver.data = fs.mount_point.join("data");
-    driver.start_again().await;
-    (fs, driver)
 }
 
 /// On a pool that copies data in full (no reflinks), a consistent copy of an image in use would

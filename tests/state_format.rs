@@ -81,7 +81,7 @@ async fn a_snapshot_record_needing_a_newer_format_stops_the_start_before_the_vol
     let mut driver = killed_with_volumes().await;
     let id = SnapshotId::generate(&NodeTag::of(NODE_ID));
     let record = format!(
-        r#"{{"id":"{id}","name":"snap","kind":{{"hologram":"x"}},"needs":4,"written_by":"{NEWER_WRITER}"}}"#
+        r#"{{"id":"{id}","name":"snap","kind":{{"hologram":"x"}},"needs":9,"written_by":"{NEWER_WRITER}"}}"#
     );
     let planted = state_dir(&driver)
         .join("snapshots")
@@ -92,7 +92,7 @@ async fn a_snapshot_record_needing_a_newer_format_stops_the_start_before_the_vol
     assert_says(
         &log,
         &[
-            &format!("{} needs state format 4", planted.display()),
+            &format!("{} needs state format 9", planted.display()),
             &format!("written by {NEWER_WRITER}"),
             &format!("this release ({WRITER}) reads formats 1 to {SUPPORTED_FORMAT}"),
             "nothing was changed",

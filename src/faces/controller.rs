@@ -165,7 +165,7 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
     })
 }
 
-fn to_csi_snapshot(record: &SnapshotRecord) -> csi::Snapshot {
+pub(crate) fn to_csi_snapshot(record: &SnapshotRecord) -> csi::Snapshot {
     let millis = record.created_unix_ms;
     csi::Snapshot {
         size_bytes: record.size_bytes,
@@ -176,7 +176,11 @@ fn to_csi_snapshot(record: &SnapshotRecord) -> csi::Snapshot {
             nanos: ((millis % 1000) * 1_000_000) as i32,
         }),
         ready_to_use: record.ready,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: record
+            .group
+            .as_ref()
+            .map(|group| group.to_string())
+            .unwrap_or_default(),
     }
 }
 

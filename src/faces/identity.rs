@@ -43,6 +43,10 @@ impl Identity for IdentityService {
         let mut types = vec![service::Type::VolumeAccessibilityConstraints];
         if self.driver.serves_controller() {
             types.insert(0, service::Type::ControllerService);
+            // Group snapshots are cut where the volumes are, not beside csi-resizer.
+            if self.driver.volumes().is_ok() {
+                types.push(service::Type::GroupControllerService);
+            }
         }
         let mut capabilities: Vec<_> = types
             .into_iter()

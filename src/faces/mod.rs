@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod driver;
+pub mod group_controller;
 pub mod identity;
 pub mod node;
 pub mod request;

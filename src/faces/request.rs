@@ -102,7 +102,21 @@ pub fn csi_content_source(source: &ContentSource) -> csi::VolumeContentSource {
 /// VolumeSnapshotClass parameters: none of our own yet; csi-snapshotter's `csi.storage.k8s.io/*`
 /// keys pass, anything else is refused so a typo never goes unnoticed.
 pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
-    class::bounded("VolumeSnapshotClass", params).map_err(Error::InvalidArgument)?;
+    class_parameters("VolumeSnapshotClass", params)
+}
+
+/// VolumeGroupSnapshotClass parameters, as a VolumeSnapshotClass's.
+pub fn group_snapshot_parameters(
+    params: &HashMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
+    class_parameters("VolumeGroupSnapshotClass", params)
+}
+
+fn class_parameters(
+    class: &str,
+    params: &HashMap<String, String>,
+) -> Result<BTreeMap<String, String>> {
+    class::bounded(class, params).map_err(Error::InvalidArgument)?;
     let mut keys: Vec<_> = params.keys().collect();
     keys.sort();
     if let Some(key) = keys
@@ -110,7 +124,7 @@ pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<
         .find(|key| !key.starts_with(PROVISIONER_PARAMETER_PREFIX))
     {
         return Err(Error::InvalidArgument(format!(
-            "unknown VolumeSnapshotClass parameter {key:?} (stickyvol accepts only {PROVISIONER_PARAMETER_PREFIX}* keys)"
+            "unknown {class} parameter {key:?} (stickyvol accepts only {PROVISIONER_PARAMETER_PREFIX}* keys)"
         )));
     }
     Ok(params.iter().map(|(k, v)| (k.clone(), v.clone())).collect())

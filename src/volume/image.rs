@@ -503,6 +503,18 @@ impl Volumes {
         )))
     }
 
+    /// The root of the image volume's staged filesystem, opened to be frozen (a real
+    /// descriptor, not O_PATH: FIFREEZE is an ioctl on it), if it has writers to hold: None
+    /// for other volumes, unstaged images and those staged read-only.
+    pub(super) fn root_to_freeze(&self, record: &VolumeRecord) -> Result<Option<std::fs::File>> {
+        let Some(staged) = self.staged_writable(record) else {
+            return Ok(None);
+        };
+        std::fs::File::open(&staged.target)
+            .map(Some)
+            .context(|| format!("opening {}", staged.target.display()))
+    }
+
     /// Runs `copy` with the image volume's staged filesystem frozen, so a copy of its file is
     /// what a crash at that instant would have left (journal replayed at its next mount).
     /// Other volumes, and unstaged images, are copied as they are.

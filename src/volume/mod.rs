@@ -61,6 +61,7 @@ pub use space::pool::{Pool, STAGING_PREFIX};
 
 // The arrows back up: the only names this module takes from a room above `Volumes` (`copies`,
 // which adds impl blocks to it) or from an operation. Each is the type of a field (see there).
+use copies::group::GroupSnapshotRecord;
 use copies::snapshot::SnapshotRecord;
 use copies::snapshot_jobs::Jobs;
 use recover::Leftover;
@@ -189,6 +190,8 @@ pub struct Volumes {
     /// Arrow back up: the snapshot records are opened at start with the volume records, on
     /// the same journal barrier, and checked before anything on the host changes (`open`).
     snapshots: Records<SnapshotRecord>,
+    /// Group snapshots: their members are snapshot records that name them (`copies::group`).
+    groups: Records<GroupSnapshotRecord>,
     /// Snapshot copies running in the background. Arrow back up: a copy outlives the
     /// CreateSnapshot that starts it (the next one waits for it, DeleteSnapshot cancels it),
     /// so the node's one set of them lives here.
@@ -311,13 +314,23 @@ impl Volumes {
         // State this release cannot read stops the start with nothing changed: opening changes
         // files (and recovery acts on the host), so the snapshot records are checked before the
         // volume records open, which check their own first (`Records::open`).
+        let group_state = state.join("groups");
         Records::<SnapshotRecord>::check_format(&snapshot_state, &journal_dir, "snapshots")
             .context(|| format!("checking the records in {}", snapshot_state.display()))?;
+        Records::<GroupSnapshotRecord>::check_format(&group_state, &journal_dir, "groups")
+            .context(|| format!("checking the records in {}", group_state.display()))?;
         let (store, report) = Store::open(&state, run_dir, journal_options.clone())
             .context(|| format!("loading records from {}", state.display()))?;
-        let (snapshots, snapshot_report) =
-            Records::open(&snapshot_state, &journal_dir, "snapshots", journal_options)
-                .context(|| format!("loading records from {}", snapshot_state.display()))?;
+        let (snapshots, snapshot_report) = Records::open(
+            &snapshot_state,
+            &journal_dir,
+            "snapshots",
+            journal_options.clone(),
+        )
+        .context(|| format!("loading records from {}", snapshot_state.display()))?;
+        let (groups, group_report) =
+            Records::open(&group_state, &journal_dir, "groups", journal_options)
+                .context(|| format!("loading records from {}", group_state.display()))?;
         let opened = open_pools(&pools, locked, &store)?;
         let volumes = Volumes {
             pools: opened,
@@ -325,6 +338,7 @@ impl Volumes {
             kubelet_dir,
             store,
             snapshots,
+            groups,
             jobs: Jobs::default(),
             guards: OperationGuards::default(),
             usage_cache: space::throttle::UsageCache::default(),
@@ -340,6 +354,14 @@ impl Volumes {
         for torn in &snapshot_report.torn {
             tracing::warn!(what = %torn, "ignored the torn tail of the snapshot journal");
         }
+        for torn in &group_report.torn {
+            tracing::warn!(what = %torn, "ignored the torn tail of the group snapshot journal");
+        }
+        for (id, why) in &group_report.unreadable {
+            tracing::error!(group = %id, reason = %why, "group snapshot record is unreadable; its members are left untouched until an admin repairs or removes the record");
+        }
+        // Before the snapshots' own recovery, which would take a member's data for an orphan.
+        volumes.recover_groups()?;
         volumes.recover_snapshots(
             &snapshot_report.unreadable,
             &snapshot_report.removed_recently,
@@ -449,8 +471,12 @@ impl Volumes {
     }
 
     /// What the state journals (volumes, snapshots) have done since the start, for metrics.
-    pub fn journal_stats(&self) -> [state::journal::Stats; 2] {
-        [self.store.journal_stats(), self.snapshots.journal_stats()]
+    pub fn journal_stats(&self) -> [state::journal::Stats; 3] {
+        [
+            self.store.journal_stats(),
+            self.snapshots.journal_stats(),
+            self.groups.journal_stats(),
+        ]
     }
 
     /// Free space of the data directory's filesystem.
@@ -480,6 +506,7 @@ impl Volumes {
         let journals = [
             ("volume", self.store.journal_health()),
             ("snapshot", self.snapshots.journal_health()),
+            ("group snapshot", self.groups.journal_health()),
         ];
         for (records, health) in journals {
             health.map_err(|why| {

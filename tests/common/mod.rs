@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 use scrape::{Exposition, HttpResponse, http_get};
 pub use stickyvol::csi;
 use stickyvol::csi::controller_client::ControllerClient;
+use stickyvol::csi::group_controller_client::GroupControllerClient;
 use stickyvol::csi::identity_client::IdentityClient;
 use stickyvol::csi::node_client::NodeClient;
 pub use stickyvol::csi::volume_capability::access_mode::Mode;
@@ -454,6 +455,10 @@ impl TestDriver {
 
     pub fn node(&self) -> NodeClient<Channel> {
         NodeClient::new(self.channel())
+    }
+
+    pub fn group_controller(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(self.channel())
     }
 
     /// A channel to the driver's admin socket, as root.
@@ -936,14 +941,17 @@ impl TestDriver {
             self.restart().await;
         }
         let state = self.data.join("state");
-        let snapshots = dir_names(&state.join("snapshots"))
-            .into_iter()
-            .map(|name| format!("snapshots/{name}"));
+        let records_of = |dir: &'static str| {
+            dir_names(&state.join(dir))
+                .into_iter()
+                .map(move |name| format!("{dir}/{name}"))
+        };
         // `journal/` holds the journal of record changes, not records.
         dir_names(&state)
             .into_iter()
-            .filter(|name| name != "snapshots" && name != "journal")
-            .chain(snapshots)
+            .filter(|name| !["snapshots", "groups", "journal"].contains(&name.as_str()))
+            .chain(records_of("snapshots"))
+            .chain(records_of("groups"))
             .collect()
     }
 
@@ -1526,4 +1534,83 @@ pub fn usage_of(
         .iter()
         .find(|u| u.unit == unit as i32)
         .copied()
+}
+
+// ---- image volumes, staged and published as kubelet does ----
+
+pub fn image_cap(fs: &str, mode: Mode) -> csi::VolumeCapability {
+    let mut cap = mount_cap(mode);
+    if let Some(csi::volume_capability::AccessType::Mount(mount)) = &mut cap.access_type {
+        mount.fs_type = fs.to_string();
+    }
+    cap
+}
+
+/// Publishes with the staging path, as kubelet does for a driver that stages.
+pub async fn publish(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    staging: &Path,
+    cap: csi::VolumeCapability,
+) -> Result<PathBuf, tonic::Status> {
+    let target = driver.mount_target();
+    let mut request = publish_request(volume, &target, cap, false);
+    request.staging_target_path = path_str(staging);
+    driver.node().node_publish_volume(request).await?;
+    Ok(target)
+}
+
+/// A staged and published thin image volume of `bytes`: the volume, its staging path and its
+/// pod target.
+pub async fn published_image(
+    driver: &TestDriver,
+    cap: csi::VolumeCapability,
+    bytes: i64,
+) -> (csi::Volume, PathBuf, PathBuf) {
+    let volume = driver
+        .create(thin(create_request(&new_name(), cap.clone(), bytes)))
+        .await;
+    let staging = driver.staging_path();
+    driver
+        .stage(&volume, &staging, cap.clone())
+        .await
+        .expect("NodeStageVolume");
+    let target = publish(driver, &volume, &staging, cap)
+        .await
+        .expect("NodePublishVolume");
+    (volume, staging, target)
+}
+
+pub async fn tear_down(
+    driver: &TestDriver,
+    volume: &csi::Volume,
+    staging: &Path,
+    targets: &[&Path],
+) {
+    for target in targets {
+        driver.unpublish_ok(volume, target).await;
+    }
+    driver
+        .unstage(&volume.volume_id, staging)
+        .await
+        .expect("NodeUnstageVolume");
+    driver
+        .delete(&volume.volume_id)
+        .await
+        .expect("DeleteVolume");
+}
+
+/// A driver whose default pool is on a scratch XFS with reflinks, where a snapshot or clone of
+/// a staged image freezes it only for an instant (a pool that copies data refuses them).
+pub async fn on_reflink_xfs() -> (scratchfs::ScratchFs, TestDriver) {
+    on_reflink_xfs_of(1 << 30).await
+}
+
+/// The same, the scratch XFS `bytes` big (a sparse file).
+pub async fn on_reflink_xfs_of(bytes: u64) -> (scratchfs::ScratchFs, TestDriver) {
+    let fs = scratchfs::ScratchFs::new("xfs", bytes, &["-q", "-m", "reflink=1"], "");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.mount_point.join("data");
+    driver.start_again().await;
+    (fs, driver)
 }

@@ -89,6 +89,18 @@ pub fn snapshot(
     Ok(copied)
 }
 
+/// The copy of an image's file, not yet flushed: what a group snapshot makes while its
+/// members' filesystems are frozen, flushing (`sync_copy`) once they are thawed, so the
+/// writers never wait for a flush of the pool.
+pub fn clone_file(pool: &Pool, source: &Path, dest: &Path) -> Result<Copied> {
+    carry(pool.cow, source, dest, &mut copy::Always, copy::copy_file)
+}
+
+/// Makes a copy made by `clone_file` durable.
+pub fn sync_copy(dest: &Path) -> Result<()> {
+    sync(dest)
+}
+
 /// Makes a new volume's data at `dest` (its staging path in `pool`) from the data of a
 /// snapshot or volume at `source`, limited to `capacity` like any volume of the pool.
 pub fn fill_volume(

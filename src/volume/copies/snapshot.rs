@@ -20,7 +20,8 @@ use crate::volume::space::accounting::Holder;
 use crate::volume::space::limits;
 use crate::volume::space::mechanism::Mechanism;
 use crate::volume::space::pool::Pool;
-use crate::volume::state::id::{Issuer, SnapshotId, VolumeId};
+use crate::volume::state::format;
+use crate::volume::state::id::{GroupSnapshotId, Issuer, SnapshotId, VolumeId};
 use crate::volume::state::record::now_ms;
 use crate::volume::state::record::{Luks, SizeLimit, VolumeKind, VolumeRecord};
 use crate::volume::state::records::Record;
@@ -70,6 +71,10 @@ pub struct SnapshotRecord {
     /// The source's encryption: the copy is its ciphertext, header and all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encryption: Option<Luks>,
+    /// The group snapshot this one was cut with: it exists only while its group's record does,
+    /// and is deleted with the group, never alone (`group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupSnapshotId>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -88,7 +93,11 @@ impl Record for SnapshotRecord {
         SnapshotId::parse(text)
     }
     fn needs(&self) -> u32 {
-        crate::volume::state::format::needs_for(self.kind, self.encryption.is_some())
+        let needs = format::needs_for(self.kind, self.encryption.is_some());
+        match self.group {
+            Some(_) => needs.max(format::GROUP_FORMAT),
+            None => needs,
+        }
     }
 }
 
@@ -117,7 +126,7 @@ impl Volumes {
             &format!("snapshot name {:?}", req.name),
         )?;
         if let Some(existing) = self.snapshots.find_by_name(&req.name) {
-            if existing.source_volume != req.source {
+            if existing.source_volume != req.source || existing.group.is_some() {
                 return Err(Error::AlreadyExists(format!(
                     "snapshot {:?} already exists as {} of volume {}",
                     req.name, existing.id, existing.source_volume
@@ -159,6 +168,7 @@ impl Volumes {
             parameters: req.parameters,
             created_unix_ms: now_ms(),
             encryption: source.encryption,
+            group: None,
         };
         let record = Arc::new(record);
         // The commit point of the id: from here on, the snapshot exists (not ready yet).
@@ -173,8 +183,19 @@ impl Volumes {
         self.finish_snapshot(&record)
     }
 
-    /// Deletes a snapshot and its data. Unknown ids succeed (deletion is idempotent).
+    /// Deletes a snapshot and its data. Unknown ids succeed (deletion is idempotent). A member
+    /// of a group snapshot goes only with its group (INVALID_ARGUMENT, as the CSI spec asks).
     pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+        if let Some(group) = self.snapshots.get(id).and_then(|r| r.group.clone()) {
+            return Err(Error::InvalidArgument(format!(
+                "snapshot {id} is a member of group snapshot {group} and is deleted only with it (DeleteVolumeGroupSnapshot)"
+            )));
+        }
+        self.remove_snapshot(id)
+    }
+
+    /// Removes a snapshot's data, then its record (a retry finishes what a failure left).
+    pub(in crate::volume) fn remove_snapshot(&self, id: &SnapshotId) -> Result<()> {
         self.cancel_snapshot_copy(id)?;
         let _guard = self.claim_snapshot(id)?;
         let Some(record) = self.snapshots.get(id) else {
@@ -203,9 +224,20 @@ impl Volumes {
     /// A snapshot that must exist to be restored: NOT_FOUND if this node issued its id (or
     /// the id is not ours), RESOURCE_EXHAUSTED if another node did (see `Volumes::source`).
     pub fn snapshot_source(&self, id: &SnapshotId) -> Result<Arc<SnapshotRecord>> {
-        self.snapshots
-            .get(id)
+        self.visible_snapshot(id)
             .ok_or_else(|| self.missing_source(&format!("snapshot {id}"), id.issuer()))
+    }
+
+    /// A snapshot the CO may see: not a member of a group still being cut (or removed).
+    fn visible_snapshot(&self, id: &SnapshotId) -> Option<Arc<SnapshotRecord>> {
+        self.snapshots.get(id).filter(|r| self.is_visible(r))
+    }
+
+    fn is_visible(&self, record: &SnapshotRecord) -> bool {
+        record
+            .group
+            .as_ref()
+            .is_none_or(|group| self.group_is_whole(group))
     }
 
     /// One page of snapshots matching `filter` after `after`, and the token for the next page.
@@ -217,13 +249,12 @@ impl Volumes {
     ) -> (Vec<Arc<SnapshotRecord>>, Option<SnapshotId>) {
         if let Some(id) = &filter.snapshot {
             let found = self
-                .snapshots
-                .get(id)
+                .visible_snapshot(id)
                 .filter(|r| filter.source.as_ref().is_none_or(|s| *s == r.source_volume));
             return (found.into_iter().collect(), None);
         }
         let (page, more) = self.snapshots.page_after(after, max_entries, |r| {
-            filter.source.as_ref().is_none_or(|s| *s == r.source_volume)
+            filter.source.as_ref().is_none_or(|s| *s == r.source_volume) && self.is_visible(r)
         });
         let next = if more {
             page.last().map(|r| r.id.clone())

@@ -7,7 +7,9 @@
 //! marker wrote, and reads the same in them. Format 2 adds image volumes (and snapshots of
 //! them), which releases before it cannot read. Format 3 adds encrypted volumes (and their
 //! snapshots): a release before it would take their LUKS device for a filesystem or a plain
-//! device, and delete them without erasing their header.
+//! device, and delete them without erasing their header. Format 4 adds group snapshots: a
+//! release before it would take a member for a snapshot of its own (and delete it alone),
+//! and keep the members of a group a crash cut short.
 //!
 //! A release that changes what a record means raises N in the records concerned; one that
 //! changes the journal's frames changes its magic (see `journal_file`). This release meets
@@ -21,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::record::VolumeKind;
 
 /// The newest format this release reads (and the newest it writes).
-pub const SUPPORTED_FORMAT: u32 = 3;
+pub const SUPPORTED_FORMAT: u32 = 4;
 
 /// What this release writes as `written_by`.
 pub const WRITER: &str = concat!(
@@ -31,6 +33,9 @@ pub const WRITER: &str = concat!(
     env!("STICKYVOL_REVISION"),
     ")"
 );
+
+/// What group snapshots (their records, and their members' records) need.
+pub const GROUP_FORMAT: u32 = 4;
 
 /// The format a volume's or a snapshot's record needs: image volumes came with format 2,
 /// encrypted volumes with format 3.
@@ -190,10 +195,11 @@ mod tests {
         assert_eq!(judge(br#"{"id":"a","needs":1}"#), None);
         assert_eq!(judge(br#"{"id":"a","needs":2,"written_by":"x"}"#), None);
         assert_eq!(judge(br#"{"id":"a","needs":3,"written_by":"x"}"#), None);
+        assert_eq!(judge(br#"{"id":"a","needs":4,"written_by":"x"}"#), None);
         assert_eq!(
-            judge(br#"{"id":"a","needs":4,"written_by":"stickyvol 0.3.0 (commit abc)"}"#),
+            judge(br#"{"id":"a","needs":9,"written_by":"stickyvol 0.3.0 (commit abc)"}"#),
             Some(TooNew {
-                needs: 4,
+                needs: 9,
                 written_by: Some("stickyvol 0.3.0 (commit abc)".into())
             })
         );
@@ -210,14 +216,14 @@ mod tests {
     fn the_refusal_says_where_what_wrote_it_what_it_needs_what_we_read_and_what_to_do() {
         let mut refusals = Refusals::default();
         refusals.check(|| "never asked".into(), br#"{"id":"a"}"#);
-        let record = br#"{"id":"b","needs":4,"written_by":"stickyvol 0.3.0 (commit abc)"}"#;
+        let record = br#"{"id":"b","needs":9,"written_by":"stickyvol 0.3.0 (commit abc)"}"#;
         refusals.check(|| "/state/sv-b.json".into(), record);
         refusals.check(|| "/state/sv-c.json".into(), br#"{"needs":5}"#);
         let err = refusals.into_result().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         let message = err.to_string();
         for part in [
-            "/state/sv-b.json needs state format 4",
+            "/state/sv-b.json needs state format 9",
             "written by stickyvol 0.3.0 (commit abc)",
             "and 1 more record",
             &format!("reads formats 1 to {SUPPORTED_FORMAT}"),

@@ -675,7 +675,7 @@ mod tests {
         files
     }
 
-    const FROM_THE_FUTURE: &str = r#"{"id":"t-new","name":"n","version":1,"needs":4,"written_by":"stickyvol 9.0.0 (commit f00)"}"#;
+    const FROM_THE_FUTURE: &str = r#"{"id":"t-new","name":"n","version":1,"needs":9,"written_by":"stickyvol 9.0.0 (commit f00)"}"#;
 
     #[test]
     fn a_record_file_needing_a_newer_format_stops_the_open_with_nothing_changed() {
@@ -695,7 +695,7 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         let message = err.to_string();
         assert!(
-            message.contains("t-new.json needs state format 4"),
+            message.contains("t-new.json needs state format 9"),
             "{message}"
         );
         assert!(
