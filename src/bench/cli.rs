@@ -52,6 +52,11 @@ pub enum Workload {
     /// limited volume exceeds its limit × (1 + --limit-slack) or the neighbour keeps less than
     /// --neighbour-share of its rate alone.
     IoLimits(IoLimitsArgs),
+    /// How long a group snapshot holds its members' writers: --members volumes staged and
+    /// published, a writer timing each 4 KiB write on every one, and --cuts
+    /// CreateVolumeGroupSnapshot calls of them all (each deleted again): the longest write of
+    /// any member during each cut, against the longest over a quiet spell as long.
+    GroupSnapshot(GroupSnapshotArgs),
     /// Internal: one writer of `io-limits`, run in a pod's cgroup.
     #[command(hide = true)]
     IoWriter(IoWriterArgs),
@@ -393,6 +398,55 @@ impl LimitedKind {
             LimitedKind::Block => AccessType::Block,
             LimitedKind::Image => AccessType::Mount,
         }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct GroupSnapshotArgs {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+
+    /// Volumes in each group.
+    #[arg(long, default_value_t = 4)]
+    pub members: usize,
+
+    /// Group snapshots cut.
+    #[arg(long, default_value_t = 50)]
+    pub cuts: usize,
+
+    /// Requested capacity of each volume, in bytes (XFS's smallest by default).
+    #[arg(long, default_value_t = 300 << 20)]
+    pub size: i64,
+
+    /// fsType of the volumes (stickyvol: image volumes; empty: the driver's default).
+    #[arg(long, default_value = "xfs")]
+    pub fs_type: String,
+
+    /// A CreateVolume parameter (StorageClass parameter) of every volume, KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// Deadline of every gRPC call.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl GroupSnapshotArgs {
+    pub fn common(&self) -> Common {
+        let mut common = Common::without_preload(
+            &self.driver,
+            AccessType::Mount,
+            self.size,
+            &self.parameters,
+            self.deadline,
+            self.json,
+        );
+        common.fs_type = self.fs_type.clone();
+        common
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use stickyvol::csi;
 use stickyvol::csi::controller_client::ControllerClient;
+use stickyvol::csi::group_controller_client::GroupControllerClient;
 use stickyvol::csi::identity_client::IdentityClient;
 use stickyvol::csi::node_client::NodeClient;
 use stickyvol::csi::plugin_capability::service::Type as ServiceType;
@@ -35,12 +36,13 @@ pub async fn connect(
     stickyvol::unix_channel::connect(socket, Some(deadline)).await
 }
 
-/// Clients of the three CSI services on one channel, with the per-call deadline.
+/// Clients of the CSI services on one channel, with the per-call deadline.
 #[derive(Clone)]
 pub struct Csi {
     pub identity: IdentityClient<Channel>,
     pub controller: ControllerClient<Channel>,
     pub node: NodeClient<Channel>,
+    pub group: GroupControllerClient<Channel>,
     deadline: Duration,
 }
 
@@ -49,6 +51,7 @@ impl Csi {
         Csi {
             identity: IdentityClient::new(channel.clone()),
             controller: ControllerClient::new(channel.clone()),
+            group: GroupControllerClient::new(channel.clone()),
             node: NodeClient::new(channel),
             deadline,
         }

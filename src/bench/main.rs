@@ -7,7 +7,8 @@
 //! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
 //! a volume of many files, with Probe timed), `guard` (CI's speed guard: lifecycle rounds
 //! against committed figures), `iolimits` (a VolumeAttributesClass's write IOPS limit on a
-//! block and an image volume in pods' cgroups, beside an unlimited neighbour), `report`
+//! block and an image volume in pods' cgroups, beside an unlimited neighbour), `groupsnap`
+//! (how long a group snapshot holds its members' writers), `report`
 //! (samples, percentiles, output);
 //! `cluster` is no CSI benchmark: stickyvol's controller and a node plugin against a simulated
 //! API server of a big cluster.
@@ -18,6 +19,7 @@ mod client;
 mod cluster;
 mod driver_process;
 mod fsio;
+mod groupsnap;
 mod guard;
 mod iolimits;
 mod paths;
@@ -68,6 +70,10 @@ fn main() -> ExitCode {
             args.json,
             |report| !report.failed_checks.is_empty(),
         ),
+        Workload::GroupSnapshot(args) => finish(
+            runtime.block_on(groupsnap::group_snapshot(&args)),
+            args.json,
+        ),
         Workload::IoWriter(args) => io_writer(&args),
     }
 }
@@ -103,6 +109,7 @@ outcome!(fsio::FsIoReport, fsio::text);
 outcome!(cluster::ClusterReport, cluster::text);
 outcome!(guard::GuardReport, guard::text);
 outcome!(iolimits::report::IoLimitsReport, iolimits::report::text);
+outcome!(groupsnap::GroupSnapshotReport, groupsnap::text);
 
 /// Prints the report (JSON or text) and turns it into the exit status.
 fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCode {

@@ -31,6 +31,8 @@ pub enum Rpc {
     ControllerUnpublishVolume,
     ControllerModifyVolume,
     DeleteVolume,
+    CreateVolumeGroupSnapshot,
+    DeleteVolumeGroupSnapshot,
     Attach,
     Detach,
 }
@@ -54,6 +56,8 @@ impl Rpc {
             Rpc::ControllerUnpublishVolume => "ControllerUnpublishVolume",
             Rpc::ControllerModifyVolume => "ControllerModifyVolume",
             Rpc::DeleteVolume => "DeleteVolume",
+            Rpc::CreateVolumeGroupSnapshot => "CreateVolumeGroupSnapshot",
+            Rpc::DeleteVolumeGroupSnapshot => "DeleteVolumeGroupSnapshot",
             Rpc::Attach => "attach(stage+publish)",
             Rpc::Detach => "detach(unpublish+unstage)",
         }
