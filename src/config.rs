@@ -130,6 +130,12 @@ pub struct ServeArgs {
     #[arg(long, env = "CHECK_CLASSES", value_enum, default_value_t = Switch::Off)]
     pub check_classes: Switch,
 
+    /// Controller mode only: group snapshot routing, which labels every VolumeGroupSnapshotContent
+    /// of ours with the node of its volumes, so that node's csi-snapshotter cuts it (see
+    /// docs/operations/snapshots.md, "Group snapshots"): on or off.
+    #[arg(long, env = "GROUP_SNAPSHOTS", value_enum, default_value_t = Switch::Off)]
+    pub group_snapshots: Switch,
+
     /// Controller mode only: overflow evictions, which evicts the pods the node plugins' overflow
     /// checks ask it to, each only if it runs on the asking node and uses that node's volume
     /// (see docs/operations/storage.md, "Volumes above their size"): on or off.
@@ -394,6 +400,8 @@ pub struct Config {
     pub restore_placement: bool,
     /// Whether the class check runs (controller mode only).
     pub check_classes: bool,
+    /// Whether group snapshot routing runs (controller mode only).
+    pub group_snapshots: bool,
     /// Whether overflow evictions run (controller mode).
     pub overflow_evictions: bool,
     /// When moves run (controller mode): the driver's namespace, where the adverts are.
@@ -466,9 +474,14 @@ impl Config {
         let transfer = transfer(&args)?;
         let restore_placement = args.restore_placement == Switch::On;
         let check_classes = args.check_classes == Switch::On;
+        let group_snapshots = args.group_snapshots == Switch::On;
         let overflow_evictions = args.overflow_evictions == Switch::On;
         let moves = moves(&args)?;
-        if (restore_placement || check_classes || overflow_evictions || moves.is_some())
+        if (restore_placement
+            || check_classes
+            || group_snapshots
+            || overflow_evictions
+            || moves.is_some())
             && args.mode != Mode::Controller
         {
             return Err(ConfigError::ControllerOnly);
@@ -498,6 +511,7 @@ impl Config {
             node_loss,
             restore_placement,
             check_classes,
+            group_snapshots,
             overflow_evictions,
             moves,
             orphan_check,
@@ -1050,6 +1064,7 @@ mod tests {
             node_loss: NodeLossMode::Off,
             restore_placement: Switch::Off,
             check_classes: Switch::Off,
+            group_snapshots: Switch::Off,
             overflow_evictions: Switch::Off,
             moves: Switch::Off,
             node_loss_interval: 5,

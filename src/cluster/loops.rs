@@ -22,11 +22,13 @@ pub struct Running {
 /// fails the start (the controller's loops); the node's loops serve without one, and say so.
 pub async fn start(inputs: &Inputs<'_>) -> Result<Running, kube::Error> {
     let (stop, shutdown) = Shutdown::new();
-    let made: [Option<Loop>; 12] = [
+    let made: [Option<Loop>; 13] = [
         // Claims of StatefulSets pinned to a lost node are released (controller mode).
         reconcile::start(inputs, shutdown.clone()).await?,
         // Restores and clones go to their source's node (controller mode).
         placement::run::start(inputs, shutdown.clone()).await?,
+        // Group snapshots go to the node of their volumes (controller mode).
+        placement::groups::start(inputs, shutdown.clone()).await?,
         // Classes of ours with a mistake get an Event naming it (controller mode).
         class_check::start(inputs, shutdown.clone()).await?,
         // The pods the nodes' overflow checks ask for are evicted, if theirs (controller mode).

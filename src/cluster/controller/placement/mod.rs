@@ -2,9 +2,11 @@
 //! our claims, can only be made on the node holding its source, which the scheduler does not
 //! know. The controller tells it, by setting the claim's selected node to that node as soon as
 //! it sees the claim (see `rules`). `fits` says whether a pod may run on a node, `source` reads
-//! the API, `run` is the watch loop.
+//! the API, `run` is the watch loop. `groups` places the other way round: a group snapshot's
+//! cut goes to the node of its volumes.
 
 pub mod fits;
+pub mod groups;
 pub mod rules;
 pub mod run;
 pub mod source;

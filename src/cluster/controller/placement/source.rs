@@ -221,7 +221,7 @@ impl Locator {
 
     /// The name of the node whose tag this is; when no Node has it (the node is gone), a
     /// description naming the tag, which `node` then finds no Node for.
-    async fn node_of_tag(&mut self, tag: &NodeTag) -> Result<String, kube::Error> {
+    pub(super) async fn node_of_tag(&mut self, tag: &NodeTag) -> Result<String, kube::Error> {
         let stale = self.tags_listed.is_none_or(|t| t.elapsed() >= REMEMBERED);
         if !self.tags.contains_key(tag) && stale {
             // Names only: a metadata list, from the watch cache.

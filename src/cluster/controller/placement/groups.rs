@@ -1,0 +1,268 @@
+//! Group snapshots cut where their volumes are (`--group-snapshots=on`). csi-snapshotter runs
+//! on every node (`--node-deployment`) and takes only the snapshot contents labelled with its
+//! node (`snapshot.storage.kubernetes.io/managed-by`); snapshot-controller labels a single
+//! snapshot's content with its volume's node, but a group's VolumeGroupSnapshotContent with none,
+//! so no node would ever cut it. This loop labels each VolumeGroupSnapshotContent of our driver
+//! with the node its volumes' ids name (`sv-<uuid>-<tag>`: see `volume::state::id`), or, for one
+//! made from existing handles, the node its group snapshot id names. Volumes on more than one
+//! node: the first volume's node, whose plugin refuses the group with a sentence that
+//! csi-snapshotter puts on the content and snapshot-controller on the VolumeGroupSnapshot.
+//! A label once set is never changed, here or by a node (the node policy forbids it).
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::source::Locator;
+use crate::cluster::kit::client::{self, Retries};
+use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
+use crate::volume::state::id::{GroupSnapshotId, Issuer, NodeTag, VolumeId};
+
+/// The label csi-snapshotter in `--node-deployment` mode selects its contents by.
+pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";
+
+fn contents() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "groupsnapshot.storage.k8s.io",
+            "v1",
+            "VolumeGroupSnapshotContent",
+        ),
+        "volumegroupsnapshotcontents",
+    )
+}
+
+/// Where a content should be cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Another driver's, or labelled already: nothing to do.
+    Leave,
+    /// The node whose tag this is.
+    Tag(NodeTag),
+    /// Ours, but no id of it names a node (ids of an earlier version, or none yet).
+    Unknown(String),
+}
+
+/// The route of a VolumeGroupSnapshotContent (its JSON) for `driver`.
+pub fn route(content: &Value, driver: &str) -> Route {
+    if content.pointer("/spec/driver").and_then(Value::as_str) != Some(driver)
+        || content
+            .pointer(&format!(
+                "/metadata/labels/{}",
+                MANAGED_BY.replace('/', "~1")
+            ))
+            .is_some()
+    {
+        return Route::Leave;
+    }
+    let source = content.pointer("/spec/source");
+    let volumes = source
+        .and_then(|s| s.get("volumeHandles"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|handle| VolumeId::parse(handle).map(|id| id.issuer()));
+    let group = source
+        .and_then(|s| s.pointer("/groupSnapshotHandles/volumeGroupSnapshotHandle"))
+        .and_then(Value::as_str)
+        .and_then(GroupSnapshotId::parse)
+        .map(|id| id.issuer());
+    match volumes.chain(group).find_map(|issuer| match issuer {
+        Issuer::Node(tag) => Some(tag),
+        Issuer::Unknown => None,
+    }) {
+        Some(tag) => Route::Tag(tag),
+        None => Route::Unknown(
+            "none of its handles is an id of stickyvol naming its node (ids of an earlier version name none)".into(),
+        ),
+    }
+}
+
+/// Runs until `shutdown`: every content of ours without a node gets its volumes' node.
+pub async fn run(
+    client: Client,
+    driver: String,
+    topology_key: String,
+    shutdown: impl Future<Output = ()>,
+) {
+    let api = Api::<DynamicObject>::all_with(client.clone(), &contents());
+    let mut changes = watcher(api.clone(), watcher::Config::default().any_semantic())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    let mut locator = Locator::new(client, driver.clone(), topology_key);
+    tokio::pin!(shutdown);
+    loop {
+        let content = tokio::select! {
+            _ = &mut shutdown => break,
+            content = changes.next() => match content {
+                Some(Ok(content)) => content,
+                Some(Err(err)) => {
+                    warn!(error = %err, "group snapshots: watching VolumeGroupSnapshotContents failed (are the groupsnapshot.storage.k8s.io CRDs installed?); retrying");
+                    continue;
+                }
+                None => break,
+            },
+        };
+        let name = content.metadata.name.clone().unwrap_or_default();
+        let json = serde_json::to_value(&content).unwrap_or_default();
+        if let Err(err) = label(&api, &mut locator, &name, &json, &driver).await {
+            // The next change of the content, or the watch's next relist, brings it back.
+            warn!(content = %name, error = %err, "group snapshots: could not label a VolumeGroupSnapshotContent with its node");
+        }
+    }
+}
+
+/// Labels one content with its node, where it has one to be given.
+async fn label(
+    api: &Api<DynamicObject>,
+    locator: &mut Locator,
+    name: &str,
+    content: &Value,
+    driver: &str,
+) -> Result<(), kube::Error> {
+    let tag = match route(content, driver) {
+        Route::Leave => return Ok(()),
+        Route::Tag(tag) => tag,
+        Route::Unknown(why) => {
+            warn!(content = %name, reason = %why, "group snapshots: no node to cut this group on");
+            return Ok(());
+        }
+    };
+    let node = locator.node_of_tag(&tag).await?;
+    if !crate::config::is_object_name(&node) {
+        warn!(content = %name, node = %node, "group snapshots: the node of this group's volumes is gone");
+        return Ok(());
+    }
+    let patch = json!({"metadata": {"labels": {MANAGED_BY: node}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    info!(content = %name, node = %node, "group snapshots: sent a group to its volumes' node");
+    Ok(())
+}
+
+/// The loop, where the configuration asks for it (a watch: nothing to wait for at the stop).
+pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loop>, kube::Error> {
+    let config = inputs.config;
+    if !config.group_snapshots {
+        return Ok(None);
+    }
+    let client = client::make(Retries::On).await?;
+    info!("group snapshot routing starting");
+    let run = run(
+        client,
+        config.driver_name.clone(),
+        config.topology_key(),
+        shutdown.wait(),
+    );
+    Ok(Some(Loop::new(
+        "group snapshot routing",
+        Duration::ZERO,
+        run,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    use crate::cluster::kit::fake_api::{self, respond, status};
+    use crate::volume::state::id::SnapshotId;
+
+    const DRIVER: &str = "stickyvol.csi.io";
+
+    fn content(source: Value, labels: Value) -> Value {
+        json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotContent",
+               "metadata": {"name": "groupsnapcontent-1", "labels": labels},
+               "spec": {"driver": DRIVER, "source": source}})
+    }
+
+    fn volume_on(node: &str) -> String {
+        VolumeId::generate(&NodeTag::of(node)).to_string()
+    }
+
+    #[test]
+    fn a_content_goes_to_the_node_its_first_tagged_id_names() {
+        let dynamic = content(
+            json!({"volumeHandles": ["sv-0123456789abcdef0123456789abcdef", volume_on("b"), volume_on("c")]}),
+            json!({}),
+        );
+        assert_eq!(route(&dynamic, DRIVER), Route::Tag(NodeTag::of("b")));
+        let handles = json!({"groupSnapshotHandles": {
+            "volumeGroupSnapshotHandle": GroupSnapshotId::generate(&NodeTag::of("a")).to_string(),
+            "volumeSnapshotHandles": [SnapshotId::generate(&NodeTag::of("a")).to_string()]}});
+        assert_eq!(
+            route(&content(handles, json!({})), DRIVER),
+            Route::Tag(NodeTag::of("a"))
+        );
+    }
+
+    #[test]
+    fn labelled_foreign_and_nameless_contents_are_left_or_reported() {
+        let labelled = content(
+            json!({"volumeHandles": [volume_on("a")]}),
+            json!({MANAGED_BY: "b"}),
+        );
+        assert_eq!(route(&labelled, DRIVER), Route::Leave);
+        let mut foreign = content(json!({"volumeHandles": [volume_on("a")]}), json!({}));
+        foreign["spec"]["driver"] = json!("other.csi.io");
+        assert_eq!(route(&foreign, DRIVER), Route::Leave);
+        let old = content(
+            json!({"volumeHandles": ["sv-0123456789abcdef0123456789abcdef", "../x"]}),
+            json!({}),
+        );
+        assert!(matches!(route(&old, DRIVER), Route::Unknown(_)));
+    }
+
+    #[tokio::test]
+    async fn a_content_is_labelled_with_the_name_of_its_volumes_node() {
+        let patches = Arc::new(Mutex::new(Vec::new()));
+        let seen = patches.clone();
+        let client = fake_api::client(move |method, path, body| match (method, path) {
+            ("GET", "/api/v1/nodes") => respond(
+                200,
+                &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {},
+                "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-a"}},
+                          {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-b"}}]}),
+            ),
+            ("PATCH", p) if p.ends_with("/volumegroupsnapshotcontents/groupsnapcontent-1") => {
+                seen.lock()
+                    .unwrap()
+                    .push(serde_json::from_slice::<Value>(body).unwrap());
+                respond(200, &content(json!({}), json!({})))
+            }
+            _ => respond(404, &status(404, "NotFound")),
+        });
+        let api = Api::<DynamicObject>::all_with(client.clone(), &contents());
+        let mut locator = Locator::new(
+            client,
+            DRIVER.into(),
+            "topology.stickyvol.csi.io/node".into(),
+        );
+        let ours = content(
+            json!({"volumeHandles": [volume_on("node-b"), volume_on("node-a")]}),
+            json!({}),
+        );
+        label(&api, &mut locator, "groupsnapcontent-1", &ours, DRIVER)
+            .await
+            .unwrap();
+        let gone = content(json!({"volumeHandles": [volume_on("node-z")]}), json!({}));
+        label(&api, &mut locator, "groupsnapcontent-1", &gone, DRIVER)
+            .await
+            .unwrap();
+        let patches = patches.lock().unwrap();
+        assert_eq!(
+            *patches,
+            vec![json!({"metadata": {"labels": {MANAGED_BY: "node-b"}}})],
+            "one patch, for the node that exists"
+        );
+    }
+}
