@@ -24,7 +24,8 @@
 #     adds it, renders, validates and passes the consistency checks like the base, and changes
 #     only what it is for: kubelet-dir-* moves every path under /var/lib/kubelet in the DaemonSet
 #     to its directory, leaving none behind (a new hostPath the component forgets fails here),
-#     node-max-unavailable-* the DaemonSet's maxUnavailable.
+#     node-max-unavailable-* the DaemonSet's maxUnavailable, group-snapshots csi-snapshotter's gate,
+#     the controller's --group-snapshots and the objects it adds.
 # Exit status is non-zero on any problem. Needs kubectl and python3 with pip; installs
 # kubernetes-validate (pinned) into a cache directory on first use.
 #
@@ -119,6 +120,14 @@ METADATA = {"allOf": [{"$ref": OBJECT_META}, {"required": ["name"]}]}
 # kubernetes-validate's built-in schemas: unknown fields are errors. VolumeSnapshot also requires
 # volumeSnapshotClassName: our manifests name their class rather than rely on a default.
 CRD_SCHEMAS = {
+    ("groupsnapshot.storage.k8s.io/v1", "VolumeGroupSnapshotClass"): strict({
+        "apiVersion": {"const": "groupsnapshot.storage.k8s.io/v1"},
+        "kind": {"const": "VolumeGroupSnapshotClass"},
+        "metadata": METADATA,
+        "driver": NON_EMPTY,
+        "deletionPolicy": {"enum": ["Delete", "Retain"]},
+        "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
+    }, required=["apiVersion", "kind", "metadata", "driver", "deletionPolicy"]),
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): strict({
         "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
         "kind": {"const": "VolumeSnapshotClass"},
@@ -292,7 +301,7 @@ RESTORE_PLACEMENT = False  # set by check_base: the controller runs --restore-pl
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CSIDriver", "StorageClass",
-    "PriorityClass", "CustomResourceDefinition", "VolumeSnapshotClass",
+    "PriorityClass", "CustomResourceDefinition", "VolumeSnapshotClass", "VolumeGroupSnapshotClass",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
 # Flags by which a sidecar (or stickyvol) listens on a TCP port in the pod's network namespace.
@@ -654,7 +663,26 @@ def expected_max_unavailable(base, rendered):
     return want, ["maxUnavailable unchanged"] if same else []
 
 
-CHECKS = {"kubelet-dir-": expected_kubelet_dir, "node-max-unavailable-": expected_max_unavailable}
+GROUP_ADDS = [("ClusterRole", "stickyvol-group-snapshots"),
+              ("ClusterRoleBinding", "stickyvol-group-snapshots"),
+              ("VolumeGroupSnapshotClass", "stickyvol")]
+
+
+def expected_group_snapshots(base, rendered):
+    """The base with csi-snapshotter's group snapshot gate, the controller's --group-snapshots=on,
+    and the routing's RBAC and the VolumeGroupSnapshotClass added."""
+    want = copy.deepcopy(base)
+    for kind_name, container, arg in [(NODE, "csi-snapshotter", "--feature-gates=CSIVolumeGroupSnapshot=true"),
+                                      (("StatefulSet", "stickyvol-controller"), "stickyvol", "--group-snapshots=on")]:
+        spec = want[kind_name]["spec"]["template"]["spec"]
+        next(c for c in spec["containers"] if c["name"] == container)["args"].append(arg)
+    added = sorted(k for k in rendered if k not in base)
+    want.update({k: rendered[k] for k in added if k in GROUP_ADDS})
+    return want, [] if added == sorted(GROUP_ADDS) else [f"adds {added}, not {sorted(GROUP_ADDS)}"]
+
+
+CHECKS = {"kubelet-dir-": expected_kubelet_dir, "node-max-unavailable-": expected_max_unavailable,
+          "group-snapshots": expected_group_snapshots}
 
 base = load(sys.argv[1])
 problems = []

@@ -185,19 +185,21 @@ build_sidecars() {
     build_standins
 }
 
-# The snapshot.storage.k8s.io CRDs of the client module at csi-snapshotter's version. The group
-# snapshot CRDs are left out: snapshot-controller waits for them only with its
-# CSIVolumeGroupSnapshot feature gate, off by default.
+# The snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs of the client module at
+# csi-snapshotter's version (the cluster's snapshot-controller and csi-snapshotter run with
+# CSIVolumeGroupSnapshot, which waits for the group ones).
 build_crds() {
     local tag src
     tag=$(sidecar_tag csi-snapshotter)
     [[ ${SNAPSHOT_CLIENT_VERSION:-$tag} == "$tag" ]] ||
         die "versions.sh has SNAPSHOT_CLIENT_VERSION=$SNAPSHOT_CLIENT_VERSION, deploy/ csi-snapshotter $tag"
     local out="$E2E_CACHE/snapshot-crds-$tag"
-    [[ -d $out ]] && return 0
+    [[ -e $out/groupsnapshot.storage.k8s.io_volumegroupsnapshotcontents.yaml ]] && return 0
+    rm -rf "$out"
     src=$(go_module_dir github.com/kubernetes-csi/external-snapshotter/client/v8 "$tag")
     rm -rf "$out.partial" && mkdir -p "$out.partial"
-    cp "$src"/config/crd/snapshot.storage.k8s.io_*.yaml "$out.partial/"
+    cp "$src"/config/crd/snapshot.storage.k8s.io_*.yaml "$src"/config/crd/groupsnapshot.storage.k8s.io_*.yaml \
+        "$out.partial/"
     chmod 0644 "$out.partial"/*.yaml
     mv -T "$out.partial" "$out"
 }

@@ -2,7 +2,8 @@
 # Installs stickyvol on the cluster the way a user would, with the pool "nvme" that only node 1
 # has (see node-init.sh), and waits until the driver runs on every node:
 #   install.sh [kustomize]   as README tells: `kubectl apply -k` of deploy/examples/pool-on-some-nodes
-#                            (deploy/kubernetes plus that pool), then deploy/kubernetes/snapshots;
+#                            (deploy/kubernetes plus that pool) with the component group-snapshots,
+#                            then deploy/kubernetes/snapshots;
 #   install.sh helm          `helm upgrade --install` of charts/stickyvol with that optional pool
 #                            (the chart makes the VolumeSnapshotClass itself), into a namespace
 #                            of a user's choosing, stickyvol-system, made by --create-namespace.
@@ -31,6 +32,7 @@ kustomize_overlay() {
         echo "apiVersion: kustomize.config.k8s.io/v1beta1"
         echo "kind: Kustomization"
         echo "resources: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/examples/pool-on-some-nodes")]"
+        echo "components: [$(realpath --relative-to="$overlay" "$REPO_DIR/deploy/components/group-snapshots")]"
         echo "images:"
         for mapping in "${E2E_STANDIN_IMAGES[@]}"; do
             new=${mapping#*=}
@@ -57,7 +59,7 @@ helm_install() {
     "$helm" upgrade --install stickyvol "$REPO_DIR/charts/stickyvol" \
         --namespace "$HELM_NAMESPACE" --create-namespace \
         --set 'optionalPools[0].name=nvme,optionalPools[0].path=/mnt/disks/nvme/stickyvol,optionalPools[0].hostPath=/mnt/disks' \
-        "${sets[@]}" >/dev/null
+        --set snapshots.groupSnapshots=true "${sets[@]}" >/dev/null
 }
 
 # Removes an installation made the other way, after the volumes of ours are gone (their
