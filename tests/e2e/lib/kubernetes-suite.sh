@@ -2,13 +2,18 @@
 # Kubernetes' external storage tests against stickyvol, as csi-driver-host-path's CI runs them:
 # storage.test (lib/build-suite.sh) with -storage.testdriver=kubernetes-suite/test-driver.yaml,
 # focus External.Storage; first the tests that may run in parallel (ginkgo -p), leaving out
-# Serial, Disruptive, SELinux and alpha features, then the Serial ones one at a time. stickyvol
-# is installed with helm (charts/stickyvol), the one run of the suite that does so.
+# Serial, Disruptive, SELinux and alpha features, then the Serial ones one at a time, then the
+# group snapshot tests (`groups`) with a driver file made from test-driver.yaml that claims group
+# snapshots and provisions image volumes: their StatefulSet's pods write their claims while the
+# group is cut, and stickyvol holds the writers of image volumes only (a group of directory
+# volumes in use is refused: docs/operations/snapshots.md, "Group snapshots"). stickyvol is
+# installed with helm (charts/stickyvol, snapshots.groupSnapshots on), the one run of the suite
+# that does so.
 # Ends with "N passed, N failed, N skipped" (tests the suite skipped itself, each for a reason
 # it logs: a capability test-driver.yaml does not claim, a test pattern that does not apply);
 # the reasons, counted, are in $E2E_STATE/results/kubernetes-suite/skips.txt.
 #
-#   tests/e2e/run kubernetes-suite [parallel|serial]...   (default: both)
+#   tests/e2e/run kubernetes-suite [parallel|serial|groups]...   (default: all three)
 #   E2E_SUITE_FOCUS=REGEX tests/e2e/run kubernetes-suite serial   only the tests whose names
 #       match REGEX as well (between "External Storage" and "[Serial]"), e.g.
 #       E2E_SUITE_FOCUS='any volume data source'
@@ -19,7 +24,7 @@ source "$E2E_DIR/lib/controlplane.sh"
 for part in "$E2E_DIR"/lib/build-*.sh; do source "$part"; done
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(parallel serial)
+[[ ${#parts[@]} -gt 0 ]] || parts=(parallel serial groups)
 
 "$E2E_DIR/build" suite
 "$E2E_DIR/cluster" up >/dev/null
@@ -36,14 +41,36 @@ focus='External.Storage'
 # takes only the VolumeSnapshotContents labelled snapshot.storage.kubernetes.io/managed-by=NODE;
 # snapshot-controller labels those it makes, one made by hand must carry the label itself
 # (docs/operations/troubleshooting.md), and the tests' do not: nobody would ever make them ready.
-common_skip='\[Disruptive\]|\[Feature:SELinux\]|\[Alpha\]|\[Feature:OffByDefault\]|\[Testpattern: Pre-provisioned Snapshot'
+# The same goes for the members of a pre-provisioned group (contents snapshot-controller makes
+# from the handles, without the label).
+common_skip='\[Disruptive\]|\[Feature:SELinux\]|\[Alpha\]|\[Feature:OffByDefault\]|\[Testpattern: Pre-provisioned Snapshot|\[Testpattern: Pre-provisioned VolumeGroupSnapshot'
+groups='VolumeGroupSnapshottable'
+
+# The driver file of the groups part: test-driver.yaml claiming group snapshots, with the class
+# of image volumes (kubernetes-suite/storageclass-image.yaml) and the VolumeGroupSnapshotClass.
+groups_driver() {
+    python3 - "$E2E_DIR/kubernetes-suite/test-driver.yaml" "$results/test-driver-groups.yaml" <<'PY'
+import sys
+import yaml
+
+driver = yaml.safe_load(open(sys.argv[1]))
+driver["StorageClass"]["FromFile"] = "tests/e2e/kubernetes-suite/storageclass-image.yaml"
+driver["GroupSnapshotClass"] = {"FromExistingClassName": "stickyvol"}
+driver["DriverInfo"]["Capabilities"]["groupSnapshot"] = True
+yaml.safe_dump(driver, open(sys.argv[2], "w"), sort_keys=False)
+PY
+    echo "$results/test-driver-groups.yaml"
+}
 
 run_part() {
-    local part=$1 flags=()
+    local part=$1 flags=() driver=$E2E_DIR/kubernetes-suite/test-driver.yaml
     case $part in
-        parallel) flags=(-p --procs="${E2E_SUITE_PROCS:-4}" --skip="\[Serial\]|$common_skip" --focus="$focus") ;;
-        serial) flags=(--focus="$focus.*\[Serial\]" --skip="$common_skip") ;;
-        *) die "kubernetes-suite: parallel or serial, not $part" ;;
+        parallel) flags=(-p --procs="${E2E_SUITE_PROCS:-4}" --skip="\[Serial\]|$groups|$common_skip" --focus="$focus") ;;
+        serial) flags=(--focus="$focus.*\[Serial\]" --skip="$groups|$common_skip") ;;
+        groups)
+            flags=(-p --procs=2 --focus="$focus.*$groups" --skip="$common_skip")
+            driver=$(groups_driver) ;;
+        *) die "kubernetes-suite: parallel, serial or groups, not $part" ;;
     esac
     log "kubernetes-suite: the $part tests"
     # Only this part's earlier results go: a serial run after a parallel one keeps the other's.
@@ -52,7 +79,7 @@ run_part() {
     (cd "$results" && "$suite/ginkgo" "${flags[@]}" --timeout=80m --no-color \
         --json-report="$part.json" --output-dir="$results" "$suite/storage.test" -- \
         -kubeconfig="$PKI/admin.kubeconfig" -kubectl-path="$K8S_BIN/kubectl" -repo-root="$REPO_DIR" \
-        -storage.testdriver="$E2E_DIR/kubernetes-suite/test-driver.yaml" \
+        -storage.testdriver="$driver" \
         -report-dir="$results/$part" >"$results/$part.log" 2>&1) || rc=$?
     log "kubernetes-suite: $part done (ginkgo exit $rc), log $results/$part.log"
 }
