@@ -169,27 +169,17 @@ fn is_prefix(lasts: &[i64]) -> bool {
     lasts.windows(2).all(|w| w[0] >= w[1]) && lasts[0] - lasts[lasts.len() - 1] <= 1
 }
 
-/// Restores `snapshot` into a new staged and published volume: its pod target.
+/// Restores `snapshot` into a new staged and published volume.
 async fn restored(
     driver: &TestDriver,
     snapshot: &csi::Snapshot,
     cap: csi::VolumeCapability,
 ) -> (csi::Volume, PathBuf, PathBuf) {
-    let volume = driver
-        .create(thin(csi::CreateVolumeRequest {
-            volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
-            ..create_request(&new_name(), cap.clone(), snapshot.size_bytes)
-        }))
-        .await;
-    let staging = driver.staging_path();
-    driver
-        .stage(&volume, &staging, cap.clone())
-        .await
-        .expect("NodeStageVolume");
-    let target = publish(driver, &volume, &staging, cap)
-        .await
-        .expect("NodePublishVolume");
-    (volume, staging, target)
+    let request = thin(csi::CreateVolumeRequest {
+        volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
+        ..create_request(&new_name(), cap.clone(), snapshot.size_bytes)
+    });
+    staged_and_published(driver, request, cap).await
 }
 
 #[test]

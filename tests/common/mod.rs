@@ -1567,9 +1567,18 @@ pub async fn published_image(
     cap: csi::VolumeCapability,
     bytes: i64,
 ) -> (csi::Volume, PathBuf, PathBuf) {
-    let volume = driver
-        .create(thin(create_request(&new_name(), cap.clone(), bytes)))
-        .await;
+    let request = thin(create_request(&new_name(), cap.clone(), bytes));
+    staged_and_published(driver, request, cap).await
+}
+
+/// The volume `request` makes, staged and published with `cap` as kubelet does: the volume,
+/// its staging path and its pod target.
+pub async fn staged_and_published(
+    driver: &TestDriver,
+    request: csi::CreateVolumeRequest,
+    cap: csi::VolumeCapability,
+) -> (csi::Volume, PathBuf, PathBuf) {
+    let volume = driver.create(request).await;
     let staging = driver.staging_path();
     driver
         .stage(&volume, &staging, cap.clone())
