@@ -25,7 +25,7 @@
 #     only what it is for: kubelet-dir-* moves every path under /var/lib/kubelet in the DaemonSet
 #     to its directory, leaving none behind (a new hostPath the component forgets fails here),
 #     node-max-unavailable-* the DaemonSet's maxUnavailable, group-snapshots csi-snapshotter's gate,
-#     the controller's --group-snapshots and the objects it adds.
+#     the controller's --group-snapshots and its RBAC.
 # Exit status is non-zero on any problem. Needs kubectl and python3 with pip; installs
 # kubernetes-validate (pinned) into a cache directory on first use.
 #
@@ -664,13 +664,12 @@ def expected_max_unavailable(base, rendered):
 
 
 GROUP_ADDS = [("ClusterRole", "stickyvol-group-snapshots"),
-              ("ClusterRoleBinding", "stickyvol-group-snapshots"),
-              ("VolumeGroupSnapshotClass", "stickyvol")]
+              ("ClusterRoleBinding", "stickyvol-group-snapshots")]
 
 
 def expected_group_snapshots(base, rendered):
     """The base with csi-snapshotter's group snapshot gate, the controller's --group-snapshots=on,
-    and the routing's RBAC and the VolumeGroupSnapshotClass added."""
+    and the routing's RBAC added."""
     want = copy.deepcopy(base)
     for kind_name, container, arg in [(NODE, "csi-snapshotter", "--feature-gates=CSIVolumeGroupSnapshot=true"),
                                       (("StatefulSet", "stickyvol-controller"), "stickyvol", "--group-snapshots=on")]:

@@ -47,7 +47,8 @@ common_skip='\[Disruptive\]|\[Feature:SELinux\]|\[Alpha\]|\[Feature:OffByDefault
 groups='VolumeGroupSnapshottable'
 
 # The driver file of the groups part: test-driver.yaml claiming group snapshots, with the class
-# of image volumes (kubernetes-suite/storageclass-image.yaml) and the VolumeGroupSnapshotClass.
+# of image volumes (kubernetes-suite/storageclass-image.yaml, on node 1) and the
+# VolumeGroupSnapshotClass stickyvol's controller keeps for node 1.
 groups_driver() {
     python3 - "$E2E_DIR/kubernetes-suite/test-driver.yaml" "$results/test-driver-groups.yaml" <<'PY'
 import sys
@@ -55,7 +56,7 @@ import yaml
 
 driver = yaml.safe_load(open(sys.argv[1]))
 driver["StorageClass"]["FromFile"] = "tests/e2e/kubernetes-suite/storageclass-image.yaml"
-driver["GroupSnapshotClass"] = {"FromExistingClassName": "stickyvol"}
+driver["GroupSnapshotClass"] = {"FromExistingClassName": "stickyvol-stickyvol-e2e-1"}
 driver["DriverInfo"]["Capabilities"]["groupSnapshot"] = True
 yaml.safe_dump(driver, open(sys.argv[2], "w"), sort_keys=False)
 PY

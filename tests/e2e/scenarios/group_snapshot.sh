@@ -64,14 +64,15 @@ until_ok 180 "db-0 runs" 'kn get pod db-0 >/dev/null 2>&1'
 wait_pod_running db-0 180
 until_true 30 "both logs have records" pexec db-0 sh -c 'test -s /data/log && test -s /wal/log'
 
-# group NAME SELECTOR-LABEL: a VolumeGroupSnapshot of the claims labelled group=SELECTOR-LABEL.
+# group NAME SELECTOR-LABEL: a VolumeGroupSnapshot of the claims labelled group=SELECTOR-LABEL,
+# in the class the controller keeps for their node.
 group() {
     apply <<YAML
 apiVersion: groupsnapshot.storage.k8s.io/v1
 kind: VolumeGroupSnapshot
 metadata: {name: $1}
 spec:
-  volumeGroupSnapshotClassName: stickyvol
+  volumeGroupSnapshotClassName: stickyvol-$reflink_node
   source: {selector: {matchLabels: {group: $2}}}
 YAML
 }
@@ -86,6 +87,12 @@ for vs in json.load(sys.stdin)["items"]:
         print(vs["metadata"]["name"])
 ' "$1" "$2"
 }
+
+step "a VolumeGroupSnapshotClass per node, labelled with it"
+for n in "${E2E_NODES[@]}"; do
+    until_ok 60 "the class of $n" \
+        "[[ \$(k get volumegroupsnapshotclass stickyvol-$n -o jsonpath='{.metadata.labels.snapshot\\.storage\\.kubernetes\\.io/managed-by}') == $n ]]"
+done
 
 step "$ROUNDS group snapshots while the pod writes"
 started=$SECONDS

@@ -8,13 +8,24 @@
 //! node: the first volume's node, whose plugin refuses the group with a sentence that
 //! csi-snapshotter puts on the content and snapshot-controller on the VolumeGroupSnapshot.
 //! A label once set is never changed, here or by a node (the node policy forbids it).
+//!
+//! csi-snapshotter in `--node-deployment` mode (v8.6.0) also reads VolumeGroupSnapshotClasses
+//! through the same label selector as the contents, so a node's sidecar sees only the classes
+//! labelled with its node: a class for the whole cluster is "not found" on every node. So this
+//! loop keeps one class per Node, `stickyvol-<node>` (`node_class_name`), labelled with it, made
+//! when the Node appears and deleted when it goes; a VolumeGroupSnapshot names the class of the
+//! node its claims are on.
 
 use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta, Patch,
+    PatchParams,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tracing::{info, warn};
@@ -26,6 +37,35 @@ use crate::volume::state::id::{GroupSnapshotId, Issuer, NodeTag, VolumeId};
 
 /// The label csi-snapshotter in `--node-deployment` mode selects its contents by.
 pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";
+/// Who owns the per-node classes (server-side apply).
+const FIELD_MANAGER: &str = "stickyvol-group-snapshots";
+
+fn classes() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "groupsnapshot.storage.k8s.io",
+            "v1",
+            "VolumeGroupSnapshotClass",
+        ),
+        "volumegroupsnapshotclasses",
+    )
+}
+
+/// The VolumeGroupSnapshotClass of `node`'s group snapshots.
+pub fn node_class_name(driver_prefix: &str, node: &str) -> String {
+    format!("{driver_prefix}-{node}")
+}
+
+/// The class of `node` for `driver`, as applied.
+pub fn node_class(driver: &str, name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "groupsnapshot.storage.k8s.io/v1",
+        "kind": "VolumeGroupSnapshotClass",
+        "metadata": {"name": name, "labels": {MANAGED_BY: node, "app.kubernetes.io/part-of": "stickyvol"}},
+        "driver": driver,
+        "deletionPolicy": "Delete",
+    })
+}
 
 fn contents() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -85,7 +125,8 @@ pub fn route(content: &Value, driver: &str) -> Route {
     }
 }
 
-/// Runs until `shutdown`: every content of ours without a node gets its volumes' node.
+/// Runs until `shutdown`: every content of ours without a node gets its volumes' node, and
+/// every Node its class.
 pub async fn run(
     client: Client,
     driver: String,
@@ -97,11 +138,25 @@ pub async fn run(
         .default_backoff()
         .applied_objects()
         .boxed();
+    // Names only: metadata requests.
+    let nodes = Api::<PartialObjectMeta<Node>>::all(client.clone());
+    let mut node_events = watcher(nodes, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .boxed();
+    let mut classes = NodeClasses::new(client.clone(), &driver);
     let mut locator = Locator::new(client, driver.clone(), topology_key);
     tokio::pin!(shutdown);
     loop {
         let content = tokio::select! {
             _ = &mut shutdown => break,
+            event = node_events.next() => {
+                match event {
+                    Some(Ok(event)) => classes.follow(event).await,
+                    Some(Err(err)) => warn!(error = %err, "group snapshots: watching Nodes failed; retrying"),
+                    None => break,
+                }
+                continue;
+            }
             content = changes.next() => match content {
                 Some(Ok(content)) => content,
                 Some(Err(err)) => {
@@ -117,6 +172,94 @@ pub async fn run(
             // The next change of the content, or the watch's next relist, brings it back.
             warn!(content = %name, error = %err, "group snapshots: could not label a VolumeGroupSnapshotContent with its node");
         }
+    }
+}
+
+/// The per-node classes (see the module comment), kept with the Nodes' watch.
+struct NodeClasses {
+    api: Api<DynamicObject>,
+    driver: String,
+    /// The classes' names start with it: the driver name's first label.
+    prefix: String,
+    /// Nodes listed since the watch (re)started, to delete the classes of nodes gone meanwhile.
+    listed: Option<Vec<String>>,
+}
+
+impl NodeClasses {
+    fn new(client: Client, driver: &str) -> NodeClasses {
+        NodeClasses {
+            api: Api::all_with(client, &classes()),
+            driver: driver.to_string(),
+            prefix: driver.split('.').next().unwrap_or(driver).to_string(),
+            listed: None,
+        }
+    }
+
+    async fn follow(&mut self, event: watcher::Event<PartialObjectMeta<Node>>) {
+        let outcome = match event {
+            watcher::Event::Init => {
+                self.listed = Some(Vec::new());
+                Ok(())
+            }
+            watcher::Event::InitApply(node) | watcher::Event::Apply(node) => {
+                let name = node.metadata.name.unwrap_or_default();
+                if let Some(listed) = self.listed.as_mut() {
+                    listed.push(name.clone());
+                }
+                self.apply(&name).await
+            }
+            watcher::Event::InitDone => self.remove_stale().await,
+            watcher::Event::Delete(node) => {
+                self.remove(&node.metadata.name.unwrap_or_default()).await
+            }
+        };
+        if let Err(err) = outcome {
+            warn!(error = %err, "group snapshots: could not keep a node's VolumeGroupSnapshotClass; the next change of the Node or the watch's next relist retries");
+        }
+    }
+
+    async fn apply(&self, node: &str) -> Result<(), kube::Error> {
+        let name = node_class_name(&self.prefix, node);
+        let class = node_class(&self.driver, &name, node);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        self.api
+            .patch(&name, &params, &Patch::Apply(&class))
+            .await?;
+        Ok(())
+    }
+
+    async fn remove(&self, node: &str) -> Result<(), kube::Error> {
+        let name = node_class_name(&self.prefix, node);
+        match self.api.delete(&name, &Default::default()).await {
+            Ok(_) => {
+                info!(class = %name, node = %node, "group snapshots: removed the class of a node that is gone");
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// The classes of ours whose node was not in the list the watch just made.
+    async fn remove_stale(&mut self) -> Result<(), kube::Error> {
+        let Some(listed) = self.listed.take() else {
+            return Ok(());
+        };
+        let ours = ListParams::default().labels("app.kubernetes.io/part-of=stickyvol");
+        for class in self.api.list(&ours).await?.items {
+            let node = class
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_BY))
+                .cloned();
+            let of_driver =
+                class.data.get("driver").and_then(Value::as_str) == Some(self.driver.as_str());
+            if let Some(node) = node.filter(|n| of_driver && !listed.contains(n)) {
+                self.remove(&node).await?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -263,6 +406,67 @@ mod tests {
             *patches,
             vec![json!({"metadata": {"labels": {MANAGED_BY: "node-b"}}})],
             "one patch, for the node that exists"
+        );
+    }
+
+    fn node_meta(name: &str) -> PartialObjectMeta<Node> {
+        serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn each_node_gets_a_class_labelled_with_it_and_a_gone_nodes_class_goes() {
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let seen = writes.clone();
+        let client = fake_api::client(move |method, path, body| {
+            let path = path.trim_start_matches(
+                "/apis/groupsnapshot.storage.k8s.io/v1/volumegroupsnapshotclasses",
+            );
+            match method {
+                "GET" => respond(
+                    200,
+                    &json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotClassList", "metadata": {},
+                    "items": [node_class(DRIVER, "stickyvol-node-a", "node-a"), node_class(DRIVER, "stickyvol-node-gone", "node-gone"),
+                              node_class("other.csi.io", "other-node-x", "node-x")]}),
+                ),
+                "PATCH" => {
+                    seen.lock().unwrap().push(format!(
+                        "apply {path}: {}",
+                        serde_json::from_slice::<Value>(body).unwrap()["metadata"]["labels"]
+                            [MANAGED_BY]
+                    ));
+                    respond(200, &node_class(DRIVER, "x", "x"))
+                }
+                "DELETE" => {
+                    seen.lock().unwrap().push(format!("delete {path}"));
+                    respond(200, &status(200, "Success"))
+                }
+                _ => respond(404, &status(404, "NotFound")),
+            }
+        });
+        let mut classes = NodeClasses::new(client, DRIVER);
+        classes.follow(watcher::Event::Init).await;
+        classes
+            .follow(watcher::Event::InitApply(node_meta("node-a")))
+            .await;
+        classes.follow(watcher::Event::InitDone).await;
+        classes
+            .follow(watcher::Event::Apply(node_meta("node-b")))
+            .await;
+        classes
+            .follow(watcher::Event::Delete(node_meta("node-b")))
+            .await;
+        assert_eq!(
+            *writes.lock().unwrap(),
+            vec![
+                "apply /stickyvol-node-a: \"node-a\"".to_string(),
+                "delete /stickyvol-node-gone".to_string(),
+                "apply /stickyvol-node-b: \"node-b\"".to_string(),
+                "delete /stickyvol-node-b".to_string(),
+            ],
+            "a class per node, the gone node's removed, another driver's left"
         );
     }
 }
