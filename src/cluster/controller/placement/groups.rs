@@ -14,7 +14,8 @@
 //! labelled with its node: a class for the whole cluster is "not found" on every node. So this
 //! loop keeps one class per Node, `stickyvol-<node>` (`node_class_name`), labelled with it, made
 //! when the Node appears and deleted when it goes; a VolumeGroupSnapshot names the class of the
-//! node its claims are on.
+//! node its claims are on. A class of ours without a node (one a user or a test made) is given
+//! the node of the first group that names it (`adopt_class`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -284,11 +285,60 @@ async fn label(
         warn!(content = %name, node = %node, "group snapshots: the node of this group's volumes is gone");
         return Ok(());
     }
+    if let Some(class) = content
+        .pointer("/spec/volumeGroupSnapshotClassName")
+        .and_then(Value::as_str)
+    {
+        adopt_class(
+            &Api::all_with(api.clone().into_client(), &classes()),
+            class,
+            &node,
+            driver,
+        )
+        .await?;
+    }
     let patch = json!({"metadata": {"labels": {MANAGED_BY: node}}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     info!(content = %name, node = %node, "group snapshots: sent a group to its volumes' node");
     Ok(())
+}
+
+/// Gives a class of ours without a node the node of the first group that names it, so that
+/// node's csi-snapshotter sees it (see the module comment); one labelled for another node is
+/// left, said in the log: that group's node sees no such class, and its own class is wanted.
+async fn adopt_class(
+    classes: &Api<DynamicObject>,
+    name: &str,
+    node: &str,
+    driver: &str,
+) -> Result<(), kube::Error> {
+    let Some(class) = classes.get_opt(name).await? else {
+        return Ok(());
+    };
+    if class.data.get("driver").and_then(Value::as_str) != Some(driver) {
+        return Ok(());
+    }
+    match class
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY))
+    {
+        Some(labelled) if labelled == node => Ok(()),
+        Some(labelled) => {
+            warn!(class = %name, class_node = %labelled, node = %node, "group snapshots: a group on this node names a VolumeGroupSnapshotClass of another node, which its csi-snapshotter cannot see; name the node's own class");
+            Ok(())
+        }
+        None => {
+            let patch = json!({"metadata": {"labels": {MANAGED_BY: node}}});
+            classes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            info!(class = %name, node = %node, "group snapshots: gave a VolumeGroupSnapshotClass without a node the node of its first group");
+            Ok(())
+        }
+    }
 }
 
 /// The loop, where the configuration asks for it (a watch: nothing to wait for at the stop).
@@ -376,10 +426,19 @@ mod tests {
                 "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-a"}},
                           {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-b"}}]}),
             ),
-            ("PATCH", p) if p.ends_with("/volumegroupsnapshotcontents/groupsnapcontent-1") => {
-                seen.lock()
-                    .unwrap()
-                    .push(serde_json::from_slice::<Value>(body).unwrap());
+            ("GET", p) if p.ends_with("/volumegroupsnapshotclasses/made-by-a-test") => {
+                let mut class = node_class(DRIVER, "made-by-a-test", "x");
+                class["metadata"]["labels"] = json!({});
+                respond(200, &class)
+            }
+            ("GET", p) if p.ends_with("/volumegroupsnapshotclasses/stickyvol-node-a") => {
+                respond(200, &node_class(DRIVER, "stickyvol-node-a", "node-a"))
+            }
+            ("PATCH", p) if p.contains("/groupsnapshot.storage.k8s.io/v1/") => {
+                let what = p.rsplit('/').next().unwrap_or_default();
+                let labels =
+                    serde_json::from_slice::<Value>(body).unwrap()["metadata"]["labels"].clone();
+                seen.lock().unwrap().push(json!({what: labels}));
                 respond(200, &content(json!({}), json!({})))
             }
             _ => respond(404, &status(404, "NotFound")),
@@ -401,11 +460,24 @@ mod tests {
         label(&api, &mut locator, "groupsnapcontent-1", &gone, DRIVER)
             .await
             .unwrap();
+        // A class without a node gets the group's; one of another node is left as it is.
+        for class in ["made-by-a-test", "stickyvol-node-a"] {
+            let mut named = ours.clone();
+            named["spec"]["volumeGroupSnapshotClassName"] = json!(class);
+            label(&api, &mut locator, "groupsnapcontent-2", &named, DRIVER)
+                .await
+                .unwrap();
+        }
         let patches = patches.lock().unwrap();
         assert_eq!(
             *patches,
-            vec![json!({"metadata": {"labels": {MANAGED_BY: "node-b"}}})],
-            "one patch, for the node that exists"
+            vec![
+                json!({"groupsnapcontent-1": {MANAGED_BY: "node-b"}}),
+                json!({"made-by-a-test": {MANAGED_BY: "node-b"}}),
+                json!({"groupsnapcontent-2": {MANAGED_BY: "node-b"}}),
+                json!({"groupsnapcontent-2": {MANAGED_BY: "node-b"}}),
+            ],
+            "contents labelled for the node that exists, the nodeless class adopted"
         );
     }
 
