@@ -102,27 +102,28 @@ pub fn csi_content_source(source: &ContentSource) -> csi::VolumeContentSource {
 /// VolumeSnapshotClass parameters: none of our own yet; csi-snapshotter's `csi.storage.k8s.io/*`
 /// keys pass, anything else is refused so a typo never goes unnoticed.
 pub fn snapshot_parameters(params: &HashMap<String, String>) -> Result<BTreeMap<String, String>> {
-    class_parameters("VolumeSnapshotClass", params)
+    class_parameters("VolumeSnapshotClass", params, &[])
 }
 
-/// VolumeGroupSnapshotClass parameters, as a VolumeSnapshotClass's.
+/// VolumeGroupSnapshotClass parameters, as a VolumeSnapshotClass's, and `deletionPolicy`,
+/// ignored: Kubernetes' storage tests copy the class's deletion policy into its parameters.
 pub fn group_snapshot_parameters(
     params: &HashMap<String, String>,
 ) -> Result<BTreeMap<String, String>> {
-    class_parameters("VolumeGroupSnapshotClass", params)
+    class_parameters("VolumeGroupSnapshotClass", params, &["deletionPolicy"])
 }
 
 fn class_parameters(
     class: &str,
     params: &HashMap<String, String>,
+    ignored: &[&str],
 ) -> Result<BTreeMap<String, String>> {
     class::bounded(class, params).map_err(Error::InvalidArgument)?;
     let mut keys: Vec<_> = params.keys().collect();
     keys.sort();
-    if let Some(key) = keys
-        .into_iter()
-        .find(|key| !key.starts_with(PROVISIONER_PARAMETER_PREFIX))
-    {
+    if let Some(key) = keys.into_iter().find(|key| {
+        !key.starts_with(PROVISIONER_PARAMETER_PREFIX) && !ignored.contains(&key.as_str())
+    }) {
         return Err(Error::InvalidArgument(format!(
             "unknown {class} parameter {key:?} (stickyvol accepts only {PROVISIONER_PARAMETER_PREFIX}* keys)"
         )));
@@ -553,9 +554,14 @@ mod tests {
             snapshot_parameters(&too_many).err().unwrap(),
             parameters(&misspelt).err().unwrap(),
             snapshot_parameters(&misspelt).err().unwrap(),
+            group_snapshot_parameters(&misspelt).err().unwrap(),
         ] {
             assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
         }
+        // What Kubernetes' storage tests put in a group class, and only in one.
+        let policy = HashMap::from([("deletionPolicy".to_string(), "Retain".to_string())]);
+        assert!(group_snapshot_parameters(&policy).is_ok());
+        assert!(snapshot_parameters(&policy).is_err());
     }
 
     #[test]
