@@ -120,14 +120,6 @@ METADATA = {"allOf": [{"$ref": OBJECT_META}, {"required": ["name"]}]}
 # kubernetes-validate's built-in schemas: unknown fields are errors. VolumeSnapshot also requires
 # volumeSnapshotClassName: our manifests name their class rather than rely on a default.
 CRD_SCHEMAS = {
-    ("groupsnapshot.storage.k8s.io/v1", "VolumeGroupSnapshotClass"): strict({
-        "apiVersion": {"const": "groupsnapshot.storage.k8s.io/v1"},
-        "kind": {"const": "VolumeGroupSnapshotClass"},
-        "metadata": METADATA,
-        "driver": NON_EMPTY,
-        "deletionPolicy": {"enum": ["Delete", "Retain"]},
-        "parameters": {"type": "object", "additionalProperties": {"type": "string"}},
-    }, required=["apiVersion", "kind", "metadata", "driver", "deletionPolicy"]),
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): strict({
         "apiVersion": {"const": "snapshot.storage.k8s.io/v1"},
         "kind": {"const": "VolumeSnapshotClass"},
@@ -301,7 +293,7 @@ RESTORE_PLACEMENT = False  # set by check_base: the controller runs --restore-pl
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "CSIDriver", "StorageClass",
-    "PriorityClass", "CustomResourceDefinition", "VolumeSnapshotClass", "VolumeGroupSnapshotClass",
+    "PriorityClass", "CustomResourceDefinition", "VolumeSnapshotClass",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
 # Flags by which a sidecar (or stickyvol) listens on a TCP port in the pod's network namespace.

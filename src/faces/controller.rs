@@ -165,16 +165,20 @@ fn create_request(driver: &Driver, req: csi::CreateVolumeRequest) -> Result<Crea
     })
 }
 
+/// A creation time in milliseconds since the epoch, as CSI carries it.
+pub(crate) fn timestamp(millis: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (millis / 1000) as i64,
+        nanos: ((millis % 1000) * 1_000_000) as i32,
+    }
+}
+
 pub(crate) fn to_csi_snapshot(record: &SnapshotRecord) -> csi::Snapshot {
-    let millis = record.created_unix_ms;
     csi::Snapshot {
         size_bytes: record.size_bytes,
         snapshot_id: record.id.to_string(),
         source_volume_id: record.source_volume.to_string(),
-        creation_time: Some(prost_types::Timestamp {
-            seconds: (millis / 1000) as i64,
-            nanos: ((millis % 1000) * 1_000_000) as i32,
-        }),
+        creation_time: Some(timestamp(record.created_unix_ms)),
         ready_to_use: record.ready,
         group_snapshot_id: record
             .group

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use crate::csi::group_controller_server::GroupController;
 use crate::csi::group_controller_service_capability::{Rpc, rpc};
 use crate::csi::{self};
-use crate::faces::controller::to_csi_snapshot;
+use crate::faces::controller::{timestamp, to_csi_snapshot};
 use crate::faces::driver::{Driver, blocking};
 use crate::faces::request;
 use crate::volume::Volumes;
@@ -31,14 +31,10 @@ impl GroupControllerService {
 }
 
 fn to_csi_group(group: &GroupSnapshot) -> csi::VolumeGroupSnapshot {
-    let millis = group.record.created_unix_ms;
     csi::VolumeGroupSnapshot {
         group_snapshot_id: group.record.id.to_string(),
         snapshots: group.snapshots.iter().map(|s| to_csi_snapshot(s)).collect(),
-        creation_time: Some(prost_types::Timestamp {
-            seconds: (millis / 1000) as i64,
-            nanos: ((millis % 1000) * 1_000_000) as i32,
-        }),
+        creation_time: Some(timestamp(group.record.created_unix_ms)),
         ready_to_use: group.ready(),
     }
 }
