@@ -12,11 +12,12 @@ source "$(dirname "$0")/../lib/scenario.sh"
 
 ROUNDS=10
 
-# The node whose default pool copies by reference, from its driver's log.
+# The node whose default pool copies by reference, from its driver's log (read whole first: a
+# grep that stops at its first match would cut kubectl's pipe, and pipefail take that for a no).
 reflink_node=""
 for n in "${E2E_NODES[@]}"; do
-    if k -n "$DRIVER_NS" logs "$(ready_driver_pod "$n")" -c stickyvol |
-        grep -m1 'pool ready pool=default ' | grep -q 'snapshots="reflink'; then
+    driver_log=$(k -n "$DRIVER_NS" logs "$(ready_driver_pod "$n")" -c stickyvol)
+    if grep 'pool ready pool=default ' <<<"$driver_log" | grep -q 'snapshots="reflink'; then
         reflink_node=$n
         break
     fi
