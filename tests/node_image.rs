@@ -249,6 +249,70 @@ async fn xfs_images_are_raised_to_the_smallest_xfs_and_refused_below_it_when_lim
     driver.delete(&volume.volume_id).await.unwrap();
 }
 
+/// A claim smaller than its image's filesystem, as Kubernetes restores it: the snapshot states
+/// the size the claim asked (csi-provisioner refuses a restore asking less than a snapshot's
+/// size), a restore asking as little gets the whole image back, less is OUT_OF_RANGE, and once
+/// the volume is grown its snapshots state the grown size.
+#[tokio::test]
+async fn an_image_raised_to_its_filesystems_minimum_restores_into_a_claim_as_small_as_its_own() {
+    let (_fs, driver) = on_reflink_xfs().await;
+    let cap = image_cap("xfs", Mode::SingleNodeWriter);
+    let asked = 16 * MIB;
+    let (volume, staging, target) = published_image(&driver, cap.clone(), asked).await;
+    assert_eq!(
+        volume.capacity_bytes,
+        300 * MIB,
+        "raised to the smallest XFS"
+    );
+    fs::write(target.join("file"), b"kept").unwrap();
+    let snapshot = driver.snapshot_of(&volume.volume_id).await;
+    assert_eq!(
+        snapshot.size_bytes, asked,
+        "what the claim asked, not the image's size"
+    );
+
+    let too_small = thin(csi::CreateVolumeRequest {
+        volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
+        ..create_request(&new_name(), cap.clone(), asked / 2)
+    });
+    let err = driver
+        .controller()
+        .create_volume(too_small)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    let restore = thin(csi::CreateVolumeRequest {
+        volume_content_source: Some(from_snapshot(&snapshot.snapshot_id)),
+        ..create_request(&new_name(), cap.clone(), asked)
+    });
+    let (restored, restored_staging, restored_target) =
+        staged_and_published(&driver, restore, cap.clone()).await;
+    assert_eq!(restored.capacity_bytes, 300 * MIB, "the whole image");
+    assert_eq!(fs::read(restored_target.join("file")).unwrap(), b"kept");
+    let again = driver.snapshot_of(&restored.volume_id).await;
+    assert_eq!(again.size_bytes, asked, "the restore asked as little");
+    tear_down(&driver, &restored, &restored_staging, &[&restored_target]).await;
+
+    driver
+        .expand(csi::NodeExpandVolumeRequest {
+            staging_target_path: path_str(&staging),
+            volume_capability: Some(cap.clone()),
+            ..expand_request(&volume.volume_id, &target, 400 * MIB, 0)
+        })
+        .await
+        .expect("NodeExpandVolume");
+    let grown = driver.snapshot_of(&volume.volume_id).await;
+    assert_eq!(
+        grown.size_bytes,
+        400 * MIB,
+        "as large as asked since it grew"
+    );
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+    for id in [&snapshot, &again, &grown].map(|s| s.snapshot_id.clone()) {
+        driver.delete_snapshot(&id).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_volume_is_formatted_once_never_again_on_retry_restage_or_restart() {
     let mut driver = TestDriver::start().await;

@@ -175,7 +175,9 @@ pub(crate) fn timestamp(millis: u64) -> prost_types::Timestamp {
 
 pub(crate) fn to_csi_snapshot(record: &SnapshotRecord) -> csi::Snapshot {
     csi::Snapshot {
-        size_bytes: record.size_bytes,
+        // Kubernetes refuses restores asking less than this: what the source's claim asked,
+        // not the filesystem minimum the driver raised it to (the restore is raised alike).
+        size_bytes: record.restorable_from_bytes(),
         snapshot_id: record.id.to_string(),
         source_volume_id: record.source_volume.to_string(),
         creation_time: Some(timestamp(record.created_unix_ms)),

@@ -277,6 +277,7 @@ mod tests {
             name: "pvc-1".into(),
             kind: VolumeKind::Filesystem,
             capacity_bytes: 1 << 20,
+            asked_bytes: None,
             pool: "default".into(),
             size_limit: SizeLimit::ProjectQuota {
                 project_id: 1_000_000_456,

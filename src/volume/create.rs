@@ -406,8 +406,6 @@ fn remove_trees(paths: &[PathBuf], id: &VolumeId, limit: SizeLimit) -> Result<()
     Ok(())
 }
 
-/// The capacity a request gets: as CSI's range says, raised to what an image's filesystem
-/// needs at least.
 /// The record of new volume `id` as `req` asks for it, its data in `pool` limited by `size_limit`.
 fn new_record(
     id: &VolumeId,
@@ -417,11 +415,17 @@ fn new_record(
     size_limit: SizeLimit,
 ) -> VolumeRecord {
     let allocation = req.allocation_in(pool);
+    // What the range asked, when a floor (a filesystem's minimum, a snapshot's data) made the
+    // volume larger: a snapshot of it restores into a claim asking as little.
+    let asked_bytes = capacity::choose(req.required_bytes, req.limit_bytes)
+        .ok()
+        .filter(|asked| *asked < capacity);
     VolumeRecord {
         id: id.clone(),
         name: req.name,
         kind: req.kind,
         capacity_bytes: capacity,
+        asked_bytes,
         pool: pool.name.clone(),
         size_limit,
         allocation: match req.kind {
@@ -444,6 +448,8 @@ fn new_record(
     }
 }
 
+/// The capacity a request gets: as CSI's range says, raised to what an image's filesystem
+/// needs at least.
 fn new_capacity(req: &CreateRequest) -> Result<i64> {
     let capacity = capacity::choose(req.required_bytes, req.limit_bytes)?;
     let Some(fs) = req.kind.image_fs() else {

@@ -82,6 +82,8 @@ impl Volumes {
         }
         let mut updated = (*record).clone();
         updated.capacity_bytes = wanted;
+        // As large as asked now.
+        updated.asked_bytes = None;
         self.store
             .put(updated)
             .context(|| format!("recording the new size of volume {id}"))?;

@@ -18,6 +18,8 @@ pub(in crate::volume) struct SourceData {
     pub kind: VolumeKind,
     /// The source's size: the smallest volume its data fits in.
     pub size_bytes: i64,
+    /// The least a copy may ask (what the source's CO asked; see `VolumeRecord::asked_bytes`).
+    pub least_asked_bytes: i64,
     /// A clone's source volume (a staged image is frozen while it is copied).
     pub volume: Option<Arc<VolumeRecord>>,
     /// The source's encryption: its copy is ciphertext under the same header.
@@ -43,6 +45,7 @@ impl Volumes {
                     path: pool.snapshot_path(id, record.kind),
                     kind: record.kind,
                     size_bytes: record.size_bytes,
+                    least_asked_bytes: record.restorable_from_bytes(),
                     volume: None,
                     encryption: record.encryption,
                     _claimed: claimed,
@@ -58,6 +61,7 @@ impl Volumes {
                     path: self.data_path(&record)?,
                     kind: record.kind,
                     size_bytes: record.capacity_bytes,
+                    least_asked_bytes: record.asked_bytes.unwrap_or(record.capacity_bytes),
                     encryption: record.encryption,
                     volume: Some(record.clone()),
                     _claimed: claimed,
@@ -76,11 +80,13 @@ impl SourceData {
         }
     }
 
-    /// The new volume's capacity: as asked, at least the source's size (OUT_OF_RANGE when the
-    /// range allows only less), the source's size when nothing is asked.
+    /// The new volume's capacity: as asked, at least the source's size, the source's size
+    /// when nothing is asked. OUT_OF_RANGE when the range allows only less than the source's
+    /// data, or asks less than its source's CO asked (a source the filesystem's minimum made
+    /// larger than asked is copied whole into a volume asked as small).
     pub fn capacity(&self, required: i64, limit: i64) -> Result<i64> {
         let size = self.size_bytes;
-        if (required > 0 && required < size) || (limit > 0 && limit < size) {
+        if (required > 0 && required < self.least_asked_bytes) || (limit > 0 && limit < size) {
             return Err(Error::OutOfRange(format!(
                 "the requested capacity (required_bytes {required}, limit_bytes {limit}) is smaller than the source's {size} bytes"
             )));

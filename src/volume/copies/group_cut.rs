@@ -201,6 +201,7 @@ impl Volumes {
             kind: source.kind,
             pool: cut.pool.name.clone(),
             size_bytes: source.capacity_bytes,
+            asked_bytes: source.asked_bytes,
             mechanism: copied.mechanism,
             data_bytes: copied.data_bytes,
             exclusive_bytes: copied.copied_bytes,

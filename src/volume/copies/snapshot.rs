@@ -47,8 +47,12 @@ pub struct SnapshotRecord {
     pub source_volume: VolumeId,
     pub kind: VolumeKind,
     pub pool: String,
-    /// The source's capacity when taken: the smallest volume the snapshot restores into.
+    /// The source's capacity when taken: the data a restore holds.
     pub size_bytes: i64,
+    /// What the source's CO asked, when a floor made the source larger (its `asked_bytes`):
+    /// a restore may ask as little, and gets `size_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_bytes: Option<i64>,
     /// How the data was (or is being) copied.
     pub mechanism: Mechanism,
     /// Bytes of data the snapshot holds, shared or not: what it may come to hold alone.
@@ -79,6 +83,14 @@ pub struct SnapshotRecord {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+impl SnapshotRecord {
+    /// The smallest capacity a restore may ask: what its source's CO asked. A restore asking
+    /// less than the data gets the data's size, as its source did.
+    pub fn restorable_from_bytes(&self) -> i64 {
+        self.asked_bytes.unwrap_or(self.size_bytes)
+    }
 }
 
 impl Record for SnapshotRecord {
@@ -154,6 +166,7 @@ impl Volumes {
             kind: source.kind,
             pool: pool.name.clone(),
             size_bytes: source.capacity_bytes,
+            asked_bytes: source.asked_bytes,
             mechanism: match source.kind {
                 // The planned mechanism; the copy records what it really did.
                 VolumeKind::Filesystem if source.size_limit == SizeLimit::BtrfsQgroup => pool.cow,

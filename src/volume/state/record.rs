@@ -177,6 +177,11 @@ pub struct VolumeRecord {
     pub name: String,
     pub kind: VolumeKind,
     pub capacity_bytes: i64,
+    /// The capacity the CO asked, when a floor made the volume larger (an image's filesystem
+    /// minimum, or the size of the snapshot it was restored from): its copies may ask as
+    /// little again. None when the volume is as large as asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked_bytes: Option<i64>,
     /// The pool holding the data (records from before pools existed are in the default pool).
     #[serde(default = "default_pool")]
     pub pool: String,

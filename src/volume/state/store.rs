@@ -281,6 +281,7 @@ mod tests {
             name: name.into(),
             kind: VolumeKind::Filesystem,
             capacity_bytes: 1 << 20,
+            asked_bytes: None,
             pool: "default".into(),
             size_limit: SizeLimit::ProjectQuota { project_id: 7 },
             allocation: Allocation::Thin,

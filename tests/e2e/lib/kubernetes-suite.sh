@@ -6,19 +6,17 @@
 # is installed with helm (charts/stickyvol, snapshots.groupSnapshots on), the one run of the
 # suite that does so.
 #
-# The group snapshot tests (`groups`, asked for by name) run with a driver file made from
-# test-driver.yaml that claims group snapshots and provisions image volumes: their StatefulSet's
-# pods write their claims while the group is cut, and stickyvol holds the writers of image
-# volumes only (a group of directory volumes in use is refused: docs/operations/snapshots.md,
-# "Group snapshots"). They do not pass yet: the groups are cut and ready, but the tests ask for
-# 1Mi claims (their suite's own size range, not the driver's), an ext4 image volume is at least
-# 16 MiB, and csi-provisioner refuses to restore a 16 MiB snapshot into the 1Mi claim the test
-# then asks for. So they are not among the default parts.
+# Then the group snapshot tests (`groups`), with a driver file made from test-driver.yaml that
+# claims group snapshots and provisions image volumes: their StatefulSet's pods write their
+# claims while the group is cut, and stickyvol holds the writers of image volumes only (a group
+# of directory volumes in use is refused: docs/operations/snapshots.md, "Group snapshots"). Their
+# claims are 1Mi (their suite's own size range, not the driver's); an ext4 image is 16 MiB, and
+# its snapshots state the 1Mi asked, so that the tests' 1Mi restores are made.
 # Ends with "N passed, N failed, N skipped" (tests the suite skipped itself, each for a reason
 # it logs: a capability test-driver.yaml does not claim, a test pattern that does not apply);
 # the reasons, counted, are in $E2E_STATE/results/kubernetes-suite/skips.txt.
 #
-#   tests/e2e/run kubernetes-suite [parallel|serial|groups]...   (default: parallel serial)
+#   tests/e2e/run kubernetes-suite [parallel|serial|groups]...   (default: all three)
 #   E2E_SUITE_FOCUS=REGEX tests/e2e/run kubernetes-suite serial   only the tests whose names
 #       match REGEX as well (between "External Storage" and "[Serial]"), e.g.
 #       E2E_SUITE_FOCUS='any volume data source'
@@ -29,7 +27,7 @@ source "$E2E_DIR/lib/controlplane.sh"
 for part in "$E2E_DIR"/lib/build-*.sh; do source "$part"; done
 
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(parallel serial)
+[[ ${#parts[@]} -gt 0 ]] || parts=(parallel serial groups)
 
 "$E2E_DIR/build" suite
 "$E2E_DIR/cluster" up >/dev/null
