@@ -478,8 +478,8 @@ async fn probe_stays_fast_while_stats_walks_flood_the_node() {
     );
     // Generous bounds that never flake: what matters is livenessprobe's 1 s.
     assert!(
-        *probes.last().unwrap() < Duration::from_secs(1),
+        *probes.last().unwrap() < on_this_machine(Duration::from_secs(1)),
         "{probes:?}"
     );
-    assert!(published_in.unwrap() < Duration::from_secs(1));
+    assert!(published_in.unwrap() < on_this_machine(Duration::from_secs(1)));
 }

@@ -487,11 +487,11 @@ async fn the_driver_walks_a_subtree_renamed_at_each_visit_once() {
         "the subtree entered {entered} times by the walks of a stats call, a clone and a snapshot; Probe took {probe_took:?}, a publish {publish_took:?}"
     );
     assert!(
-        probe_took < Duration::from_secs(1),
+        probe_took < on_this_machine(Duration::from_secs(1)),
         "Probe took {probe_took:?}"
     );
     assert!(
-        publish_took < Duration::from_secs(1),
+        publish_took < on_this_machine(Duration::from_secs(1)),
         "a publish took {publish_took:?}"
     );
 }

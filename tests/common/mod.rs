@@ -1157,6 +1157,19 @@ pub fn thin(mut request: csi::CreateVolumeRequest) -> csi::CreateVolumeRequest {
     request
 }
 
+/// An absolute time bound meant for real hardware (livenessprobe's 1 s for Probe, say), times
+/// `STICKYVOL_TEST_TIME_SCALE` on a machine that runs everything that much slower: the
+/// project's VM sets it under software emulation (tests/vm/init), where the same work takes
+/// 10 to 30 times as long. Bounds relative to a measured call need no scaling.
+pub fn on_this_machine(bound: Duration) -> Duration {
+    let scale = std::env::var("STICKYVOL_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|text| text.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    bound * scale
+}
+
 /// CreateVolume as external-provisioner sends it: name, one capability, required bytes.
 pub fn create_request(
     name: &str,
