@@ -178,6 +178,13 @@ for ((i = 1; i <= ROUNDS; i++)); do kn delete pvc "r$i-data" "r$i-wal" --wait=fa
 kn delete volumegroupsnapshot --all --wait=true --timeout=300s >/dev/null ||
     fail "groups not deleted: $(kn get volumegroupsnapshot -o name)"
 until_ok 120 "the members are gone" '[[ -z $(kn get volumesnapshot -o name) ]]'
+# Their contents too: snapshot-controller makes them without a node's label, the controller
+# gives them their node's, and only that node's csi-snapshotter lets them go.
+contents_left() {
+    k get volumesnapshotcontent -o \
+        jsonpath="{range .items[?(@.spec.volumeSnapshotRef.namespace=='$NS')]}{.metadata.name} {end}"
+}
+until_ok 120 "the members' VolumeSnapshotContents are gone" '[[ -z $(contents_left) ]]'
 driver=$(ready_driver_pod "$reflink_node")
 deleted=$(k -n "$DRIVER_NS" logs "$driver" -c stickyvol | grep -c 'deleted group snapshot' || true)
 ((deleted >= ROUNDS)) || fail "the driver on $reflink_node logged $deleted group deletions, not $ROUNDS"

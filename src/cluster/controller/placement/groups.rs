@@ -349,12 +349,21 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
     }
     let client = client::make(Retries::On).await?;
     info!("group snapshot routing starting");
-    let run = run(
+    let groups = run(
+        client.clone(),
+        config.driver_name.clone(),
+        config.topology_key(),
+        shutdown.clone().wait(),
+    );
+    let members = super::group_members::run(
         client,
         config.driver_name.clone(),
         config.topology_key(),
         shutdown.wait(),
     );
+    let run = async move {
+        tokio::join!(groups, members);
+    };
     Ok(Some(Loop::new(
         "group snapshot routing",
         Duration::ZERO,

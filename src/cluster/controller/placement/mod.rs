@@ -3,9 +3,10 @@
 //! know. The controller tells it, by setting the claim's selected node to that node as soon as
 //! it sees the claim (see `rules`). `fits` says whether a pod may run on a node, `source` reads
 //! the API, `run` is the watch loop. `groups` places the other way round: a group snapshot's
-//! cut goes to the node of its volumes.
+//! cut goes to the node of its volumes, and `group_members` its members' contents with it.
 
 pub mod fits;
+pub mod group_members;
 pub mod groups;
 pub mod rules;
 pub mod run;
