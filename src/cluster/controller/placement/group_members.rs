@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::groups::{MANAGED_BY, Route};
+use super::routing::{MANAGED_BY, Route};
 use super::source::Locator;
 use crate::volume::state::id::{GroupSnapshotId, Issuer, SnapshotId, VolumeId};
 

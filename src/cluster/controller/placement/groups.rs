@@ -31,13 +31,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+pub use super::routing::{MANAGED_BY, Route};
 use super::source::Locator;
 use crate::cluster::kit::client::{self, Retries};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
-use crate::volume::state::id::{GroupSnapshotId, Issuer, NodeTag, VolumeId};
+use crate::volume::state::id::{GroupSnapshotId, Issuer, VolumeId};
 
-/// The label csi-snapshotter in `--node-deployment` mode selects its contents by.
-pub const MANAGED_BY: &str = "snapshot.storage.kubernetes.io/managed-by";
 /// Who owns the per-node classes (server-side apply).
 const FIELD_MANAGER: &str = "stickyvol-group-snapshots";
 
@@ -77,17 +76,6 @@ fn contents() -> ApiResource {
         ),
         "volumegroupsnapshotcontents",
     )
-}
-
-/// Where a content should be cut.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
-    /// Another driver's, or labelled already: nothing to do.
-    Leave,
-    /// The node whose tag this is.
-    Tag(NodeTag),
-    /// Ours, but no id of it names a node (ids of an earlier version, or none yet).
-    Unknown(String),
 }
 
 /// The route of a VolumeGroupSnapshotContent (its JSON) for `driver`.
@@ -377,7 +365,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use crate::cluster::kit::fake_api::{self, respond, status};
-    use crate::volume::state::id::SnapshotId;
+    use crate::volume::state::id::{NodeTag, SnapshotId};
 
     const DRIVER: &str = "stickyvol.csi.io";
 

@@ -8,6 +8,7 @@
 pub mod fits;
 pub mod group_members;
 pub mod groups;
+pub mod routing;
 pub mod rules;
 pub mod run;
 pub mod source;
