@@ -2,22 +2,22 @@
 //! snapshot-controller (v8.6.0) makes a VolumeSnapshotContent for each member once the group is
 //! cut, but without the `managed-by` label it gives a single snapshot's content, so no node's
 //! csi-snapshotter (`--node-deployment`) ever sees it: when the member is deleted with its group,
-//! nobody removes the content's finalizer, and it stays, being deleted, forever. This loop labels
-//! each member content of our driver with the node its ids name (its volume's, its snapshot's or
-//! its group's), watching only contents that have no such label.
-
-use std::future::Future;
+//! nobody removes the content's finalizer, and it stays, being deleted, forever. The group loop
+//! (`groups::run`) watches the contents that have no such label and, with `follow`, labels each
+//! member content of our driver with the node its ids name (its volume's, its snapshot's or its
+//! group's).
 
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::{info, warn};
 
-use super::routing::{MANAGED_BY, Route};
+use super::routing::{MANAGED_BY, Route, first_node, label_with, labelled, node_of};
 use super::source::Locator;
-use crate::volume::state::id::{GroupSnapshotId, Issuer, SnapshotId, VolumeId};
+use crate::volume::state::id::{GroupSnapshotId, SnapshotId, VolumeId};
 
 /// The annotation snapshot-controller puts on a group member's content: its group's handle.
 const GROUP_HANDLE: &str = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle";
@@ -33,12 +33,6 @@ fn contents() -> ApiResource {
 /// group members of ours go anywhere (a single snapshot's content snapshot-controller labels
 /// itself, and one made by hand is its maker's to label).
 pub fn member_route(content: &Value, driver: &str) -> Route {
-    let labelled = content
-        .pointer(&format!(
-            "/metadata/labels/{}",
-            MANAGED_BY.replace('/', "~1")
-        ))
-        .is_some();
     let group = content
         .pointer(&format!(
             "/metadata/annotations/{}",
@@ -46,7 +40,8 @@ pub fn member_route(content: &Value, driver: &str) -> Route {
         ))
         .or_else(|| content.pointer("/status/volumeGroupSnapshotHandle"))
         .and_then(Value::as_str);
-    if content.pointer("/spec/driver").and_then(Value::as_str) != Some(driver) || labelled {
+    if content.pointer("/spec/driver").and_then(Value::as_str) != Some(driver) || labelled(content)
+    {
         return Route::Leave;
     }
     let Some(group) = group else {
@@ -65,53 +60,38 @@ pub fn member_route(content: &Value, driver: &str) -> Route {
             .map(|id| id.issuer()),
         GroupSnapshotId::parse(group).map(|id| id.issuer()),
     ];
-    match issuers.into_iter().flatten().find_map(|issuer| match issuer {
-        Issuer::Node(tag) => Some(tag),
-        Issuer::Unknown => None,
-    }) {
-        Some(tag) => Route::Tag(tag),
-        None => Route::Unknown(
-            "none of its handles is an id of stickyvol naming its node (ids of an earlier version name none)".into(),
-        ),
-    }
+    first_node(issuers.into_iter().flatten())
 }
 
-/// Runs until `shutdown`: every unlabelled member content of ours gets its node.
-pub async fn run(
-    client: Client,
-    driver: String,
-    topology_key: String,
-    shutdown: impl Future<Output = ()>,
-) {
-    let api = Api::<DynamicObject>::all_with(client.clone(), &contents());
-    // Only what lacks the label: a cluster's many single snapshots are never listed here.
-    let unlabelled = watcher::Config::default()
+/// The VolumeSnapshotContents without the label, as they change: a cluster's many single
+/// snapshots, labelled by snapshot-controller, are never listed here.
+pub fn unlabelled(client: Client) -> (Api<DynamicObject>, BoxStream<'static, Changed>) {
+    let api = Api::<DynamicObject>::all_with(client, &contents());
+    let config = watcher::Config::default()
         .labels(&format!("!{MANAGED_BY}"))
         .any_semantic();
-    let mut changes = watcher(api.clone(), unlabelled)
+    let changes = watcher(api.clone(), config)
         .default_backoff()
         .applied_objects()
         .boxed();
-    let mut locator = Locator::new(client, driver.clone(), topology_key);
-    tokio::pin!(shutdown);
-    loop {
-        let content = tokio::select! {
-            _ = &mut shutdown => break,
-            content = changes.next() => match content {
-                Some(Ok(content)) => content,
-                Some(Err(err)) => {
-                    warn!(error = %err, "group snapshots: watching VolumeSnapshotContents failed; retrying");
-                    continue;
-                }
-                None => break,
-            },
-        };
-        let name = content.metadata.name.clone().unwrap_or_default();
-        let json = serde_json::to_value(&content).unwrap_or_default();
-        if let Err(err) = label(&api, &mut locator, &name, &json, &driver).await {
-            // The next change of the content, or the watch's next relist, brings it back.
-            warn!(content = %name, error = %err, "group snapshots: could not label a member's VolumeSnapshotContent with its node");
-        }
+    (api, changes)
+}
+
+/// One change of the watch.
+pub type Changed = Result<DynamicObject, watcher::Error>;
+
+/// Labels `content` (a member's, changed) with its node, said in the log when it cannot.
+pub async fn follow(
+    api: &Api<DynamicObject>,
+    locator: &mut Locator,
+    content: &DynamicObject,
+    driver: &str,
+) {
+    let name = content.metadata.name.clone().unwrap_or_default();
+    let json = serde_json::to_value(content).unwrap_or_default();
+    if let Err(err) = label(api, locator, &name, &json, driver).await {
+        // The next change of the content, or the watch's next relist, brings it back.
+        warn!(content = %name, error = %err, "group snapshots: could not label a member's VolumeSnapshotContent with its node");
     }
 }
 
@@ -123,22 +103,11 @@ async fn label(
     content: &Value,
     driver: &str,
 ) -> Result<(), kube::Error> {
-    let tag = match member_route(content, driver) {
-        Route::Leave => return Ok(()),
-        Route::Tag(tag) => tag,
-        Route::Unknown(why) => {
-            warn!(content = %name, reason = %why, "group snapshots: no node for this member's content");
-            return Ok(());
-        }
-    };
-    let node = locator.node_of_tag(&tag).await?;
-    if !crate::config::is_object_name(&node) {
-        warn!(content = %name, node = %node, "group snapshots: the node of this member is gone");
+    let route = member_route(content, driver);
+    let Some(node) = node_of(route, locator, name, "group member's content").await? else {
         return Ok(());
-    }
-    let patch = json!({"metadata": {"labels": {MANAGED_BY: node}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    };
+    label_with(api, name, &node).await?;
     info!(content = %name, node = %node, "group snapshots: sent a group member's content to its node");
     Ok(())
 }
@@ -146,6 +115,7 @@ async fn label(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::sync::{Arc, Mutex};
 
     use crate::cluster::kit::fake_api::{self, respond, status};

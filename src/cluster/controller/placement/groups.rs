@@ -31,11 +31,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::group_members;
 pub use super::routing::{MANAGED_BY, Route};
+use super::routing::{first_node, label_with, labelled, node_of};
 use super::source::Locator;
 use crate::cluster::kit::client::{self, Retries};
 use crate::cluster::kit::task::{Inputs, Loop, Shutdown};
-use crate::volume::state::id::{GroupSnapshotId, Issuer, VolumeId};
+use crate::volume::state::id::{GroupSnapshotId, VolumeId};
 
 /// Who owns the per-node classes (server-side apply).
 const FIELD_MANAGER: &str = "stickyvol-group-snapshots";
@@ -80,13 +82,7 @@ fn contents() -> ApiResource {
 
 /// The route of a VolumeGroupSnapshotContent (its JSON) for `driver`.
 pub fn route(content: &Value, driver: &str) -> Route {
-    if content.pointer("/spec/driver").and_then(Value::as_str) != Some(driver)
-        || content
-            .pointer(&format!(
-                "/metadata/labels/{}",
-                MANAGED_BY.replace('/', "~1")
-            ))
-            .is_some()
+    if content.pointer("/spec/driver").and_then(Value::as_str) != Some(driver) || labelled(content)
     {
         return Route::Leave;
     }
@@ -103,19 +99,11 @@ pub fn route(content: &Value, driver: &str) -> Route {
         .and_then(Value::as_str)
         .and_then(GroupSnapshotId::parse)
         .map(|id| id.issuer());
-    match volumes.chain(group).find_map(|issuer| match issuer {
-        Issuer::Node(tag) => Some(tag),
-        Issuer::Unknown => None,
-    }) {
-        Some(tag) => Route::Tag(tag),
-        None => Route::Unknown(
-            "none of its handles is an id of stickyvol naming its node (ids of an earlier version name none)".into(),
-        ),
-    }
+    first_node(volumes.chain(group))
 }
 
-/// Runs until `shutdown`: every content of ours without a node gets its volumes' node, and
-/// every Node its class.
+/// Runs until `shutdown`: every content of ours without a node gets its volumes' node, every
+/// member's content its node, and every Node its class.
 pub async fn run(
     client: Client,
     driver: String,
@@ -133,11 +121,20 @@ pub async fn run(
         .default_backoff()
         .boxed();
     let mut classes = NodeClasses::new(client.clone(), &driver);
+    let (members_api, mut members) = group_members::unlabelled(client.clone());
     let mut locator = Locator::new(client, driver.clone(), topology_key);
     tokio::pin!(shutdown);
     loop {
         let content = tokio::select! {
             _ = &mut shutdown => break,
+            member = members.next() => {
+                match member {
+                    Some(Ok(member)) => group_members::follow(&members_api, &mut locator, &member, &driver).await,
+                    Some(Err(err)) => warn!(error = %err, "group snapshots: watching VolumeSnapshotContents failed; retrying"),
+                    None => break,
+                }
+                continue;
+            }
             event = node_events.next() => {
                 match event {
                     Some(Ok(event)) => classes.follow(event).await,
@@ -260,19 +257,9 @@ async fn label(
     content: &Value,
     driver: &str,
 ) -> Result<(), kube::Error> {
-    let tag = match route(content, driver) {
-        Route::Leave => return Ok(()),
-        Route::Tag(tag) => tag,
-        Route::Unknown(why) => {
-            warn!(content = %name, reason = %why, "group snapshots: no node to cut this group on");
-            return Ok(());
-        }
-    };
-    let node = locator.node_of_tag(&tag).await?;
-    if !crate::config::is_object_name(&node) {
-        warn!(content = %name, node = %node, "group snapshots: the node of this group's volumes is gone");
+    let Some(node) = node_of(route(content, driver), locator, name, "group").await? else {
         return Ok(());
-    }
+    };
     if let Some(class) = content
         .pointer("/spec/volumeGroupSnapshotClassName")
         .and_then(Value::as_str)
@@ -285,9 +272,7 @@ async fn label(
         )
         .await?;
     }
-    let patch = json!({"metadata": {"labels": {MANAGED_BY: node}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    label_with(api, name, &node).await?;
     info!(content = %name, node = %node, "group snapshots: sent a group to its volumes' node");
     Ok(())
 }
@@ -337,21 +322,12 @@ pub async fn start(inputs: &Inputs<'_>, shutdown: Shutdown) -> Result<Option<Loo
     }
     let client = client::make(Retries::On).await?;
     info!("group snapshot routing starting");
-    let groups = run(
-        client.clone(),
-        config.driver_name.clone(),
-        config.topology_key(),
-        shutdown.clone().wait(),
-    );
-    let members = super::group_members::run(
+    let run = run(
         client,
         config.driver_name.clone(),
         config.topology_key(),
         shutdown.wait(),
     );
-    let run = async move {
-        tokio::join!(groups, members);
-    };
     Ok(Some(Loop::new(
         "group snapshot routing",
         Duration::ZERO,
