@@ -43,3 +43,12 @@ pub fn status(code: u16, reason: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": reason, "reason": reason, "code": code})
 }
+
+/// A metadata list of Nodes with these names, as `GET /api/v1/nodes` answers a metadata request.
+pub fn node_names(names: &[&str]) -> Value {
+    let items: Vec<Value> = names
+        .iter()
+        .map(|name| json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": name}}))
+        .collect();
+    json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "items": items})
+}

@@ -164,11 +164,7 @@ mod tests {
         let patches = Arc::new(Mutex::new(Vec::new()));
         let seen = patches.clone();
         let client = fake_api::client(move |method, path, body| match (method, path) {
-            ("GET", "/api/v1/nodes") => respond(
-                200,
-                &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {},
-                "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-a"}}]}),
-            ),
+            ("GET", "/api/v1/nodes") => respond(200, &fake_api::node_names(&["node-a"])),
             ("PATCH", p)
                 if p.starts_with("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/") =>
             {

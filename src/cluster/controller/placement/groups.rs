@@ -393,12 +393,7 @@ mod tests {
         let patches = Arc::new(Mutex::new(Vec::new()));
         let seen = patches.clone();
         let client = fake_api::client(move |method, path, body| match (method, path) {
-            ("GET", "/api/v1/nodes") => respond(
-                200,
-                &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": {},
-                "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-a"}},
-                          {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "node-b"}}]}),
-            ),
+            ("GET", "/api/v1/nodes") => respond(200, &fake_api::node_names(&["node-a", "node-b"])),
             ("GET", p) if p.ends_with("/volumegroupsnapshotclasses/made-by-a-test") => {
                 let mut class = node_class(DRIVER, "made-by-a-test", "x");
                 class["metadata"]["labels"] = json!({});
