@@ -4,6 +4,7 @@
 mod common;
 
 use std::fs;
+use std::time::{Duration, Instant};
 
 use common::*;
 use tokio::task::JoinSet;
@@ -260,12 +261,12 @@ async fn operations_on_different_volumes_run_in_parallel() {
             );
             export = StalledExport::start(&driver, &held.volume_id);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // A deadlock detector, not a speed bound: the calls below take milliseconds each; under
     // a lock shared between volumes they would wait for the export, which never ends.
     tokio::time::timeout(
-        std::time::Duration::from_secs(120),
+        Duration::from_secs(120),
         create_publish_and_delete_eight_volumes(&driver),
     )
     .await
@@ -280,7 +281,7 @@ async fn operations_on_different_volumes_run_in_parallel() {
     while is_held(&driver, &held.volume_id).await {
         probes += 1;
         assert!(probes < 600, "the killed export never let go of the volume");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     driver.delete(&held.volume_id).await.unwrap();
     assert!(driver.list_all().await.is_empty());
@@ -482,4 +483,77 @@ async fn probe_stays_fast_while_stats_walks_flood_the_node() {
         "{probes:?}"
     );
     assert!(published_in.unwrap() < on_this_machine(Duration::from_secs(1)));
+}
+
+/// Threads of `pid` the kernel holds in an uninterruptible wait (state D), e.g. at a frozen
+/// filesystem.
+fn threads_in_kernel_wait(pid: u32) -> usize {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            let stat = fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised name, which may hold spaces.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('D'))
+        })
+        .count()
+}
+
+/// A publish the kernel makes wait must hold up no other call: here kubelet's filesystem is
+/// frozen, so each target's mkdir waits for the thaw. With two publishes held, Probe and a
+/// CreateVolume are answered at once, and both publishes finish after the thaw. This is why
+/// host work never runs on the runtime's own threads, even short work where it would save
+/// two thread hops (docs/performance.md): a worker held in the kernel there stopped the
+/// socket's reads for every call, this test's second publish and Probe included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_the_kernel_holds_leave_probe_and_other_calls_served() {
+    let kubelet_fs = scratchfs::ScratchFs::new("ext4", 64 << 20, &["-q"], "");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.kubelet = kubelet_fs.path("kubelet");
+    fs::create_dir(&driver.kubelet).unwrap();
+    driver.start_again().await;
+    let volumes = [
+        driver.create_fs_volume().await,
+        driver.create_fs_volume().await,
+    ];
+    let targets = [driver.mount_target(), driver.mount_target()];
+    let root = fs::File::open(&kubelet_fs.mount_point).unwrap();
+    // Thawed when dropped, a failed assertion included: before the filesystem is unmounted.
+    let frozen = stickyvol::host::fsimage::Frozen::freeze(root).unwrap();
+    let mut publishes = JoinSet::new();
+    for (held, (volume, target)) in volumes.iter().zip(&targets).enumerate() {
+        let mut node = driver.node();
+        let request = publish_request(volume, target, mount_cap(Mode::SingleNodeWriter), false);
+        publishes.spawn(async move { node.node_publish_volume(request).await });
+        let pid = driver.pid();
+        eventually("the publish waits in the kernel", || {
+            threads_in_kernel_wait(pid) > held
+        })
+        .await;
+    }
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let ready = driver.identity().probe(csi::ProbeRequest {}).await.unwrap();
+        assert_eq!(ready.into_inner().ready, Some(true));
+        assert!(asked.elapsed() < on_this_machine(Duration::from_secs(1)));
+    }
+    let asked = Instant::now();
+    let third = driver.create_fs_volume().await;
+    assert!(asked.elapsed() < on_this_machine(Duration::from_secs(1)));
+    assert_eq!(publishes.len(), 2, "held until the thaw");
+    assert!(publishes.try_join_next().is_none(), "held until the thaw");
+    frozen.thaw().unwrap();
+    for published in publishes.join_all().await {
+        published.expect("the publish finishes after the thaw");
+    }
+    for (volume, target) in volumes.iter().zip(&targets) {
+        assert_eq!(mounts_at(target).len(), 1, "{}", target.display());
+        driver.unpublish_ok(volume, target).await;
+        driver.delete(&volume.volume_id).await.unwrap();
+    }
+    driver.delete(&third.volume_id).await.unwrap();
+    driver.stop().await;
 }
