@@ -228,7 +228,7 @@ vm_console_value() {
 # STICKYVOL-VM-SUMMARY line, appends the TSV row to file $2 when given. Returns 0 only when the
 # VM ran every binary it meant to, all passed and none skipped.
 vm_report() {
-    local console=$1 results=${2:-} kernel cgroup skips seconds planned commit result
+    local console=$1 results=${2:-} kernel cgroup skips seconds planned commit result part
     local ran passed failed ignored broken table
     table=$(dirname "$console")/binaries.tsv
     vm_binaries "$console" >"$table"
@@ -238,6 +238,7 @@ vm_report() {
     cgroup=$(vm_console_value "$console" STICKYVOL-VM-INFO cgroup)
     commit=$(vm_console_value "$console" STICKYVOL-VM-INFO commit)
     planned=$(vm_console_value "$console" STICKYVOL-VM-INFO binaries)
+    part=$(vm_console_value "$console" STICKYVOL-VM-INFO part)
     skips=$(vm_console_value "$console" STICKYVOL-VM-RESULT skips)
     seconds=$(vm_console_value "$console" STICKYVOL-VM-RESULT seconds)
     result=$(tr -d '\r' <"$console" | grep -aoE 'STICKYVOL-VM-RESULT (pass|fail)' | tail -n 1 | cut -d' ' -f2 || true)
@@ -256,12 +257,12 @@ vm_report() {
         "skips=${skips:-unknown} seconds=$seconds result=$result"
     if [[ -n $results ]]; then
         # A row of docs/compatibility/vm-runs.tsv's shape, put in by tests/e2e/lib/compat_table.py
-        # (the row of the same kernel and cgroup version replaced).
+        # (the row of the same kernel, cgroup version and part replaced).
         [[ -s $results ]] ||
-            printf 'date\tcommit\tkernel\tcgroup\tbinaries run\tpassed\tfailed\tignored\tminutes\n' >"$results"
-        python3 "$repo/tests/e2e/lib/compat_table.py" add "$results" "$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' \
+            printf 'date\tcommit\tkernel\tcgroup\tpart\tbinaries run\tpassed\tfailed\tignored\tminutes\n' >"$results"
+        python3 "$repo/tests/e2e/lib/compat_table.py" add "$results" "$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' \
             "$(date -u -r "$console" +%F)" "${commit:-unknown}" "${kernel:-unknown}" "${cgroup:-unknown}" \
-            "$ran of ${planned:-unknown}" "$passed" "$failed" "$ignored" \
+            "${part:-unknown}" "$ran of ${planned:-unknown}" "$passed" "$failed" "$ignored" \
             "$(awk -v s="$seconds" 'BEGIN { printf "%.0f", s / 60 }')")"
         say "results put in $results"
     fi

@@ -15,7 +15,7 @@ import sys
 
 # The columns that name one setup, those of them a runs file has: a new run of the same setup
 # replaces the old row.
-SETUP = ("Kubernetes", "node filesystems", "kernel", "cgroup", "suite")
+SETUP = ("Kubernetes", "node filesystems", "kernel", "cgroup", "suite", "part")
 BEGIN, END = "<!-- runs: ", "<!-- end of runs -->"
 
 
