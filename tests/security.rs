@@ -203,8 +203,10 @@ async fn the_sockets_are_created_with_their_modes_and_never_changed_by_path() {
             .spawn()
             .unwrap(),
     );
+    // Serving comes after both sockets are bound and their bind directories removed; a connect
+    // alone succeeds at the rename, a moment before that removal (seen under emulation).
     let started = std::time::Instant::now();
-    while std::os::unix::net::UnixStream::connect(&driver.socket).is_err() {
+    while !probe_answers(&driver.socket).await {
         assert!(
             started.elapsed() < on_this_machine(Duration::from_secs(10)),
             "the driver serves within 10 s; log:\n{}",

@@ -1037,6 +1037,18 @@ impl Drop for TestDriver {
     }
 }
 
+/// Whether a driver serves on `socket`: Probe answers there (a connect alone succeeds as soon as
+/// the socket is in place, before the driver has finished starting).
+pub async fn probe_answers(socket: &Path) -> bool {
+    let Ok(channel) = connect(socket).await else {
+        return false;
+    };
+    IdentityClient::new(channel)
+        .probe(csi::ProbeRequest {})
+        .await
+        .is_ok()
+}
+
 async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
     stickyvol::unix_channel::connect(socket, None).await
 }
