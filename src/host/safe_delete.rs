@@ -5,6 +5,11 @@
 //! when it meets a mount point, so data outside the volume is never touched. A chain of
 //! directories deeper than a walk enters (`tree::MAX_DEPTH`) is cut: its part below the limit is
 //! moved up to the top of the tree being removed, and removed by the next pass.
+//!
+//! A walk resumes a long listing at the kernel's cookie for the last name it read. Where that
+//! cookie is a position in the listing (tmpfs before Linux 6.6, ramfs), removing the names read
+//! so far moves the rest forward, and the resumed listing skips as many: a pass can end with
+//! names left. Passes go on while the last one removed something and names remain.
 
 use std::ffi::CStr;
 use std::fs;
@@ -25,6 +30,18 @@ use super::tree::{self, AtMountPoint, Visitor, WalkError};
 struct Remover {
     top: OwnedFd,
     moved: usize,
+    /// Names removed so far, over every pass.
+    removed: usize,
+    /// Whether this pass left a directory in place because it was not empty yet.
+    left_behind: bool,
+}
+
+impl Remover {
+    fn removed(&mut self, result: nix::Result<()>) -> io::Result<()> {
+        result.map_err(io::Error::from)?;
+        self.removed += 1;
+        Ok(())
+    }
 }
 
 impl Visitor for Remover {
@@ -36,11 +53,19 @@ impl Visitor for Remover {
             }
             return Ok(()); // removed in leave_dir, once empty
         }
-        ignore_missing(unlinkat(parent, name, UnlinkatFlags::NoRemoveDir).map_err(io::Error::from))
+        let unlinked = unlinkat(parent, name, UnlinkatFlags::NoRemoveDir);
+        ignore_missing(self.removed(unlinked))
     }
 
     fn leave_dir(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-        ignore_missing(unlinkat(parent, name, UnlinkatFlags::RemoveDir).map_err(io::Error::from))
+        match unlinkat(parent, name, UnlinkatFlags::RemoveDir) {
+            // Names its listing skipped: the next pass.
+            Err(Errno::ENOTEMPTY) => {
+                self.left_behind = true;
+                Ok(())
+            }
+            removed => ignore_missing(self.removed(removed)),
+        }
     }
 
     fn too_deep(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
@@ -62,23 +87,44 @@ impl Visitor for Remover {
     }
 }
 
-/// Walks `dir` removing what is below it, pass after pass while a pass cut a deep chain.
+/// Passes that found names left behind, at most: each one at least halves what a skipping
+/// listing leaves, so 64 is never reached by a finite directory.
+const MAX_PASSES_LEAVING_NAMES: usize = 64;
+
+/// Walks `dir` removing what is below it, pass after pass while a pass cut a deep chain (each
+/// cut moves a chain's lower part up, so they end) or left names behind (see the module
+/// comment) and removed something. Names still there at the end are an error (ENOTEMPTY).
 fn remove_below(dir: &Path) -> Result<(), WalkError> {
+    let io_err = |source| WalkError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
     let top = open(
         dir,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|err| WalkError::Io {
-        path: dir.to_path_buf(),
-        source: err.into(),
-    })?;
-    let mut remover = Remover { top, moved: 0 };
+    .map_err(|err| io_err(err.into()))?;
+    let mut remover = Remover {
+        top,
+        moved: 0,
+        removed: 0,
+        left_behind: false,
+    };
+    let mut passes_leaving_names = 0;
     loop {
-        let moved_before = remover.moved;
+        let (moved, removed) = (remover.moved, remover.removed);
+        remover.left_behind = false;
         tree::walk(dir, AtMountPoint::Refuse, &mut remover)?;
-        if remover.moved == moved_before {
+        if remover.moved != moved {
+            continue;
+        }
+        if !remover.left_behind && tree::has_no_entries(remover.top.as_fd()).map_err(io_err)? {
             return Ok(());
+        }
+        passes_leaving_names += 1;
+        if remover.removed == removed || passes_leaving_names == MAX_PASSES_LEAVING_NAMES {
+            return Err(io_err(io::Error::from_raw_os_error(libc::ENOTEMPTY)));
         }
     }
 }
@@ -221,6 +267,45 @@ mod tests {
         }
         fs::write(path.join("leaf"), b"x").unwrap();
         assert!(depth > 1000, "only {depth} levels");
+        remove_all(&root).unwrap();
+        assert!(!root.exists());
+    }
+
+    /// A ramfs, unmounted when dropped (also when the test fails).
+    struct Ramfs(tempfile::TempDir);
+
+    impl Drop for Ramfs {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+
+    /// ramfs lists a directory with `dcache_readdir`, whose cookies are positions in the
+    /// listing, as tmpfs did before Linux 6.6: once the names of a first batch are removed,
+    /// resuming at a cookie skips as many. Big directories in and below the one removed, so
+    /// that their listings take several batches.
+    #[test]
+    fn removal_finishes_where_removing_a_name_moves_the_cookies_of_the_rest() {
+        let mount = tempfile::tempdir_in("/var/tmp").unwrap();
+        nix::mount::mount(
+            Some("ramfs"),
+            mount.path(),
+            Some("ramfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let ramfs = Ramfs(mount);
+        let root = ramfs.0.path().join("v");
+        for dir in [root.clone(), root.join("below")] {
+            fs::create_dir(&dir).unwrap();
+            for n in 0..3000 {
+                fs::write(dir.join(format!("a-file-with-a-long-name-{n:05}")), b"").unwrap();
+            }
+        }
+        remove_contents(&root).unwrap();
+        assert!(tree::is_empty_dir(&root).unwrap());
+        fs::write(root.join("again"), b"").unwrap();
         remove_all(&root).unwrap();
         assert!(!root.exists());
     }

@@ -429,14 +429,17 @@ fn changed_meanwhile(err: &io::Error) -> bool {
 
 /// Whether `path` is a directory (not a symlink to one) without entries.
 pub fn is_empty_dir(path: &Path) -> io::Result<bool> {
-    let fd = match open_dir(None, path.as_os_str().as_bytes()) {
-        Ok(fd) => fd,
-        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
-            return Ok(false);
-        }
-        Err(err) => return Err(err),
-    };
-    let mut dir = Dir::from_fd(fd)?;
+    match open_dir(None, path.as_os_str().as_bytes()) {
+        Ok(fd) => has_no_entries(fd.as_fd()),
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Whether the directory open at `dir` has no entries (listed from its start, through a
+/// descriptor of its own).
+pub fn has_no_entries(dir: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut dir = Dir::from_fd(open_dir(Some(dir), b".")?)?;
     for entry in dir.iter() {
         if !is_self_or_parent(entry?.file_name()) {
             return Ok(false);
