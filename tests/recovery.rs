@@ -312,7 +312,10 @@ async fn kill9_during_create_storms_converges_to_one_volume_per_name() {
             }
         });
         // A different point of the create path each round; correctness does not depend on it.
-        std::thread::sleep(Duration::from_micros(round % STORM_ROUNDS * 300));
+        // Scaled where calls are slower (emulation), or every kill comes before the first call.
+        std::thread::sleep(on_this_machine(Duration::from_micros(
+            round % STORM_ROUNDS * 300,
+        )));
         driver.kill9();
         // New since the round began: an uncommitted one from an earlier round may still be
         // waiting for its removal, which runs once the driver serves.
@@ -779,8 +782,8 @@ async fn kill9_during_create_delete_and_publish_storms_converges() {
                 }
             }
         });
-        // A different moment of the hammers' work each round.
-        std::thread::sleep(Duration::from_micros(round * 1500));
+        // A different moment of the hammers' work each round (scaled as in the create storm).
+        std::thread::sleep(on_this_machine(Duration::from_micros(round * 1500)));
         driver.kill9();
         for hammer in [creator, deleter, publisher] {
             assert_ended_by_the_kill(hammer).await;
