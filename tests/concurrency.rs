@@ -507,7 +507,7 @@ fn threads_in_kernel_wait(pid: u32) -> usize {
 /// CreateVolume are answered at once, and both publishes finish after the thaw. This is why
 /// host work never runs on the runtime's own threads, even short work where it would save
 /// two thread hops (docs/performance.md): a worker held in the kernel there stopped the
-/// socket's reads for every call, this test's second publish and Probe included.
+/// socket's reads for every call, this test's second publish among them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_the_kernel_holds_leave_probe_and_other_calls_served() {
     let kubelet_fs = scratchfs::ScratchFs::new("ext4", 64 << 20, &["-q"], "");
