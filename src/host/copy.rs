@@ -201,10 +201,10 @@ pub(super) fn open_regular(
 /// Refuses a destination that already holds something: we would mix two trees.
 pub(super) fn check_empty(dir: &OwnedFd) -> io::Result<()> {
     // Through our descriptor, so it is the directory we opened without following links.
-    let mut listed = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
-    match listed.next() {
-        None => Ok(()),
-        Some(entry) => entry.and(Err(io::Error::from_raw_os_error(libc::ENOTEMPTY))),
+    if tree::has_no_entries(dir.as_fd())? {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::ENOTEMPTY))
     }
 }
 

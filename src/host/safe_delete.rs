@@ -37,7 +37,8 @@ struct Remover {
 }
 
 impl Remover {
-    fn removed(&mut self, result: nix::Result<()>) -> io::Result<()> {
+    /// Counts a name `result` says was removed.
+    fn count(&mut self, result: nix::Result<()>) -> io::Result<()> {
         result.map_err(io::Error::from)?;
         self.removed += 1;
         Ok(())
@@ -54,7 +55,7 @@ impl Visitor for Remover {
             return Ok(()); // removed in leave_dir, once empty
         }
         let unlinked = unlinkat(parent, name, UnlinkatFlags::NoRemoveDir);
-        ignore_missing(self.removed(unlinked))
+        ignore_missing(self.count(unlinked))
     }
 
     fn leave_dir(&mut self, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
@@ -64,7 +65,7 @@ impl Visitor for Remover {
                 self.left_behind = true;
                 Ok(())
             }
-            removed => ignore_missing(self.removed(removed)),
+            removed => ignore_missing(self.count(removed)),
         }
     }
 
