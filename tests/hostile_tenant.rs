@@ -88,6 +88,25 @@ impl MemoryCgroup {
         text.trim().parse().unwrap()
     }
 
+    /// What the cgroup is charged for (its memory.stat's chief lines), to explain a kill.
+    fn charges(&self) -> String {
+        let stat = fs::read_to_string(self.dir.join("memory.stat")).unwrap_or_default();
+        let wanted = [
+            "anon",
+            "rss",
+            "file",
+            "cache",
+            "kernel",
+            "slab_reclaimable",
+            "shmem",
+        ];
+        let lines = stat.lines().filter(|line| {
+            let key = line.split_whitespace().next().unwrap_or_default();
+            wanted.contains(&key)
+        });
+        lines.collect::<Vec<_>>().join(", ")
+    }
+
     fn oom_kills(&self) -> u64 {
         let events = fs::read_to_string(self.dir.join(self.files.events)).unwrap();
         events
@@ -169,11 +188,27 @@ impl Confined {
         kib << 10
     }
 
+    /// The cgroup's OOM kills and charges, for a failure's message.
+    fn memory_report(&self) -> String {
+        match &self.cgroup {
+            Some(cgroup) => format!(
+                "OOM kills in the driver's cgroup: {}; charged: {}",
+                cgroup.oom_kills(),
+                cgroup.charges()
+            ),
+            None => "no memory cgroup".to_string(),
+        }
+    }
+
     /// Up, never OOM-killed, under the RSS bound; prints the peak for the record.
     fn assert_unharmed(&mut self, case: &str) {
-        assert!(self.driver.is_running(), "{case}: the driver died");
+        let report = self.memory_report();
+        assert!(
+            self.driver.is_running(),
+            "{case}: the driver died ({report})"
+        );
         if let Some(cgroup) = &self.cgroup {
-            assert_eq!(cgroup.oom_kills(), 0, "{case}: the driver was OOM-killed");
+            assert_eq!(cgroup.oom_kills(), 0, "{case}: {report}");
         }
         let peak = self.peak_rss();
         eprintln!("{case}: peak RSS {} MiB", peak >> 20);
@@ -489,6 +524,11 @@ fn import_refused(driver: &TestDriver, volume_id: &str, stream: &Path) -> String
     stderr
 }
 
+/// Import streams built to exhaust the driver: refused at our bounds, the driver never
+/// OOM-killed. The first makes 262,154 empty files (and as many spare names) before its bound:
+/// on cgroup v2 their inodes are charged to the driver, and before it set its cgroup's
+/// `memory.high` below the limit (`host::cgroup::soften_memory_limit`) Debian 12's kernel
+/// OOM-killed it at 256 MiB.
 #[tokio::test]
 async fn import_stream_bombs_are_refused_in_bounded_memory() {
     let mut confined = Confined::start(&[]).await;
@@ -519,7 +559,8 @@ async fn import_stream_bombs_are_refused_in_bounded_memory() {
         err.contains(&format!(
             "more than {links_bound} hard-linked files await their other names"
         )),
-        "{err}"
+        "{err}\n{}",
+        confined.memory_report()
     );
     confined.probe_in_time().await;
     confined.assert_unharmed("import of a stream of unfinished hard links");
@@ -544,7 +585,8 @@ async fn import_stream_bombs_are_refused_in_bounded_memory() {
     let err = import_refused(&confined.driver, &small.volume_id, stream.path());
     assert!(
         err.contains(&format!("more than {allowance} entries")),
-        "{err}"
+        "{err}\n{}",
+        confined.memory_report()
     );
     confined.probe_in_time().await;
     confined.assert_unharmed("import of more entries than the volume allows");
@@ -615,6 +657,44 @@ async fn a_pool_filled_to_the_last_block_keeps_the_driver_serving() {
     confined.assert_unharmed("a pool filled to the last block");
 }
 
+/// The most anonymous memory (RssAnon) a process holds while watched, sampled every 10 ms: its
+/// own part, apart from the pages of its binary the kernel maps (a debug build's code is about
+/// 30 MiB, counted as shared memory where the binary lies on a tmpfs, as in the VM).
+struct AnonPeak {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<u64>,
+}
+
+impl AnonPeak {
+    fn watch(pid: u32) -> AnonPeak {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let sampler = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let kib = status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("RssAnon:"))
+                    .and_then(|rest| rest.trim().strip_suffix("kB"))
+                    .map_or(0, |n| n.trim().parse::<u64>().unwrap());
+                peak = peak.max(kib << 10);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        });
+        AnonPeak { stop, sampler }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.sampler.join().unwrap()
+    }
+}
+
+/// The most anonymous memory the driver may hold during those clones.
+const ANON_BOUND_CLONES: u64 = 40 << 20;
+
 /// Clones csi-provisioner asks for at once in [`concurrent_clones_of_a_deep_chain_stay_inside_the_memory_limit`].
 const CONCURRENT_CLONES: usize = 40;
 
@@ -629,6 +709,7 @@ async fn concurrent_clones_of_a_deep_chain_stay_inside_the_memory_limit() {
     let (volume, target) = confined.driver.published_fs_volume().await;
     drop(chain(&target, 4000, "d"));
     let started = Instant::now();
+    let anon = AnonPeak::watch(confined.driver.pid());
     let mut clones = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENT_CLONES {
         let mut controller = confined.driver.controller();
@@ -661,16 +742,18 @@ async fn concurrent_clones_of_a_deep_chain_stay_inside_the_memory_limit() {
         started.elapsed(),
         confined.cgroup.as_ref().map_or(0, |c| c.peak_usage() >> 20)
     );
+    let peak_anon = anon.finish();
     confined.assert_unharmed("concurrent clones of a 4,000-level chain");
     // Our own part grows with the copies running at once (each holds its buffers and link
     // book): bounded by the node's copy slots, not by the clones asked for. Before the bound:
-    // 84 MiB with 40 clones (here the kernel reclaimed the directories it charged at the
-    // cgroup's limit, 256 MiB, rather than OOM-kill as the issue saw); with it, 45 MiB.
-    let peak = confined.peak_rss();
+    // a peak RSS of 84 MiB with 40 clones (here the kernel reclaimed the directories it
+    // charged at the cgroup's limit, 256 MiB, rather than OOM-kill as the issue saw); with
+    // it, 45 MiB. Measured as anonymous memory: the binary's mapped code is no copy's.
+    eprintln!("their peak anonymous memory: {} MiB", peak_anon >> 20);
     assert!(
-        peak < 64 << 20,
-        "peak RSS {} MiB with {CONCURRENT_CLONES} concurrent clones",
-        peak >> 20
+        peak_anon < ANON_BOUND_CLONES,
+        "peak anonymous memory {} MiB with {CONCURRENT_CLONES} concurrent clones",
+        peak_anon >> 20
     );
     confined.probe_in_time().await;
     for clone in made {

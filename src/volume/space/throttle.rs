@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::host::usage::Usage;
 use crate::host::{caller, cgroup};
@@ -52,10 +52,27 @@ pub fn node_walks() -> &'static Slots {
     static SLOTS: OnceLock<Slots> = OnceLock::new();
     SLOTS.get_or_init(|| {
         let limit = cgroup::memory_limit();
+        soften_memory_limit();
         let count = node_walk_count(limit);
         info!(memory_limit = ?limit, walks = count, "tree walks, copies and exports the node runs at once");
         Slots::new(count)
     })
+}
+
+/// Sets the cgroup's `memory.high` below its limit (see `cgroup::soften_memory_limit`) before
+/// the first walk charges it, and says what came of it.
+fn soften_memory_limit() {
+    match cgroup::soften_memory_limit() {
+        Ok(Some(high)) => info!(
+            memory_high = high,
+            "set this cgroup's memory.high below its limit: tree work past it is slowed while the kernel reclaims, not OOM-killed"
+        ),
+        Ok(None) => {}
+        Err(err) => warn!(
+            error = %err,
+            "could not set this cgroup's memory.high below its limit: tree work that charges the limit with inodes may get the driver OOM-killed"
+        ),
+    }
 }
 
 thread_local! {
