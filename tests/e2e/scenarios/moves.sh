@@ -118,8 +118,10 @@ expect_eq "$(kn get pvc data-db-0 -o jsonpath='{.metadata.labels.tier}/{.metadat
     db/payments "data-db-0's label and annotation"
 expect_eq "$(kn get pvc data-db-0 -o jsonpath='{.metadata.ownerReferences[*].kind}')" StatefulSet \
     "data-db-0's owners (the StatefulSet; the deleted pod dropped)"
-kn get events --field-selector involvedObject.name=data-db-0 -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' |
-    grep -qx Moved || fail "no Moved Event on data-db-0"
+# The controller says Moved just after it finishes the move, which is what the mover waits for:
+# the Event may land a moment after the claim is bound.
+until_ok 30 "a Moved Event on data-db-0" \
+    "kn get events --field-selector involvedObject.name=data-db-0 -o jsonpath='{range .items[*]}{.reason}{\"\\n\"}{end}' | grep -qx Moved"
 
 step "scaled up: the pod runs on $other with the same bytes"
 kn scale statefulset db --replicas=1 >/dev/null
