@@ -1,25 +1,54 @@
 #!/usr/bin/env bash
-# The speed guard (docs/performance.md, "The guard in CI"): release builds of `stickyvol` and
-# `stickyvol-bench`, then `stickyvol-bench guard`: rounds of volume cycles against a driver it
-# starts, each call's p50 divided by one fdatasync plus one bind mount and unmount timed on the
-# same filesystem in the same round, compared with .ci/bench-baseline.json. Fails when a figure
-# is more than 25% behind. Under SCHED_FIFO where chrt exists, so that a stray process on the
-# machine does not decide the figures.
+# The speed guard (docs/performance.md, "The guard in CI"): release builds of the reference
+# commit that .ci/bench-baseline.json names and of this tree, then `stickyvol-bench guard`:
+# rounds of volume cycles against each build in turn, each figure (a call's p50, a cycle's time,
+# the peak RSS) this tree's over the reference's of the same round. Fails when a figure is more
+# than 25% behind. Both builds run on the same machine in the same minutes, so a slower machine
+# moves both alike. Under SCHED_FIFO where chrt exists, so that a stray process on the machine
+# does not decide the figures.
 #
 #   .ci/speed-guard.sh                        compare (what CI runs)
-#   .ci/speed-guard.sh --write-baseline WHY   measure and write the baseline instead; WHY must
-#                                             then be added as a line of CHANGELOG.md (a test
-#                                             checks it)
-# Needs root (bind mounts). Uses CARGO_TARGET_DIR like cargo does.
+#   .ci/speed-guard.sh --write-baseline WHY   make HEAD the reference instead (a committed tree,
+#                                             nothing measured); WHY must then be added as a line
+#                                             of CHANGELOG.md (a test checks it)
+# Needs root (bind mounts) and the reference commit in this clone's history. Uses
+# CARGO_TARGET_DIR like cargo does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+baseline=.ci/bench-baseline.json
 
-cargo build --release --locked --bin stickyvol --bin stickyvol-bench
-bin=${CARGO_TARGET_DIR:-target}/release
+if [[ ${1-} == --write-baseline ]]; then
+    why=${2:?--write-baseline needs the reason, a sentence}
+    if [[ $why == *[\"\\]* ]]; then
+        echo "speed guard: the reason may not contain \" or \\" >&2
+        exit 2
+    fi
+    if ! git diff --quiet HEAD; then
+        echo "speed guard: commit first: the reference is a commit, HEAD, and this tree differs" >&2
+        exit 2
+    fi
+    printf '{\n  "why": "%s",\n  "reference": "%s"\n}\n' "$why" "$(git rev-parse HEAD)" >"$baseline"
+    echo "speed guard: $(git rev-parse --short HEAD) is the reference; add this line to CHANGELOG.md:"
+    echo "  $why"
+    exit 0
+fi
 
-# Data, state and kubelet directories on the disk (as a node's), the run directory on a tmpfs
-# (as the DaemonSet's /run/stickyvol). No kubelet reserve: it would keep back 10% of a CI
-# machine's shared disk, which may be all that is free there.
+reference=$(sed -n 's/^ *"reference": *"\([0-9a-f]\{40\}\)",\{0,1\}$/\1/p' "$baseline")
+if [[ -z $reference ]]; then
+    echo "speed guard: $baseline names no reference commit (40 hex digits)" >&2
+    exit 2
+fi
+if ! git cat-file -e "$reference^{commit}" 2>/dev/null; then
+    # A shallow clone lacks it; ask the remote for that one commit.
+    git fetch --quiet --depth=1 origin "$reference" 2>/dev/null || true
+fi
+if ! git cat-file -e "$reference^{commit}" 2>/dev/null; then
+    echo "speed guard: the reference commit $reference is not in this clone's history" >&2
+    exit 2
+fi
+
+target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+bin=$target/release
 work=$(mktemp -d /var/tmp/stickyvol-guard.XXXXXX)
 run=$(mktemp -d /dev/shm/stickyvol-guard-run.XXXXXX)
 cleanup() {
@@ -28,6 +57,34 @@ cleanup() {
     rm -rf --one-file-system "$work" "$run"
 }
 trap cleanup EXIT
+
+# The reference is built from its own source tree in this tree's target directory, so that the
+# dependencies are shared whenever the two Cargo.lock files agree. Its crate and this tree's
+# compile to the same file names, so each run compiles both again (2.5-3 min each here).
+source=$work/reference-source
+mkdir -p "$source"
+git archive "$reference" | tar -x -C "$source"
+echo "-- speed guard: building the reference, $reference"
+(cd "$source" && STICKYVOL_REVISION=$reference CARGO_TARGET_DIR=$target \
+    cargo build --release --locked --bin stickyvol)
+cp "$bin/stickyvol" "$work/stickyvol-reference"
+echo "-- speed guard: building this tree"
+cargo build --release --locked --bin stickyvol --bin stickyvol-bench
+# Both binaries run from copies made alike: the page cache holds a file the linker wrote in
+# other pieces than one cp wrote, and the driver's resident code follows (measured: the same
+# code 2.2 MiB apart, and its calls up to 20% apart, when only one was copied).
+cp "$bin/stickyvol" "$work/stickyvol-candidate"
+
+# Data, state and kubelet directories on the disk (as a node's), the run directory on a tmpfs
+# (as the DaemonSet's /run/stickyvol). No kubelet reserve: it would keep back 10% of a CI
+# machine's shared disk, which may be all that is free there. Each build keeps its own state
+# (the reference may predate a change of its format); the socket and kubelet's are shared.
+serve() {
+    mkdir -p "$run/$2"
+    echo "exec $1 serve --node-id guard --endpoint unix://$work/csi.sock \
+--kubelet-dir $work/kubelet --data-dir $work/data-$2 --run-dir $run/$2 \
+--kubelet-eviction-reserve 0 2>>$work/driver.log"
+}
 
 # Only where the scheduler lets us (a container without CAP_SYS_NICE does not).
 realtime=()
@@ -38,12 +95,11 @@ else
 fi
 "${realtime[@]}" "$bin/stickyvol-bench" guard \
     --endpoint "unix://$work/csi.sock" --kubelet-dir "$work/kubelet" --floor-dir "$work" \
-    --driver-cmd "exec $bin/stickyvol serve --node-id guard --endpoint unix://$work/csi.sock \
---kubelet-dir $work/kubelet --data-dir $work/data --run-dir $run --kubelet-eviction-reserve 0 \
-2>>$work/driver.log" \
-    --baseline .ci/bench-baseline.json "$@" || {
+    --reference-cmd "$(serve "$work/stickyvol-reference" reference)" \
+    --driver-cmd "$(serve "$work/stickyvol-candidate" candidate)" \
+    "$@" || {
     status=$?
-    echo "-- the driver's log (last 20 lines):"
+    echo "-- the drivers' log (last 20 lines):"
     tail -20 "$work/driver.log" 2>/dev/null || true
     exit "$status"
 }

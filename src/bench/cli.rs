@@ -40,10 +40,10 @@ pub enum Workload {
     /// their peak RSS, their steady-state requests and bytes received, and the time from a
     /// Node's deletion and from an out-of-service taint to the reconciler's release.
     Cluster(ClusterArgs),
-    /// The speed guard CI runs: rounds of `lifecycle` against --driver-cmd, each call's p50 (and
-    /// a whole cycle's time) divided by one fdatasync plus one bind mount and unmount timed in
-    /// the same round on --floor-dir, compared with the ratios committed in --baseline. Exit
-    /// status 1 when a figure is more than --tolerance behind its baseline.
+    /// The speed guard CI runs: rounds of `lifecycle` against the reference build
+    /// (--reference-cmd) and the candidate (--driver-cmd), in turns; each call's p50, a whole
+    /// cycle's time and the peak RSS of the candidate over the reference's of the same round,
+    /// the median over rounds. Exit status 1 when a figure is more than --tolerance behind.
     Guard(GuardArgs),
     /// IO limits from a VolumeAttributesClass (`writeIOPS`), for a block and an image volume:
     /// 4 KiB random direct writes in a pod's cgroup (made as kubelet makes it) on a limited
@@ -522,23 +522,28 @@ impl StatsFloodArgs {
 
 #[derive(Debug, Args)]
 pub struct GuardArgs {
+    /// The candidate: --driver-cmd starts it (required), and --endpoint and --kubelet-dir are
+    /// the reference's too.
     #[command(flatten)]
     pub driver: DriverArgs,
 
+    /// Start the reference build with this shell command (run by `sh -c`): the same socket,
+    /// directories and flags as --driver-cmd, another binary.
+    #[arg(long, value_name = "COMMAND")]
+    pub reference_cmd: String,
+
     /// A directory on the filesystem the driver keeps its data and state on: one fdatasync and
-    /// one bind mount and unmount are timed there, the unit every figure is divided by.
+    /// one bind mount and unmount are timed there each round, for the reader (what this
+    /// machine charges for what the calls cannot avoid).
     #[arg(long)]
     pub floor_dir: PathBuf,
 
-    /// The committed figures (JSON) to compare with.
-    #[arg(long)]
-    pub baseline: PathBuf,
-
-    /// Rounds, each with the driver started afresh; a figure is the median over rounds.
+    /// Rounds, each running both builds, each started afresh; a figure is the median over
+    /// rounds.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub rounds: u32,
 
-    /// Volume cycles per round.
+    /// Volume cycles per build and round.
     #[arg(long, default_value_t = 300)]
     pub volumes: usize,
 
@@ -546,14 +551,9 @@ pub struct GuardArgs {
     #[arg(long, default_value_t = 1 << 20)]
     pub size: i64,
 
-    /// How far behind its baseline a figure may fall (0.25: 25% slower) before the guard fails.
+    /// How far behind the reference a figure may fall (0.25: 25% slower) before the guard fails.
     #[arg(long, default_value_t = 0.25)]
     pub tolerance: f64,
-
-    /// Write the figures measured as the new baseline, with the reason: the same sentence must
-    /// be a line of CHANGELOG.md (a test checks it). Nothing is compared then.
-    #[arg(long, value_name = "WHY")]
-    pub write_baseline: Option<String>,
 
     /// Deadline of every gRPC call.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -565,11 +565,17 @@ pub struct GuardArgs {
 }
 
 impl GuardArgs {
-    /// One round's `lifecycle` flags: one client, no preload, mount volumes.
-    pub fn lifecycle(&self) -> LifecycleArgs {
+    /// One round's `lifecycle` flags for the build `command` starts: one client, no preload,
+    /// mount volumes.
+    pub fn lifecycle(&self, command: &str) -> LifecycleArgs {
+        let driver = DriverArgs {
+            driver_cmd: Some(command.to_string()),
+            driver_pid: None,
+            ..self.driver.clone()
+        };
         LifecycleArgs {
             common: Common::without_preload(
-                &self.driver,
+                &driver,
                 AccessType::Mount,
                 self.size,
                 &[],

@@ -6,7 +6,7 @@
 //! published block volume against a plain file), `fsio` (the same in a file on an image
 //! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
 //! a volume of many files, with Probe timed), `guard` (CI's speed guard: lifecycle rounds
-//! against committed figures), `iolimits` (a VolumeAttributesClass's write IOPS limit on a
+//! of a reference build and the candidate, in turns), `iolimits` (a VolumeAttributesClass's write IOPS limit on a
 //! block and an image volume in pods' cgroups, beside an unlimited neighbour), `groupsnap`
 //! (how long a group snapshot holds its members' writers), `report`
 //! (samples, percentiles, output);
@@ -125,7 +125,7 @@ fn finish<R: Outcome>(result: Result<R, workload::Fatal>, json: bool) -> ExitCod
     exit_status(report.errors_total(), report.leftovers())
 }
 
-/// As `finish`, and a check the report failed (a figure behind its baseline, a threshold
+/// As `finish`, and a check the report failed (a figure behind the reference's, a threshold
 /// missed) fails too.
 fn finish_checked<R: Outcome>(
     result: Result<R, workload::Fatal>,

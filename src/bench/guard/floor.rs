@@ -1,8 +1,9 @@
 //! What this machine charges for what a volume's calls cannot avoid: a disk flush (one 4 KiB
 //! `fdatasync`), a bind mount, an unmount, and a round trip between two threads over a unix
 //! socket (two wakeups: what a call that does nothing else costs in scheduling). The guard
-//! divides each figure by the part of these its call needs (`super::floor_of`), so that a
-//! slower disk, kernel or CPU moves the figure and its unit together.
+//! reports them beside its figures, for the reader: they say what kind of machine measured
+//! them. (It no longer divides by them: a machine type's CPU and syscalls do not scale
+//! together, so the ratios moved between machines; see `super`.)
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
