@@ -527,8 +527,8 @@ pub struct GuardArgs {
     #[command(flatten)]
     pub driver: DriverArgs,
 
-    /// Start the reference build with this shell command (run by `sh -c`): the same socket,
-    /// directories and flags as --driver-cmd, another binary.
+    /// Start the reference build with this shell command (run by `sh -c`): the same socket and
+    /// kubelet directory as --driver-cmd, another binary (and its own data directory).
     #[arg(long, value_name = "COMMAND")]
     pub reference_cmd: String,
 
