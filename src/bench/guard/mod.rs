@@ -61,13 +61,6 @@ pub struct GuardReport {
     pub leftovers: Vec<String>,
 }
 
-/// Which build a lifecycle run starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Build {
-    Reference,
-    Candidate,
-}
-
 pub async fn guard(args: &GuardArgs) -> Result<GuardReport, Fatal> {
     if !(0.0..1.0).contains(&args.tolerance) {
         return Err(format!("--tolerance {} is not in [0, 1)", args.tolerance));
@@ -100,33 +93,27 @@ pub async fn guard(args: &GuardArgs) -> Result<GuardReport, Fatal> {
 
 /// `--rounds` more rounds; the reference goes first in every other one.
 async fn run_rounds(args: &GuardArgs, report: &mut GuardReport) -> Result<(), Fatal> {
-    let candidate = args.driver.driver_cmd.as_deref().unwrap_or_default();
+    let candidate_cmd = args.driver.driver_cmd.as_deref().unwrap_or_default();
     for _ in 0..args.rounds {
         let number = report.rounds.len() + 1;
         let reference_first = number % 2 == 1;
         eprintln!("guard: round {number}");
         let floor = floor::measure(&args.floor_dir, FLOOR_SAMPLES)
             .map_err(|err| format!("timing the floor in {}: {err}", args.floor_dir.display()))?;
-        let order = match reference_first {
-            true => [Build::Reference, Build::Candidate],
-            false => [Build::Candidate, Build::Reference],
-        };
-        let mut measured = Vec::with_capacity(2);
-        for build in order {
-            let command = match build {
-                Build::Reference => &args.reference_cmd,
-                Build::Candidate => candidate,
-            };
+        let (mut reference, mut candidate) = (Figures::new(), Figures::new());
+        let mut turns = [
+            (args.reference_cmd.as_str(), &mut reference),
+            (candidate_cmd, &mut candidate),
+        ];
+        if !reference_first {
+            turns.reverse();
+        }
+        for (command, figures) in turns {
             let run = workload::lifecycle(&args.lifecycle(command)).await?;
             report.errors_total += run.errors_total;
             report.leftovers.extend(run.leftovers.iter().cloned());
-            measured.push(figures_of(&run));
+            *figures = figures_of(&run);
         }
-        let (first, second) = (measured.remove(0), measured.remove(0));
-        let (reference, candidate) = match reference_first {
-            true => (first, second),
-            false => (second, first),
-        };
         report.rounds.push(Round {
             floor,
             reference_first,
@@ -172,7 +159,8 @@ fn figures_of(run: &LifecycleReport) -> Figures {
     figures
 }
 
-/// Candidate over reference for the figures both have (a 0 µs reference counts as 1 µs).
+/// Candidate over reference for the figures both have (a 0 counts as a thousandth, so that no
+/// ratio divides by zero).
 fn ratios_of(reference: &Figures, candidate: &Figures) -> Figures {
     candidate
         .iter()
