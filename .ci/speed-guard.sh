@@ -75,6 +75,26 @@ cargo build --release --locked --bin stickyvol --bin stickyvol-bench
 # code 2.2 MiB apart, and its calls up to 20% apart, when only one was copied).
 cp "$bin/stickyvol" "$work/stickyvol-candidate"
 
+# The functions link/hot-functions.txt names go first in the code (build.rs); names a build no
+# longer has are code a cycle runs scattered again, which the peak RSS pays for. A list that lost
+# most of its names (a version bump renames every function of the crate) fails here, with the
+# fix, rather than as a memory figure.
+hot_functions_in() {
+    local list=$1/link/hot-functions.txt named found
+    [[ -f $list ]] || { echo "0 0"; return; }
+    named=$(sort -u "$list" | wc -l)
+    found=$(nm --defined-only "$2" | awk '{print $3}' | sort -u | comm -12 - <(sort -u "$list") | wc -l)
+    echo "$found $named"
+}
+read -r found named < <(hot_functions_in "$source" "$work/stickyvol-reference")
+echo "-- speed guard: the reference has $found of the $named functions its list names"
+read -r found named < <(hot_functions_in . "$work/stickyvol-candidate")
+echo "-- speed guard: this build has $found of the $named functions link/hot-functions.txt names"
+if ((found * 10 < named * 8)); then
+    echo "speed guard: link/hot-functions.txt is stale (under 80% of its names are in this build): run link/refresh as root and commit the list" >&2
+    exit 1
+fi
+
 # Data, state and kubelet directories on the disk (as a node's), the run directory on a tmpfs
 # (as the DaemonSet's /run/stickyvol). No kubelet reserve: it would keep back 10% of a CI
 # machine's shared disk, which may be all that is free there. Each build keeps its own state

@@ -529,3 +529,31 @@ fn the_committed_speed_baseline_says_why_in_the_changelog() {
         "CHANGELOG.md does not say why the speed baseline is what it is: {why:?}"
     );
 }
+
+/// link/hot-functions.txt, which link/refresh writes and build.rs hands to the linker: one symbol
+/// per line, each once, and the driver's own code among them (a list of some other binary's, or a
+/// probe that ran nothing, would link without a word and cost the memory it is there to save).
+#[test]
+fn the_hot_function_list_names_each_function_of_a_cycle_once() {
+    let list = include_str!("../link/hot-functions.txt");
+    let names: Vec<&str> = list.lines().collect();
+    assert!(
+        names.len() >= 1000,
+        "{} names: a cycle runs thousands of functions",
+        names.len()
+    );
+    let mut seen = std::collections::HashSet::new();
+    for name in &names {
+        assert!(
+            !name.is_empty() && !name.contains(char::is_whitespace),
+            "not a symbol: {name:?}"
+        );
+        assert!(seen.insert(*name), "named twice: {name}");
+    }
+    for code in ["9stickyvol6volume", "5tokio", "2h2", "5tonic"] {
+        assert!(
+            names.iter().any(|name| name.contains(code)),
+            "no function of {code} in the list"
+        );
+    }
+}

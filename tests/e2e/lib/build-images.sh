@@ -467,7 +467,7 @@ stickyvol_image_name() {
 
 # Hash of what the Dockerfile's build reads, as git's index has it (see stickyvol_image).
 stickyvol_src_hash() {
-    git -C "$REPO_DIR" ls-files -s -- Cargo.toml Cargo.lock build.rs src proto Dockerfile .dockerignore |
+    git -C "$REPO_DIR" ls-files -s -- Cargo.toml Cargo.lock build.rs link src proto Dockerfile .dockerignore |
         sha256sum | cut -c1-16
 }
 
@@ -499,7 +499,7 @@ stickyvol_image() {
     local revision
     revision=$(git -C "$REPO_DIR" rev-parse HEAD 2>/dev/null) || revision=unknown
     if [[ $revision != unknown ]] && ! git -C "$REPO_DIR" diff --cached --quiet HEAD -- \
-        Cargo.toml Cargo.lock build.rs src proto Dockerfile .dockerignore; then
+        Cargo.toml Cargo.lock build.rs link src proto Dockerfile .dockerignore; then
         revision+=-dirty
     fi
     local ca=/etc/ssl/certs/ca-certificates.crt mounts=()
