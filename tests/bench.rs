@@ -557,3 +557,115 @@ fn the_hot_function_list_names_each_function_of_a_cycle_once() {
         );
     }
 }
+
+/// `.ci/speed-guard.sh` in a clone of this repository whose reference is its own HEAD, with a
+/// `cargo` on PATH that only says it was asked (so that nothing is built): it builds nothing
+/// while the driver's sources are the reference's, and starts building when they differ.
+struct GuardClone {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    fake_bin: std::path::PathBuf,
+}
+
+impl GuardClone {
+    fn new() -> GuardClone {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("clone");
+        let git = |args: &[&str], cwd: &std::path::Path| {
+            let out = Command::new("git")
+                .args(args)
+                .current_dir(cwd)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "git {args:?}: {out:?}");
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        git(
+            &["clone", "--quiet", "--shared", ".", root.to_str().unwrap()],
+            repo,
+        );
+        let head = git(&["rev-parse", "HEAD"], &root);
+        std::fs::write(
+            root.join(".ci/bench-baseline.json"),
+            format!("{{\n  \"why\": \"a test\",\n  \"reference\": \"{head}\"\n}}\n"),
+        )
+        .unwrap();
+        let fake_bin = dir.path().join("bin");
+        std::fs::create_dir(&fake_bin).unwrap();
+        let cargo = fake_bin.join("cargo");
+        std::fs::write(&cargo, "#!/bin/sh\necho \"fake cargo $*\"\nexit 3\n").unwrap();
+        std::fs::set_permissions(&cargo, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        GuardClone {
+            _dir: dir,
+            root,
+            fake_bin,
+        }
+    }
+
+    /// Runs the guard; true when it went on to build (the fake cargo's exit status 3).
+    fn builds(&self, always: bool) -> bool {
+        let path = format!(
+            "{}:{}",
+            self.fake_bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut command = Command::new("bash");
+        command
+            .arg(".ci/speed-guard.sh")
+            .current_dir(&self.root)
+            .env("PATH", path)
+            .env_remove("SPEED_GUARD_ALWAYS");
+        if always {
+            command.env("SPEED_GUARD_ALWAYS", "1");
+        }
+        let out = command.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        match out.status.code() {
+            Some(0) => {
+                assert!(stdout.contains("nothing to compare"), "{out:?}");
+                false
+            }
+            Some(3) => {
+                assert!(stdout.contains("fake cargo build --release"), "{out:?}");
+                true
+            }
+            _ => panic!("the guard failed otherwise: {out:?}"),
+        }
+    }
+
+    fn edit(&self, path: &str, text: &str) {
+        std::fs::write(self.root.join(path), text).unwrap();
+    }
+}
+
+#[test]
+fn the_guard_builds_nothing_only_while_the_drivers_sources_are_the_references() {
+    let clone = GuardClone::new();
+    assert!(!clone.builds(false), "same sources: nothing to build");
+    assert!(clone.builds(true), "SPEED_GUARD_ALWAYS=1 compares anyway");
+
+    // The bench tool and the docs are not the driver.
+    clone.edit("src/bench/extra_note.txt", "not the driver\n");
+    clone.edit("docs/extra.md", "# not the driver\n");
+    assert!(
+        !clone.builds(false),
+        "a change outside the driver's sources"
+    );
+
+    // A new file in the driver's sources, even one git does not track yet.
+    clone.edit("src/extra.rs", "// new\n");
+    assert!(clone.builds(false), "an untracked source file");
+    std::fs::remove_file(clone.root.join("src/extra.rs")).unwrap();
+
+    // A changed tracked source, and the list of hot functions.
+    let lib = std::fs::read_to_string(clone.root.join("src/lib.rs")).unwrap();
+    clone.edit("src/lib.rs", &format!("{lib}// changed\n"));
+    assert!(clone.builds(false), "a changed source");
+    clone.edit("src/lib.rs", &lib);
+    assert!(!clone.builds(false), "the change undone");
+    let hot = std::fs::read_to_string(clone.root.join("link/hot-functions.txt")).unwrap();
+    clone.edit("link/hot-functions.txt", &format!("{hot}_ZN5extra\n"));
+    assert!(clone.builds(false), "a changed hot-function list");
+}
