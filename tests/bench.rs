@@ -648,7 +648,7 @@ fn the_guard_builds_nothing_only_while_the_drivers_sources_are_the_references() 
 
     // The bench tool and the docs are not the driver.
     clone.edit("src/bench/extra_note.txt", "not the driver\n");
-    clone.edit("docs/extra.md", "# not the driver\n");
+    clone.edit("docs/extra_note.txt", "not the driver\n");
     assert!(
         !clone.builds(false),
         "a change outside the driver's sources"
