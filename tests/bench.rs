@@ -425,6 +425,57 @@ async fn stats_flood_times_probe_and_a_bystander_publish_and_leaves_nothing() {
     assert_nothing_left(&mut driver).await;
 }
 
+/// `housekeeping` for `runtime` against `driver`, scraping `metrics_address`.
+async fn housekeeping(driver: &TestDriver, metrics_address: &str, runtime: &str) -> Output {
+    let mut args = vec!["housekeeping".to_string()];
+    args.extend(target_flags(driver));
+    args.extend(["--metrics-address", metrics_address, "--runtime", runtime].map(String::from));
+    bench(args).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_makes_each_sidecars_call_and_a_scrape_every_round_and_leaves_nothing() {
+    let mut driver = TestDriver::start_with_metrics(Options::default()).await;
+    let address = driver.metrics_address().to_string();
+    let output = housekeeping(&driver, &address, "600ms").await;
+    assert_exit(&output, 0);
+    let report = report(&output);
+
+    assert_eq!(report["workload"], "housekeeping");
+    assert_eq!(report["errors_total"], 0, "{report:#}");
+    assert_eq!(report["metrics_address"], address.as_str());
+    let rounds = report["rounds"].as_u64().unwrap();
+    assert!(rounds >= 2, "{report:#}");
+    let made = &report["calls"];
+    // A capacity poll for filesystem volumes and one for block volumes each round.
+    assert_eq!(calls(made, "GetCapacity"), (2 * rounds, 0));
+    for rpc in [
+        "NodeGetCapabilities",
+        "NodeGetInfo",
+        "Probe",
+        "GET /metrics",
+    ] {
+        assert_eq!(calls(made, rpc), (rounds, 0), "{rpc}");
+    }
+    assert_eq!(report["leftovers"], serde_json::json!([]));
+    assert_nothing_left(&mut driver).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_counts_a_failed_scrape_and_fails_the_run() {
+    let mut driver = TestDriver::start().await;
+    // Nothing serves metrics there: the driver runs without them.
+    let nobody = free_local_address().to_string();
+    let output = housekeeping(&driver, &nobody, "200ms").await;
+    assert_exit(&output, 1);
+    let report = report(&output);
+    let rounds = report["rounds"].as_u64().unwrap();
+    assert_eq!(calls(&report["calls"], "GET /metrics"), (rounds, rounds));
+    assert_eq!(calls(&report["calls"], "Probe"), (rounds, 0));
+    assert_eq!(report["errors_total"].as_u64(), Some(rounds), "{report:#}");
+    assert_nothing_left(&mut driver).await;
+}
+
 /// `guard` with `driver`'s flags: `rounds` rounds of 8 cycles of each build, the reference
 /// started by `reference`, the candidate by `candidate`; a figure may be 90% behind (the same
 /// debug build's p50s over 8 cycles differ by tens of percent between runs).

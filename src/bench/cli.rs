@@ -34,6 +34,12 @@ pub enum Workload {
     /// Direct I/O in a file on a volume with a filesystem of its own (--fs-type; stickyvol's
     /// image volumes), side by side with a file on a directory volume of the same pool.
     FsIo(FsIoArgs),
+    /// What a node's driver is asked while no volume changes, sped up: csi-provisioner's
+    /// capacity polls (GetCapacity for filesystem and block volumes of the node's topology),
+    /// livenessprobe's Probe, kubelet's NodeGetCapabilities and NodeGetInfo, and Prometheus's
+    /// scrapes of --metrics-address; each call's latencies and the driver's memory before and
+    /// after.
+    Housekeeping(HousekeepingArgs),
     /// Not a CSI benchmark: a big cluster on one machine. A simulated API server holds --nodes
     /// Nodes shaped like real ones and --pvs PVs of stickyvol; `stickyvol serve` runs against
     /// it as the controller (node loss on) and as one node plugin (orphan check on). Prints
@@ -513,6 +519,51 @@ impl StatsFloodArgs {
             &self.driver,
             AccessType::Mount,
             self.size,
+            &self.parameters,
+            self.deadline,
+            self.json,
+        )
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct HousekeepingArgs {
+    #[command(flatten)]
+    pub driver: DriverArgs,
+
+    /// The driver's metrics endpoint, HOST:PORT (its --metrics-address): GET /metrics once a
+    /// round. Not scraped when not given.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_address: Option<String>,
+
+    /// How long the rounds go on.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub runtime: Duration,
+
+    /// Pause between two rounds (the sidecars' own periods are seconds to a minute).
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// A GetCapacity parameter (StorageClass parameter), KEY=VALUE; repeatable.
+    #[arg(long = "parameter", value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub parameters: Vec<(String, String)>,
+
+    /// Deadline of every gRPC call and of every scrape.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub deadline: Duration,
+
+    /// Print the report as JSON (stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl HousekeepingArgs {
+    /// The shared flags (no volume is made: the size is not used).
+    pub fn common(&self) -> Common {
+        Common::without_preload(
+            &self.driver,
+            AccessType::Mount,
+            0,
             &self.parameters,
             self.deadline,
             self.json,

@@ -5,7 +5,8 @@
 //! driver), `workload` (the lifecycle and startup runs), `blockio` (direct I/O through a
 //! published block volume against a plain file), `fsio` (the same in a file on an image
 //! volume against one on a directory volume), `statsflood` (NodeGetVolumeStats callers on
-//! a volume of many files, with Probe timed), `guard` (CI's speed guard: lifecycle rounds
+//! a volume of many files, with Probe timed), `housekeeping` (the calls of a node's sidecars
+//! and of Prometheus while no volume changes, and what they cost in memory), `guard` (CI's speed guard: lifecycle rounds
 //! of a reference build and the candidate, in turns), `iolimits` (a VolumeAttributesClass's write IOPS limit on a
 //! block and an image volume in pods' cgroups, beside an unlimited neighbour), `groupsnap`
 //! (how long a group snapshot holds its members' writers), `report`
@@ -21,6 +22,7 @@ mod driver_process;
 mod fsio;
 mod groupsnap;
 mod guard;
+mod housekeeping;
 mod iolimits;
 mod paths;
 mod report;
@@ -57,6 +59,10 @@ fn main() -> ExitCode {
         Workload::BlockIo(args) => finish(runtime.block_on(blockio::block_io(&args)), args.json),
         Workload::FsIo(args) => finish(runtime.block_on(fsio::fs_io(&args)), args.json),
         Workload::Cluster(args) => finish(runtime.block_on(cluster::cluster(&args)), args.json),
+        Workload::Housekeeping(args) => finish(
+            runtime.block_on(housekeeping::housekeeping(&args)),
+            args.json,
+        ),
         Workload::StatsFlood(args) => {
             finish(runtime.block_on(statsflood::stats_flood(&args)), args.json)
         }
@@ -106,6 +112,7 @@ outcome!(workload::StartupReport, startup_text);
 outcome!(blockio::BlockIoReport, blockio::text);
 outcome!(statsflood::StatsFloodReport, statsflood::text);
 outcome!(fsio::FsIoReport, fsio::text);
+outcome!(housekeeping::HousekeepingReport, housekeeping::text);
 outcome!(cluster::ClusterReport, cluster::text);
 outcome!(guard::GuardReport, guard::text);
 outcome!(iolimits::report::IoLimitsReport, iolimits::report::text);

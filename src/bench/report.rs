@@ -21,6 +21,9 @@ pub enum Rpc {
     NodeGetCapabilities,
     NodeGetInfo,
     Probe,
+    GetCapacity,
+    /// GET /metrics (not gRPC).
+    MetricsScrape,
     CreateVolume,
     ControllerPublishVolume,
     NodeStageVolume,
@@ -46,6 +49,8 @@ impl Rpc {
             Rpc::NodeGetCapabilities => "NodeGetCapabilities",
             Rpc::NodeGetInfo => "NodeGetInfo",
             Rpc::Probe => "Probe",
+            Rpc::GetCapacity => "GetCapacity",
+            Rpc::MetricsScrape => "GET /metrics",
             Rpc::CreateVolume => "CreateVolume",
             Rpc::ControllerPublishVolume => "ControllerPublishVolume",
             Rpc::NodeStageVolume => "NodeStageVolume",

@@ -67,6 +67,11 @@ impl Target {
         self.access = access;
     }
 
+    /// The StorageClass parameters volumes are made with.
+    pub(crate) fn parameters(&self) -> &HashMap<String, String> {
+        &self.parameters
+    }
+
     pub(crate) fn capability(&self) -> csi::VolumeCapability {
         use csi::volume_capability::{AccessMode, AccessType as Type, BlockVolume, MountVolume};
         csi::VolumeCapability {
@@ -533,11 +538,11 @@ impl Session {
         }
     }
 
-    fn rss_kib(&self) -> Option<u64> {
+    pub(crate) fn rss_kib(&self) -> Option<u64> {
         self.pid.and_then(|pid| status_kib(pid, "VmRSS"))
     }
 
-    fn peak_kib(&self) -> Option<u64> {
+    pub(crate) fn peak_kib(&self) -> Option<u64> {
         self.pid.and_then(|pid| status_kib(pid, "VmHWM"))
     }
 }
