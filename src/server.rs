@@ -192,6 +192,16 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
         path: path.display().to_string(),
         source,
     };
+    // Nobody could connect to a longer one: sockaddr_un holds 107 bytes of path.
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "is {} bytes long; a unix socket's path can be at most {MAX_SOCKET_PATH}",
+                path.as_os_str().len()
+            ),
+        )));
+    }
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(err)?;
     }
@@ -224,7 +234,8 @@ fn bind(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
 /// umask would race with other threads, and a thread-own one needs unshare(2), which the
 /// container runtime's default seccomp profile refuses (the controller pod runs under it).
 fn bind_with_mode(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -238,12 +249,19 @@ fn bind_with_mode(path: &Path, mode: u32) -> io::Result<std::os::unix::net::Unix
     ));
     fs::DirBuilder::new().mode(0o700).create(&private)?;
     let bound = (|| {
-        let staged = private.join(name);
+        // Bound through the directory's descriptor: the private directory's name would take 49
+        // of the 107 bytes a socket's path may have, and a kubelet root longer than the usual
+        // /var/lib/kubelet (MicroK8s's) would then leave too few.
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&private)?;
+        let staged = Path::new(&format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name);
         let listener = std::os::unix::net::UnixListener::bind(&staged)?;
         fs::set_permissions(&staged, fs::Permissions::from_mode(mode))?;
         nix::fcntl::renameat2(
-            nix::fcntl::AT_FDCWD,
-            &staged,
+            dir.as_fd(),
+            name,
             nix::fcntl::AT_FDCWD,
             path,
             nix::fcntl::RenameFlags::RENAME_NOREPLACE,
@@ -256,6 +274,9 @@ fn bind_with_mode(path: &Path, mode: u32) -> io::Result<std::os::unix::net::Unix
 
 /// Where `bind_with_mode` binds before the rename.
 const BIND_DIR_PREFIX: &str = ".stickyvol-bind-";
+/// The longest path a unix socket can be bound at or reached by (sockaddr_un's sun_path, less
+/// its terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
 
 /// Directories of an earlier bind a crash interrupted (they hold at most a dead socket).
 fn remove_stale_bind_dirs(parent: &Path) {

@@ -337,6 +337,36 @@ async fn a_non_socket_file_at_the_endpoint_is_never_replaced() {
     driver.start_again().await;
 }
 
+/// A kubelet root longer than /var/lib/kubelet (MicroK8s's) puts the plugin's socket far into
+/// the 107 bytes the kernel takes for a socket's path: the driver serves at any path it takes
+/// (binding first in a private directory beside it must not cost any of them), and refuses a
+/// longer one at start, saying why.
+#[tokio::test]
+async fn a_socket_path_of_any_length_the_kernel_takes_is_served_and_a_longer_one_refused() {
+    let mut driver = TestDriver::prepare(Options::default());
+    let name = "csi.sock";
+    let root = driver.root.clone();
+    let socket_of = |dir_len: usize| root.join("d".repeat(dir_len)).join(name);
+    let longest = 107 - driver.root.as_os_str().len() - 2 - name.len();
+    driver.socket = socket_of(longest);
+    assert_eq!(driver.socket.as_os_str().len(), 107);
+    driver.start_again().await;
+    driver.stop().await;
+
+    driver.socket = socket_of(longest + 1);
+    let mut child = driver.command().spawn().unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(10))
+        .await
+        .expect("the driver exits");
+    assert!(!status.success());
+    let log = driver.log_text();
+    assert!(
+        log.contains("is 108 bytes long; a unix socket's path can be at most 107"),
+        "{log}"
+    );
+    assert!(!exists_no_follow(&driver.socket));
+}
+
 #[tokio::test]
 async fn a_second_driver_on_a_live_socket_refuses_and_touches_nothing() {
     let mut driver = TestDriver::start().await;
