@@ -582,7 +582,7 @@ fn the_committed_speed_baseline_says_why_in_the_changelog() {
 }
 
 /// link/hot-functions.txt, which link/refresh writes and build.rs hands to the linker: one symbol
-/// per line, each once, and the driver's own code among them (a list of some other binary's, or a
+/// per line, each once, and the code of each of its steps among them (a list of some other binary's, or a
 /// probe that ran nothing, would link without a word and cost the memory it is there to save).
 #[test]
 fn the_hot_function_list_names_each_function_of_a_cycle_once() {
@@ -601,7 +601,16 @@ fn the_hot_function_list_names_each_function_of_a_cycle_once() {
         );
         assert!(seen.insert(*name), "named twice: {name}");
     }
-    for code in ["9stickyvol6volume", "5tokio", "2h2", "5tonic"] {
+    // A volume's cycle and the gRPC server, the metrics page (housekeeping's scrapes) and the
+    // Kubernetes watchers (the cluster step).
+    for code in [
+        "9stickyvol6volume",
+        "5tokio",
+        "2h2",
+        "5tonic",
+        "17prometheus_client",
+        "12kube_runtime",
+    ] {
         assert!(
             names.iter().any(|name| name.contains(code)),
             "no function of {code} in the list"
