@@ -250,8 +250,9 @@ fn bind_with_mode(path: &Path, mode: u32) -> io::Result<std::os::unix::net::Unix
     fs::DirBuilder::new().mode(0o700).create(&private)?;
     let bound = (|| {
         // Bound through the directory's descriptor: the private directory's name would take 49
-        // of the 107 bytes a socket's path may have, and a kubelet root longer than the usual
-        // /var/lib/kubelet (MicroK8s's) would then leave too few.
+        // of the 107 bytes a socket's path may have, and refuse every endpoint over 58 bytes
+        // (the manifests' /csi/csi.sock is short, a driver run by hand under a deep directory
+        // is not).
         let dir = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)

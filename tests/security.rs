@@ -337,10 +337,9 @@ async fn a_non_socket_file_at_the_endpoint_is_never_replaced() {
     driver.start_again().await;
 }
 
-/// A kubelet root longer than /var/lib/kubelet (MicroK8s's) puts the plugin's socket far into
-/// the 107 bytes the kernel takes for a socket's path: the driver serves at any path it takes
-/// (binding first in a private directory beside it must not cost any of them), and refuses a
-/// longer one at start, saying why.
+/// The driver serves at any path the kernel takes for a socket (107 bytes): binding first in a
+/// private directory beside it must not cost any of them. A longer one is refused at start,
+/// saying why.
 #[tokio::test]
 async fn a_socket_path_of_any_length_the_kernel_takes_is_served_and_a_longer_one_refused() {
     let mut driver = TestDriver::prepare(Options::default());
