@@ -726,11 +726,7 @@ pub(crate) fn push_errors(
     for e in io_errors {
         let _ = writeln!(out, "I/O error: {e}");
     }
-    let errors = crate::report::error_lines_of(rpcs);
-    if !errors.is_empty() {
-        *out += "errors:\n";
-        *out += &errors;
-    }
+    *out += &crate::report::errors_section(&crate::report::error_lines_of(rpcs));
 }
 
 fn opt(v: Option<u64>) -> String {

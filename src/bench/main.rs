@@ -240,11 +240,7 @@ fn lifecycle_text(r: &workload::LifecycleReport) -> String {
         kib(m.end_rss_kib),
         kib(m.peak_rss_kib),
     );
-    let errors = report::error_lines(&r.recorder);
-    if !errors.is_empty() {
-        out += "errors:\n";
-        out += &errors;
-    }
+    out += &report::errors_section(&report::error_lines(&r.recorder));
     out
 }
 

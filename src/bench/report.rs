@@ -263,6 +263,14 @@ pub fn table(recorder: &Recorder) -> String {
 }
 
 /// The first error messages of every RPC that failed, for the human report.
+/// A report's last part: "errors:" and `lines` beneath it, or nothing when there are none.
+pub fn errors_section(lines: &str) -> String {
+    match lines.is_empty() {
+        true => String::new(),
+        false => format!("errors:\n{lines}"),
+    }
+}
+
 pub fn error_lines(recorder: &Recorder) -> String {
     let mut out = String::new();
     for (rpc, s) in recorder.ordered() {

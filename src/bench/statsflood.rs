@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use crate::cli::StatsFloodArgs;
 use crate::client::{DriverInfo, timed};
 use crate::paths::MadeDirs;
-use crate::report::{Recorder, Rpc, RpcSummary, error_lines_of};
+use crate::report::{Recorder, Rpc, RpcSummary, error_lines_of, errors_section};
 use crate::workload::{Fatal, Session, Target, path_string, ready_to_work};
 
 /// Files per directory of the fill: directories stay small, as in real trees.
@@ -303,10 +303,7 @@ pub fn text(r: &StatsFloodReport) -> String {
         .into_iter()
         .map(error_lines_of)
         .collect();
-    if !errors.is_empty() {
-        out += "errors:\n";
-        out += &errors;
-    }
+    out += &errors_section(&errors);
     out
 }
 
