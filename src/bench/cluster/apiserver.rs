@@ -1,7 +1,8 @@
 //! The simulated API server over HTTP: lists (whole from the "watch cache" for
 //! resourceVersion=0, which ignores `limit` as the real one does; otherwise pages of `limit`
 //! with `continue`), watches (replayed from a resourceVersion, then live, with bookmarks, ended
-//! after `timeoutSeconds`; too old a resourceVersion is 410 Gone), GETs, and the writes the
+//! after `timeoutSeconds`; too old a resourceVersion is 410 Gone), both narrowed by a
+//! `metadata.name` field selector and a label selector (`selector`), GETs, and the writes the
 //! controller and the node plugin make. One listener per client, each counting its requests
 //! and the bytes it was sent.
 
@@ -22,6 +23,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::selector::Selector;
 use super::store::{Change, Store};
 
 /// Resources whose path segment is followed by an object's name.
@@ -230,8 +232,10 @@ fn list(store: &Store, counters: &Counters, target: &Target) -> Response<Body> {
         .param("limit")
         .and_then(|l| l.parse().ok())
         .filter(|_| !from_cache);
-    let only = field_name(target);
-    let page = store.page(&target.collection, after, limit, only.as_deref());
+    let filter = Filter::of(target);
+    let page = store.page(&target.collection, after, limit, |name, object| {
+        filter.selects(name, object)
+    });
     let mut out = Vec::with_capacity(page.items.iter().map(|i| i.len() + 1).sum::<usize>() + 128);
     let cont = page.more_after.unwrap_or_default();
     out.extend_from_slice(
@@ -274,10 +278,7 @@ fn watch(store: &Arc<Store>, counters: &Arc<Counters>, target: &Target) -> Respo
         .map_or(Duration::from_secs(1800), Duration::from_secs);
     let bookmarks = target.param("allowWatchBookmarks") == Some("true");
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    let filter = Filter {
-        collection: target.collection.clone(),
-        name: field_name(target),
-    };
+    let filter = Filter::of(target);
     tokio::spawn(stream_changes(
         store.clone(),
         counters.clone(),
@@ -298,14 +299,30 @@ fn watch(store: &Arc<Store>, counters: &Arc<Counters>, target: &Target) -> Respo
         .unwrap()
 }
 
+/// What a list or watch asks for: its collection, a `metadata.name` field selector, a label
+/// selector. A watch is told the changes of objects that match after the change (an object
+/// that stops matching is not told as DELETED, as a real API server would).
 struct Filter {
     collection: String,
     name: Option<String>,
+    labels: Selector,
 }
 
 impl Filter {
+    fn of(target: &Target) -> Filter {
+        Filter {
+            collection: target.collection.clone(),
+            name: field_name(target),
+            labels: Selector::parse(target.param("labelSelector").unwrap_or_default()),
+        }
+    }
+
+    fn selects(&self, name: &str, object: &[u8]) -> bool {
+        self.name.as_ref().is_none_or(|n| n == name) && self.labels.matches(object)
+    }
+
     fn matches(&self, change: &Change) -> bool {
-        change.collection == self.collection && self.name.as_ref().is_none_or(|n| *n == change.name)
+        change.collection == self.collection && self.selects(&change.name, &change.object)
     }
 }
 

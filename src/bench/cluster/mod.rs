@@ -9,6 +9,7 @@
 
 mod apiserver;
 mod objects;
+mod selector;
 mod store;
 
 use std::fs;
@@ -412,9 +413,10 @@ mod tests {
     async fn lists_page_and_watches_replay_from_their_version() {
         let store = Store::new();
         populate(&store, 10, 30);
-        let page = store.page(NODES, None, Some(4), None);
+        let all = |_: &str, _: &[u8]| true;
+        let page = store.page(NODES, None, Some(4), all);
         assert_eq!(page.items.len(), 4);
-        let next = store.page(NODES, page.more_after.as_deref(), Some(100), None);
+        let next = store.page(NODES, page.more_after.as_deref(), Some(100), all);
         assert_eq!(next.items.len(), 6);
         assert!(next.more_after.is_none());
         let version = store.version();
@@ -422,12 +424,14 @@ mod tests {
         let watch = store.subscribe(version).unwrap();
         assert_eq!(watch.backlog.len(), 1);
         assert_eq!(watch.backlog[0].kind, "DELETED");
-        assert_eq!(
-            store
-                .page(NODES, None, None, Some("node-00004"))
-                .items
-                .len(),
-            1
-        );
+        let named = |name: &str, _: &[u8]| name == "node-00004";
+        assert_eq!(store.page(NODES, None, None, named).items.len(), 1);
+        // A label selector, with a limit counted after it (as the API server counts).
+        let labelled = selector::Selector::parse("kubernetes.io/hostname=node-00005");
+        let page = store.page(NODES, None, Some(1), |_, object| labelled.matches(object));
+        assert_eq!(page.items.len(), 1);
+        assert!(page.more_after.is_none());
+        let node: serde_json::Value = serde_json::from_slice(&page.items[0]).unwrap();
+        assert_eq!(node["metadata"]["name"], "node-00005");
     }
 }

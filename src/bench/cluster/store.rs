@@ -134,14 +134,14 @@ impl Store {
         serde_json::from_slice(bytes).ok()
     }
 
-    /// Up to `limit` objects (all: None) after `after`, those `only` names (a field selector
-    /// on metadata.name).
+    /// Up to `limit` objects (all: None) after `after`, of those `keep` takes (by name and
+    /// serialized object: the list's selectors).
     pub fn page(
         &self,
         collection: &str,
         after: Option<&str>,
         limit: Option<usize>,
-        only: Option<&str>,
+        keep: impl Fn(&str, &[u8]) -> bool,
     ) -> Page {
         let state = self.state.lock().unwrap();
         let empty = BTreeMap::new();
@@ -153,7 +153,7 @@ impl Store {
             std::ops::Bound::Unbounded,
         ));
         let mut more_after = None;
-        for (name, bytes) in range.filter(|(name, _)| only.is_none_or(|o| o == name.as_str())) {
+        for (name, bytes) in range.filter(|(name, bytes)| keep(name, bytes)) {
             if limit.is_some_and(|l| items.len() >= l) {
                 more_after = last;
                 break;
