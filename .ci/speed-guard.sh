@@ -148,5 +148,10 @@ fi
     status=$?
     echo "-- the drivers' log (last 20 lines):"
     tail -20 "$work/driver.log" 2>/dev/null || true
+    # A few percent of the list's names lost cost megabytes (docs/performance.md, "When the list
+    # goes stale"): say so beside a failure, whatever figure it names.
+    if ((found < named)); then
+        echo "-- speed guard: this build lacks $((named - found)) of the $named functions link/hot-functions.txt names; if the peak RSS is behind, run link/refresh as root and commit the list"
+    fi
     exit "$status"
 }
