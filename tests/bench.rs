@@ -698,6 +698,93 @@ impl GuardClone {
     fn edit(&self, path: &str, text: &str) {
         std::fs::write(self.root.join(path), text).unwrap();
     }
+
+    /// Runs the guard with a `cargo` whose "builds" are copies of `driver` (a real binary, for
+    /// `nm`) and a `stickyvol-bench` that fails at once: the guard's path from its builds to a
+    /// failed comparison, in seconds.
+    fn fail_after_building(&self, driver: &std::path::Path) -> Output {
+        let fake_bin = self.root.join("../building-bin");
+        std::fs::create_dir_all(&fake_bin).unwrap();
+        let cargo = fake_bin.join("cargo");
+        let script = format!(
+            "#!/bin/sh\necho \"fake cargo $*\"\nrelease=$CARGO_TARGET_DIR/release\n\
+             mkdir -p \"$release\"\ncase \"$*\" in *--lib*) exit 0 ;; esac\n\
+             cp {driver} \"$release/stickyvol\"\n\
+             printf '#!/bin/sh\\nexit 1\\n' >\"$release/stickyvol-bench\"\n\
+             chmod +x \"$release/stickyvol-bench\"\n",
+            driver = driver.display()
+        );
+        std::fs::write(&cargo, script).unwrap();
+        std::fs::set_permissions(&cargo, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let path = format!(
+            "{}:{}",
+            fake_bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Command::new("bash")
+            .arg(".ci/speed-guard.sh")
+            .current_dir(&self.root)
+            .env("PATH", path)
+            .env("CARGO_TARGET_DIR", self.root.join("../target"))
+            .env_remove("SPEED_GUARD_ALWAYS")
+            .output()
+            .unwrap()
+    }
+}
+
+/// A failed guard names the hot-function list's names its build lacks, with the fix, since a
+/// few percent of them lost cost megabytes of peak RSS (docs/performance.md); and says nothing
+/// of the list when the build has every name.
+#[test]
+fn a_failed_guard_says_how_many_hot_functions_the_build_lacks() {
+    let clone = GuardClone::new();
+    let driver = std::env::current_exe().unwrap();
+    let nm = Command::new("nm")
+        .args(["--defined-only"])
+        .arg(&driver)
+        .output()
+        .unwrap();
+    assert!(nm.status.success(), "{nm:?}");
+    let mut present: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    present.sort();
+    present.dedup();
+    present.truncate(4);
+    assert_eq!(present.len(), 4, "the test binary has symbols");
+
+    // Four of five found: above the 80% the guard refuses outright, so it runs and fails.
+    let stale = format!(
+        "{}\n_ZN8stickyvol6absent17h0000000000000000E\n",
+        present.join("\n")
+    );
+    clone.edit("link/hot-functions.txt", &stale);
+    let out = clone.fail_after_building(&driver);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stdout.contains("this build has 4 of the 5 functions"),
+        "{out:?}"
+    );
+    assert!(
+        stdout.contains("this build lacks 1 of the 5 functions") && stdout.contains("link/refresh"),
+        "{out:?}"
+    );
+
+    clone.edit(
+        "link/hot-functions.txt",
+        &format!("{}\n", present.join("\n")),
+    );
+    let out = clone.fail_after_building(&driver);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stdout.contains("this build has 4 of the 4 functions"),
+        "{out:?}"
+    );
+    assert!(!stdout.contains("lacks"), "{out:?}");
 }
 
 #[test]
