@@ -956,3 +956,52 @@ async fn a_clone_waiting_for_a_walk_slot_does_not_hold_its_source_frozen() {
     }
     tear_down(&driver, &volume, &staging, &[&target]).await;
 }
+
+/// A snapshot of a published image volume freezes its filesystem for the copy alone: the pool's
+/// flush comes once it is thawed. With a neighbour's gigabyte on the pool not yet written back
+/// (seconds of flushing on these disks), the volume's writes go on: none held 400 ms.
+#[tokio::test]
+async fn a_snapshot_does_not_hold_its_source_frozen_while_the_pool_flushes() {
+    let fs = scratchfs::ScratchFs::new("xfs", 1536 << 20, &["-q", "-m", "reflink=1"], "");
+    let mut driver = TestDriver::prepare(Options::default());
+    driver.data = fs.mount_point.join("data");
+    driver.start_again().await;
+    let (volume, staging, target) = published_image(&driver, ext4(), 32 * MIB).await;
+    let neighbour = driver
+        .create(create_request(
+            &new_name(),
+            block_cap(Mode::SingleNodeWriter),
+            1024 * MIB,
+        ))
+        .await;
+    // Written, not flushed: the kernel writes it back after 30 s, or when the pool is flushed.
+    let mut data = OpenOptions::new()
+        .write(true)
+        .open(host_path(&neighbour))
+        .unwrap();
+    let chunk = pattern(16 * MIB as usize, 9);
+    for _ in 0..64 {
+        data.write_all(&chunk).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = timed_writer(&target, stop.clone());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let snapshot = driver
+        .create_snapshot_ready(&snapshot_request(&new_name(), &volume.volume_id))
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut took = writer.join().unwrap();
+    took.sort();
+    let longest = *took.last().unwrap();
+    eprintln!("{} writes, longest {longest:?}", took.len());
+    assert!(took.len() > 100, "only {} writes", took.len());
+    assert!(
+        longest < std::time::Duration::from_millis(400),
+        "a write held {longest:?}"
+    );
+
+    driver.delete_snapshot(&snapshot.snapshot_id).await.unwrap();
+    driver.delete(&neighbour.volume_id).await.unwrap();
+    tear_down(&driver, &volume, &staging, &[&target]).await;
+}

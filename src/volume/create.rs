@@ -14,8 +14,8 @@
 //! (`recover::remake_recent_data`): such a volume cannot have held data anyone relied on.
 //! Compaction flushes every pool before dropping a journal generation, so an older volume's
 //! data is durable, and missing data there is reported, never silently remade. Restores and
-//! clones copy data: `cow::fill_volume` flushes the pool's filesystem (data and directory
-//! entries) before the commit, since a copy cannot be remade from the record.
+//! clones copy data: the pool's filesystem is flushed (data and directory entries, once a
+//! frozen source is thawed) before the commit, since a copy cannot be remade from the record.
 //!
 //! Deletion checks first (not published, no mount inside, loop devices detached), then commits
 //! the removal and removes the data while the journal entry is written, and waits for its
@@ -202,7 +202,7 @@ impl Volumes {
     }
 
     /// A new volume's data at `staging`, copied from `data` (a staged image source frozen
-    /// meanwhile, so the copy is crash-consistent).
+    /// meanwhile, so the copy is crash-consistent), then flushed.
     fn fill_from(
         &self,
         pool: &Pool,
@@ -213,7 +213,7 @@ impl Volumes {
     ) -> Result<Option<NewDirectory>> {
         let _running = copies_in_flight().start(data.copy_kind());
         let fill = || {
-            cow::fill_volume(
+            cow::fill_volume_unflushed(
                 pool,
                 req.kind,
                 req.allocation_in(pool),
@@ -222,10 +222,13 @@ impl Volumes {
                 capacity,
             )
         };
-        match &data.volume {
-            Some(volume) => self.with_frozen(volume, fill),
-            None => fill(),
-        }
+        let made = match &data.volume {
+            Some(volume) => self.with_frozen(volume, fill)?,
+            None => fill()?,
+        };
+        // After the thaw: the source's writers never wait for a flush of the whole pool.
+        cow::sync_copy(staging)?;
+        Ok(made)
     }
 
     /// Moves a committed volume's data from its staging name to its final name, if not done yet.

@@ -517,7 +517,8 @@ impl Volumes {
 
     /// Runs `copy` with the image volume's staged filesystem frozen, so a copy of its file is
     /// what a crash at that instant would have left (journal replayed at its next mount).
-    /// Other volumes, and unstaged images, are copied as they are.
+    /// Other volumes, and unstaged images, are copied as they are. `copy` copies and no more:
+    /// the caller flushes the pool once this returns, thawed.
     pub(crate) fn with_frozen<T>(
         &self,
         record: &VolumeRecord,

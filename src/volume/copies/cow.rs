@@ -8,6 +8,11 @@
 //!
 //! Block volumes are one image file: FICLONE of the whole file where the filesystem can (atomic),
 //! a sparse copy otherwise.
+//!
+//! A copy is not flushed here: its caller flushes the pool (`sync_copy`) before a record says the
+//! copy exists, and after the source's filesystem is thawed when it was frozen for the copy, so
+//! that the volume's writers never wait for a flush of the whole pool (which a neighbour's
+//! unwritten data can make last seconds).
 
 use std::fs::OpenOptions;
 use std::path::Path;
@@ -51,8 +56,9 @@ impl Copied {
 }
 
 /// Copies the data of a volume (`source`, of `kind`) to `dest` (which must not exist) as a
-/// snapshot of `pool`. The data is durable when this returns.
-pub fn snapshot(
+/// snapshot of `pool`; durable once `sync_copy` has run. (A btrfs snapshot of a subvolume is
+/// flushed here: its usage is exact only after the commit.)
+pub fn snapshot_unflushed(
     pool: &Pool,
     kind: VolumeKind,
     source: &Path,
@@ -85,25 +91,24 @@ pub fn snapshot(
             }
         }
     };
-    sync(dest)?;
     Ok(copied)
 }
 
 /// The copy of an image's file, not yet flushed: what a group snapshot makes while its
-/// members' filesystems are frozen, flushing (`sync_copy`) once they are thawed, so the
-/// writers never wait for a flush of the pool.
+/// members' filesystems are frozen, flushing (`sync_copy`) once they are thawed.
 pub fn clone_file(pool: &Pool, source: &Path, dest: &Path) -> Result<Copied> {
     carry(pool.cow, source, dest, &mut copy::Always, copy::copy_file)
 }
 
-/// Makes a copy made by `clone_file` durable.
+/// Makes a copy made here durable: a flush of the pool's filesystem holding `dest`.
 pub fn sync_copy(dest: &Path) -> Result<()> {
     sync(dest)
 }
 
 /// Makes a new volume's data at `dest` (its staging path in `pool`) from the data of a
-/// snapshot or volume at `source`, limited to `capacity` like any volume of the pool.
-pub fn fill_volume(
+/// snapshot or volume at `source`, limited to `capacity` like any volume of the pool; durable
+/// once `sync_copy` has run.
+pub fn fill_volume_unflushed(
     pool: &Pool,
     kind: VolumeKind,
     allocation: Allocation,
@@ -147,7 +152,6 @@ pub fn fill_volume(
             })
         }
     };
-    sync(dest)?;
     Ok(made)
 }
 

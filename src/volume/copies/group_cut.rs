@@ -156,7 +156,7 @@ impl Volumes {
         let mut copied: Vec<Option<Copied>> = vec![None; cuts.len()];
         for (cut, slot) in cuts.iter().zip(copied.iter_mut()) {
             if cut.root.is_none() {
-                *slot = Some(cow::snapshot(
+                *slot = Some(cow::snapshot_unflushed(
                     cut.pool,
                     cut.source.kind,
                     &cut.data,

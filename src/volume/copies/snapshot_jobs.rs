@@ -238,10 +238,11 @@ impl Volumes {
         })?;
         let source_path = self.data_path(&source)?;
         // A staged image's filesystem is frozen while its file is copied (a reflink where the
-        // pool has them: an instant), so the copy mounts as after a crash, never torn.
+        // pool has them: an instant), so the copy mounts as after a crash, never torn; the pool
+        // is flushed once it is thawed, so that its writers never wait for that.
         let copied = self
             .with_frozen(&source, || {
-                cow::snapshot(
+                cow::snapshot_unflushed(
                     pool,
                     record.kind,
                     &source_path,
@@ -249,6 +250,7 @@ impl Volumes {
                     &mut Cancellation(cancel),
                 )
             })
+            .and_then(|copied| cow::sync_copy(&staging).map(|()| copied))
             .inspect_err(|_| {
             if let Err(err) = remove_snapshot_data(&staging) {
                 warn!(snapshot = %id, error = %err, "could not remove a failed copy; it is removed at next start");

@@ -142,8 +142,10 @@ impl Volumes {
             volume: id.clone(),
         };
         let taken = self.with_frozen(&record, || {
-            cow::snapshot(pool, record.kind, &data, &path, &mut copy::Always)
+            cow::snapshot_unflushed(pool, record.kind, &data, &path, &mut copy::Always)
         })?;
+        // Once thawed, as every copy of a frozen volume.
+        cow::sync_copy(&path)?;
         Ok(ExportSource {
             header: header_of(&path)?,
             description: format!(
