@@ -899,7 +899,8 @@ async fn a_volume_whose_audit_cannot_finish_is_fenced_until_one_does(fs_type: &s
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert!(!stats_condition(&driver, &tenant, &target).await.abnormal);
+    let condition = stats_condition(&driver, &tenant, &target).await;
+    assert!(!condition.abnormal, "{fs_type}: unfenced but {condition:?}");
     driver.unpublish_ok(&tenant, &target).await;
 }
 
